@@ -1,0 +1,73 @@
+"""The data that crosses rooms, with documented shapes.
+
+Layout follows verl's so that formulas read the same: a sequence is a left-padded prompt followed
+by a right-padded response. ``B`` is the number of samples (prompts x n), ``P`` the padded prompt
+length, ``R`` the padded response length.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """How the rollout engine samples. Mirrors SGLang's sampling_params keys."""
+
+    n: int = 1  # samples per prompt; the n samples share one prefill
+    max_new_tokens: int = 64
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off
+    stop_token_ids: list[int] = field(default_factory=list)  # EOS is always a stop token
+    seed: int | None = None
+
+
+@dataclass
+class Rollout:
+    """One generated sample.
+
+    ``logprobs[i]`` is log_softmax(logits / temperature)[output_ids[i]] before top-k / top-p, the
+    convention SGLang uses and the trainer reproduces (temperature 0 is scored at temperature 1).
+    """
+
+    prompt_index: int  # index of the prompt in the generate() call; samples of one prompt share it
+    prompt_ids: list[int]
+    output_ids: list[int]  # includes the stop token when one ended the sample
+    logprobs: list[float]  # len == len(output_ids)
+    finish_reason: str  # "stop" (EOS / stop token) or "length" (max_new_tokens)
+
+
+@dataclass
+class RolloutBatch:
+    """A batch ready for the trainer. All tensors on CPU until the trainer moves them."""
+
+    prompts: torch.Tensor  # [B, P] long, left-padded with pad_id
+    responses: torch.Tensor  # [B, R] long, right-padded with pad_id
+    attention_mask: torch.Tensor  # [B, P + R] long, 1 on real prompt and response tokens
+    response_mask: torch.Tensor  # [B, R] float, 1 on response tokens that count in the loss
+    old_logprobs: torch.Tensor  # [B, R] float32, behaviour-policy log-probs (0 on padding)
+    group_ids: torch.Tensor  # [B] long, samples of one prompt share an id
+    scores: torch.Tensor | None = None  # [B] float32, sequence-level rewards
+    ref_logprobs: torch.Tensor | None = None  # [B, R] float32
+    advantages: torch.Tensor | None = None  # [B, R] float32
+
+    @property
+    def input_ids(self) -> torch.Tensor:  # [B, P + R]
+        return torch.cat([self.prompts, self.responses], dim=1)
+
+    @property
+    def position_ids(self) -> torch.Tensor:  # [B, P + R]; padding positions clamp to 0
+        return (torch.cumsum(self.attention_mask, dim=1) - 1).clamp(min=0)
+
+    def __len__(self) -> int:
+        return self.prompts.shape[0]
+
+    def select(self, idx: torch.Tensor) -> "RolloutBatch":
+        """Rows ``idx`` (a [b] long tensor) of every tensor field."""
+        out = {}
+        for name in self.__dataclass_fields__:
+            v = getattr(self, name)
+            out[name] = v[idx] if isinstance(v, torch.Tensor) else v
+        return RolloutBatch(**out)

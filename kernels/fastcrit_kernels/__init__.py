@@ -1,0 +1,10 @@
+"""fastcrit_kernels: fused kernels for RL losses, usable alone with torch + triton.
+
+Each public function has a Triton path, a fast CPU path (chunked torch) and a plain fp32/fp64
+reference; see ``_dispatch`` for how one is chosen.
+"""
+from fastcrit_kernels._dispatch import BACKENDS, resolve_backend
+
+__version__ = "0.1.0"
+
+# Public functions: each module adds its own import line below (keep one line per module).

