@@ -8,3 +8,4 @@ from fastcrit_kernels._dispatch import BACKENDS, resolve_backend
 __version__ = "0.1.0"
 
 # Public functions: each module adds its own import line below (keep one line per module).
+from fastcrit_kernels.logprobs import fused_logprobs
