@@ -1,0 +1,150 @@
+"""Load and save Hugging Face causal LMs from local directories (no hub).
+
+A model is named by a *spec*: either a local directory holding a Hugging Face causal LM
+(``config.json`` + weights + tokenizer files), or ``tiny`` / ``tiny:<key>=<value>,...`` for the tiny
+local Qwen2 model of tiny.py (built once and cached, e.g. ``tiny:hidden=64,layers=2,seed=1``).
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import torch
+
+from fastcrit.models.tiny import TinySettings, ensure_tiny_model
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[str(dtype).lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}") from None
+
+
+def _parse_tiny_options(spec: str) -> dict:
+    _, _, rest = spec.partition(":")
+    fields = TinySettings.__dataclass_fields__
+    opts: dict = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or key not in fields:
+            raise ValueError(f"model spec {spec!r}: bad option {item!r}; expected key=value with key in "
+                             f"{sorted(fields)}")
+        if fields[key].type in ("bool", bool):
+            if value.strip().lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"model spec {spec!r}: {key} must be true or false, got {value!r}")
+            opts[key] = value.strip().lower() in ("true", "1")
+        else:
+            try:
+                opts[key] = int(value)
+            except ValueError:
+                raise ValueError(f"model spec {spec!r}: {key} must be an integer, got {value!r}") from None
+    return opts
+
+
+def resolve_model_path(spec: str | os.PathLike) -> str:
+    """Turn a model spec into a local directory, building the tiny model if the spec asks for it."""
+    spec = os.fspath(spec)
+    if spec == "tiny" or spec.startswith("tiny:"):
+        return ensure_tiny_model(**_parse_tiny_options(spec))
+    path = os.path.abspath(os.path.expanduser(spec))
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model path {path!r} does not exist or is not a directory "
+                                "(use a local Hugging Face model directory, or 'tiny' for the built-in tiny model)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"model path {path!r} is not a Hugging Face model directory: it has no config.json")
+    return path
+
+
+def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
+               attn_implementation: str | None = None):
+    """Load a causal LM from a spec (see module docstring) in ``dtype`` on ``device``, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(spec)
+    kwargs = {"dtype": parse_dtype(dtype), "local_files_only": True}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"could not load a causal LM from {path!r}: {exc}") from exc
+    return model.to(device).eval()
+
+
+def load_tokenizer(spec: str | os.PathLike):
+    """Load the tokenizer that lives next to the model; pad falls back to EOS, padding is on the left."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(spec)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"could not load a tokenizer from {path!r}: {exc}") from exc
+    if tok.eos_token_id is None:
+        raise ValueError(f"tokenizer at {path!r} has no eos_token; generation could never stop")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    # A DTensor (FSDP2 parameter) is gathered to a full tensor; everything ends contiguous on CPU.
+    if hasattr(t, "full_tensor"):
+        t = t.full_tensor()
+    return t.detach().to("cpu").contiguous()
+
+
+def save_pretrained_safetensors(model_or_state_dict, tokenizer, directory: str, config=None,
+                                generation_config=None) -> str:
+    """Write a Hugging Face directory (config, safetensors weights, tokenizer) that
+    ``AutoModelForCausalLM.from_pretrained(directory)`` loads.
+
+    ``model_or_state_dict`` is either a ``PreTrainedModel`` or a state dict with Hugging Face names
+    (full tensors or DTensors, which are gathered here; on several processes every rank must call
+    this for the gather, and the caller should let only rank 0 write). With a state dict, ``config``
+    (a ``PretrainedConfig``) is required. Tied weights are written once, as transformers does.
+    """
+    from safetensors.torch import save_file
+
+    if isinstance(model_or_state_dict, Mapping):
+        if config is None:
+            raise ValueError("save_pretrained_safetensors: a state dict needs the model's config")
+        state = model_or_state_dict
+    else:
+        config = model_or_state_dict.config
+        generation_config = generation_config or getattr(model_or_state_dict, "generation_config", None)
+        state = model_or_state_dict.state_dict()
+    tensors = {}
+    seen: dict[int, str] = {}
+    for name, t in state.items():
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        if getattr(config, "tie_word_embeddings", False) and name == "lm_head.weight":
+            continue
+        full = _full(t)
+        # safetensors refuses tensors that share storage; clone any alias.
+        ptr = full.untyped_storage().data_ptr()
+        if ptr in seen:
+            full = full.clone()
+        seen[full.untyped_storage().data_ptr()] = name
+        tensors[name] = full
+    os.makedirs(directory, exist_ok=True)
+    config.save_pretrained(directory)
+    if generation_config is not None:
+        generation_config.save_pretrained(directory)
+    save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+    return directory
+
