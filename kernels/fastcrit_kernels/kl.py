@@ -1,0 +1,180 @@
+"""Per-token KL penalty between the policy and a reference policy, with verl's values and clamps.
+
+``kl_penalty(logp, ref_logp, kind)`` for ``kind`` in:
+- ``k1`` / ``kl``:          lp - ref
+- ``abs``:                  |lp - ref|              (gradient 0 where lp == ref, as torch's abs)
+- ``k2`` / ``mse``:         0.5 (lp - ref)^2
+- ``k3`` / ``low_var_kl``:  d = clamp(ref - lp, -20, 20); kl = clamp(exp(d) - d - 1, -10, 10)
+  (verl's clamps; Liger, TRL and unsloth compute k3 without them). Where a clamp is active the
+  gradient is 0, exactly as torch's ``clamp`` backward (which passes the gradient on the closed
+  interval, bounds included).
+Values are computed in float32 and returned in the promoted input dtype. Gradients flow to both
+``logp`` and ``ref_logp`` (the reference is usually detached; then nothing is computed for it).
+verl's straight-through ``"k3+"`` variants are not provided.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fastcrit_kernels._dispatch import resolve_backend
+
+KL_KINDS = {"k1": 1, "kl": 1, "abs": 2, "k2": 3, "mse": 3, "k3": 4, "low_var_kl": 4}
+_BLOCK = 1024
+
+
+@triton.jit
+def _kl_term(lp, ref, KIND: tl.constexpr):
+    """Value and derivative wrt lp of one KL kind, in float32 (derivative wrt ref is its negative)."""
+    diff = lp - ref
+    if KIND == 1:
+        val = diff
+        dval = tl.full(diff.shape, 1.0, tl.float32)
+    elif KIND == 2:
+        val = tl.abs(diff)
+        dval = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))
+    elif KIND == 3:
+        val = 0.5 * diff * diff
+        dval = diff
+    else:
+        raw = ref - lp
+        d = tl.minimum(tl.maximum(raw, -20.0), 20.0)
+        e = tl.exp(d)
+        k = e - d - 1.0
+        val = tl.minimum(tl.maximum(k, -10.0), 10.0)
+        live = (raw >= -20.0) & (raw <= 20.0) & (k >= -10.0) & (k <= 10.0)
+        dval = tl.where(live, 1.0 - e, 0.0)
+    return val, dval
+
+
+@triton.jit
+def _kl_fwd_kernel(
+    lp_ptr,  # [N] logp, any float dtype
+    ref_ptr,  # [N] ref_logp
+    out_ptr,  # [N] kl, output dtype
+    N,
+    KIND: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    lp = tl.load(lp_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    ref = tl.load(ref_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    val, _ = _kl_term(lp, ref, KIND)
+    tl.store(out_ptr + offs, val.to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _kl_bwd_kernel(
+    lp_ptr,  # [N] logp
+    ref_ptr,  # [N] ref_logp
+    go_ptr,  # [N] upstream gradient
+    glp_ptr,  # [N] gradient wrt logp (written if WRITE_LP)
+    gref_ptr,  # [N] gradient wrt ref_logp (written if WRITE_REF)
+    N,
+    KIND: tl.constexpr,
+    WRITE_LP: tl.constexpr,
+    WRITE_REF: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    lp = tl.load(lp_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    ref = tl.load(ref_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    go = tl.load(go_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    _, dval = _kl_term(lp, ref, KIND)
+    g = go * dval
+    if WRITE_LP:
+        tl.store(glp_ptr + offs, g.to(glp_ptr.dtype.element_ty), mask=m)
+    if WRITE_REF:
+        tl.store(gref_ptr + offs, (-g).to(gref_ptr.dtype.element_ty), mask=m)
+
+
+def _kl_torch(lp: torch.Tensor, ref: torch.Tensor, code: int, with_grad: bool):
+    """Float32 value (and derivative wrt lp) of one KL kind, vectorised torch."""
+    lp, ref = lp.float(), ref.float()
+    diff = lp - ref
+    if code == 1:
+        return diff, (torch.ones_like(diff) if with_grad else None)
+    if code == 2:
+        return diff.abs(), (torch.sign(diff) if with_grad else None)
+    if code == 3:
+        return 0.5 * diff * diff, (diff if with_grad else None)
+    raw = -diff
+    d = raw.clamp(-20.0, 20.0)
+    e = torch.exp(d)
+    k = e - d - 1.0
+    val = k.clamp(-10.0, 10.0)
+    if not with_grad:
+        return val, None
+    live = (raw >= -20.0) & (raw <= 20.0) & (k >= -10.0) & (k <= 10.0)
+    return val, torch.where(live, 1.0 - e, torch.zeros_like(e))
+
+
+def _grid(n: int):
+    return (triton.cdiv(max(n, 1), _BLOCK),)
+
+
+class _KLPenalty(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logp, ref_logp, code, backend):
+        out_dtype = torch.promote_types(logp.dtype, ref_logp.dtype)
+        lp, ref = logp.contiguous(), ref_logp.contiguous()
+        if backend == "triton":
+            out = torch.empty(lp.shape, dtype=out_dtype, device=lp.device)
+            n = lp.numel()
+            if n:
+                _kl_fwd_kernel[_grid(n)](lp, ref, out, n, KIND=code, BLOCK=_BLOCK)
+        else:
+            out = _kl_torch(lp, ref, code, False)[0].to(out_dtype)
+        ctx.save_for_backward(lp, ref)
+        ctx.code, ctx.backend = code, backend
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        lp, ref = ctx.saved_tensors
+        need_lp, need_ref = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        go = grad_out.contiguous()
+        if ctx.backend == "triton":
+            glp = torch.empty_like(lp) if need_lp else None
+            gref = torch.empty_like(ref) if need_ref else None
+            n = lp.numel()
+            if n:
+                _kl_bwd_kernel[_grid(n)](
+                    lp, ref, go, glp if need_lp else lp, gref if need_ref else ref, n,
+                    KIND=ctx.code, WRITE_LP=need_lp, WRITE_REF=need_ref, BLOCK=_BLOCK,
+                )
+        else:
+            g = go.float() * _kl_torch(lp, ref, ctx.code, True)[1]
+            glp = g.to(lp.dtype) if need_lp else None
+            gref = (-g).to(ref.dtype) if need_ref else None
+        return glp, gref, None, None
+
+
+def kl_penalty(
+    logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "low_var_kl", *, backend: str = "auto"
+) -> torch.Tensor:
+    """Per-token KL estimate between policy and reference log-probs (verl ``kl_penalty``).
+
+    Args:
+        logp: [...] log-probs of the sampled tokens under the policy (float).
+        ref_logp: [...] the same tokens under the reference policy; same shape as ``logp``.
+        kind: ``k1``/``kl``, ``abs``, ``k2``/``mse`` or ``k3``/``low_var_kl`` (see module docstring).
+        backend: ``auto`` | ``triton`` | ``torch``.
+    Returns:
+        [...] per-token KL in the promoted dtype of the inputs; no masking is applied (aggregate
+        with ``aggregate_loss`` and a response mask).
+    """
+    if kind not in KL_KINDS:
+        raise ValueError(f"kind must be one of {sorted(KL_KINDS)}, got {kind!r}")
+    for name, t in (("logp", logp), ("ref_logp", ref_logp)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor")
+    if logp.shape != ref_logp.shape:
+        raise ValueError(f"ref_logp shape {tuple(ref_logp.shape)} != logp shape {tuple(logp.shape)}")
+    if logp.device != ref_logp.device:
+        raise ValueError("logp and ref_logp must be on the same device")
+    chosen = resolve_backend(backend, logp, ref_logp)
+    return _KLPenalty.apply(logp, ref_logp, KL_KINDS[kind], chosen)

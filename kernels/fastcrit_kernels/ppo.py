@@ -1,0 +1,363 @@
+"""PPO clipped policy loss, clipped value loss and verl's loss aggregation modes.
+
+Aggregation (verl ``agg_loss``, one process), over a per-token loss L[B, T] and response mask m:
+- ``token-mean``:              sum(m L) / sum(m)
+- ``seq-mean-token-sum``:      mean over sequences with any valid token of sum_t(m L)
+- ``seq-mean-token-mean``:     mean over such sequences of sum_t(m L) / (sum_t m + 1e-8)
+- ``seq-mean-token-sum-norm``: ``seq-mean-token-sum`` / agg_scale (default T, the padded response
+                               length; pass a constant to reproduce Dr. GRPO exactly)
+Each mode is a per-row factor f[B] with loss = sum_bt m L f_b, so the fused kernels need only f.
+Departure from verl: a batch with no valid token gives loss 0 (and gradient 0), not NaN.
+
+Policy loss (verl ``compute_policy_loss_vanilla``): log-ratio clamped to [-20, 20], r = exp(.),
+L = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)); dual clip when ``clip_c`` is given (c > 1):
+for A < 0, L = min(L, -A c). Stats: ``clipfrac`` = masked mean of [clipped term > unclipped term],
+``clipfrac_lower`` = masked mean of [A < 0 and L > -A c] (0 without dual clip), ``approx_kl`` =
+masked mean of (old_logp - logp) after the clamp. Gradient flows to ``logp`` only: ``old_logp``,
+``advantages`` and ``mask`` are treated as constants.
+
+Value loss (verl ``compute_value_loss``): 0.5 * agg(max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2));
+``clipfrac`` = masked mean of [clipped term > unclipped term]. Gradient flows to ``values`` only.
+
+The fused kernels compute the per-token loss, the stats and the gradient in one pass over the
+tokens and keep the gradient ([B, T] float32) for backward; backward is one scaling by the
+upstream scalar. Exact ties between the two branches of a max/min (measure zero) get the full
+gradient of the chosen branch, where torch's max would split it in halves.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fastcrit_kernels._dispatch import resolve_backend
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+_BLOCK = 1024
+
+
+@triton.jit
+def _ppo_fwd_kernel(
+    lp_ptr,  # [N] logp (N = B * T, row-major)
+    old_ptr,  # [N] old_logp
+    adv_ptr,  # [N] advantages
+    mask_ptr,  # [N] float32 response mask
+    rowf_ptr,  # [B] float32 aggregation factor per row
+    grad_ptr,  # [N] float32 d loss / d logp (written if WITH_GRAD)
+    part_ptr,  # [5, num_blocks] float32 partial sums: loss, clipped, lower, kl, (unused)
+    N,
+    T,
+    num_blocks,
+    clip_lo,
+    clip_hi,
+    clip_c,
+    DUAL: tl.constexpr,
+    WITH_GRAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    valid = offs < N
+    lp = tl.load(lp_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+    old = tl.load(old_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+    a = tl.load(adv_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+    m = tl.load(mask_ptr + offs, mask=valid, other=0.0)
+    f = tl.load(rowf_ptr + offs // T, mask=valid, other=0.0)
+    raw = lp - old
+    d = tl.minimum(tl.maximum(raw, -20.0), 20.0)
+    r = tl.exp(d)
+    l1 = -a * r
+    l2 = -a * tl.minimum(tl.maximum(r, 1.0 - clip_lo), 1.0 + clip_hi)
+    clipped = l2 > l1
+    loss = tl.where(clipped, l2, l1)
+    dloss = tl.where(clipped | (raw < -20.0) | (raw > 20.0), 0.0, l1)  # d(-A r)/d lp = -A r
+    lower = tl.zeros([BLOCK], dtype=tl.int1)
+    if DUAL:
+        l3 = -a * clip_c
+        lower = (a < 0) & (loss > l3)
+        loss = tl.where(lower, l3, loss)
+        dloss = tl.where(lower, 0.0, dloss)
+    w = m * f
+    if WITH_GRAD:
+        tl.store(grad_ptr + offs, w * dloss, mask=valid)
+    tl.store(part_ptr + pid, tl.sum(w * loss))
+    tl.store(part_ptr + num_blocks + pid, tl.sum(tl.where(clipped, m, 0.0)))
+    tl.store(part_ptr + 2 * num_blocks + pid, tl.sum(tl.where(lower, m, 0.0)))
+    tl.store(part_ptr + 3 * num_blocks + pid, tl.sum(-d * m))
+
+
+@triton.jit
+def _value_fwd_kernel(
+    v_ptr,  # [N] values
+    vold_ptr,  # [N] old values
+    ret_ptr,  # [N] returns
+    mask_ptr,  # [N] float32 response mask
+    rowf_ptr,  # [B] float32 aggregation factor per row (0.5 folded in)
+    grad_ptr,  # [N] float32 d loss / d values (written if WITH_GRAD)
+    part_ptr,  # [2, num_blocks] float32 partial sums: loss, clipped
+    N,
+    T,
+    num_blocks,
+    clip,
+    WITH_GRAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    valid = offs < N
+    v = tl.load(v_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+    vo = tl.load(vold_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+    R = tl.load(ret_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+    m = tl.load(mask_ptr + offs, mask=valid, other=0.0)
+    f = tl.load(rowf_ptr + offs // T, mask=valid, other=0.0)
+    vc = tl.minimum(tl.maximum(v, vo - clip), vo + clip)
+    e1 = v - R
+    e2 = vc - R
+    l1 = e1 * e1
+    l2 = e2 * e2
+    clipped = l2 > l1
+    loss = tl.where(clipped, l2, l1)
+    w = m * f
+    if WITH_GRAD:
+        # l2 > l1 only when v lies outside the clip interval, where vc has no gradient
+        tl.store(grad_ptr + offs, tl.where(clipped, 0.0, 2.0 * e1) * w, mask=valid)
+    tl.store(part_ptr + pid, tl.sum(w * loss))
+    tl.store(part_ptr + num_blocks + pid, tl.sum(tl.where(clipped, m, 0.0)))
+
+
+def _check_agg(agg: str, agg_scale) -> None:
+    if agg not in AGG_MODES:
+        raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
+    if agg_scale is not None and not agg_scale > 0:
+        raise ValueError(f"agg_scale must be > 0, got {agg_scale!r}")
+
+
+def agg_row_factors(mask: torch.Tensor, agg: str, agg_scale=None) -> torch.Tensor:
+    """Per-row factors f[B] (float32) such that ``agg(L) = sum_bt mask_bt * L_bt * f_b``."""
+    _check_agg(agg, agg_scale)
+    m = mask.float()
+    counts = m.sum(-1)
+    zero = torch.zeros_like(counts)
+    if agg == "token-mean":
+        total = counts.sum()
+        fac = torch.where(total > 0, 1.0 / torch.clamp(total, min=1e-30), torch.zeros_like(total))
+        return fac.expand_as(counts).clone()
+    live = counts > 0
+    n_seq = torch.clamp(live.sum().float(), min=1.0)
+    if agg == "seq-mean-token-mean":
+        per = 1.0 / ((counts + 1e-8) * n_seq)
+    elif agg == "seq-mean-token-sum":
+        per = torch.full_like(counts, 1.0) / n_seq
+    else:
+        scale = float(mask.shape[-1] if agg_scale is None else agg_scale)
+        per = torch.full_like(counts, 1.0) / (n_seq * scale)
+    return torch.where(live, per, zero)
+
+
+def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean", agg_scale=None):
+    """Aggregate a per-token loss [B, T] into a scalar by verl's ``agg`` mode (differentiable)."""
+    _check_2d("loss_mat", loss_mat)
+    _check_same("mask", mask, loss_mat)
+    f = agg_row_factors(mask, agg, agg_scale)
+    return (loss_mat * mask.to(loss_mat.dtype) * f.to(loss_mat.dtype)[:, None]).sum()
+
+
+def _check_2d(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor) or t.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D tensor [B, T], got {getattr(t, 'shape', type(t))}")
+
+
+def _check_same(name: str, t, like: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor) or t.shape != like.shape:
+        raise ValueError(f"{name} must have shape {tuple(like.shape)}, got {getattr(t, 'shape', type(t))}")
+    if t.device != like.device:
+        raise ValueError(f"{name} is on {t.device}, expected {like.device}")
+
+
+def _ppo_torch(lp, old, adv, m, f, clip_lo, clip_hi, clip_c, with_grad):
+    lp, old, adv = lp.float(), old.float(), adv.float()
+    raw = lp - old
+    d = raw.clamp(-20.0, 20.0)
+    r = torch.exp(d)
+    l1 = -adv * r
+    l2 = -adv * r.clamp(1.0 - clip_lo, 1.0 + clip_hi)
+    clipped = l2 > l1
+    loss = torch.where(clipped, l2, l1)
+    lower = torch.zeros_like(clipped)
+    if clip_c is not None:
+        l3 = -adv * clip_c
+        lower = (adv < 0) & (loss > l3)
+        loss = torch.where(lower, l3, loss)
+    w = m * f[:, None]
+    grad = None
+    if with_grad:
+        dead = clipped | lower | (raw < -20.0) | (raw > 20.0)
+        grad = torch.where(dead, torch.zeros_like(l1), l1) * w
+    sums = torch.stack([(w * loss).sum(), (clipped * m).sum(), (lower * m).sum(), (-d * m).sum()])
+    return sums, grad
+
+
+def _value_torch(v, vo, R, m, f, clip, with_grad):
+    v, vo, R = v.float(), vo.float(), R.float()
+    vc = torch.minimum(torch.maximum(v, vo - clip), vo + clip)
+    e1, e2 = v - R, vc - R
+    l1, l2 = e1 * e1, e2 * e2
+    clipped = l2 > l1
+    w = m * f[:, None]
+    grad = torch.where(clipped, torch.zeros_like(e1), 2.0 * e1) * w if with_grad else None
+    sums = torch.stack([(w * torch.where(clipped, l2, l1)).sum(), (clipped * m).sum()])
+    return sums, grad
+
+
+def _launch_partials(kernel, args, n_sums: int, device, with_grad: bool, **meta):
+    n = args[0].numel()
+    num_blocks = triton.cdiv(max(n, 1), _BLOCK)
+    part = torch.zeros(n_sums, num_blocks, dtype=torch.float32, device=device)
+    grad = torch.empty(args[0].shape, dtype=torch.float32, device=device) if with_grad else part
+    if n:
+        T = args[0].shape[-1]
+        kernel[(num_blocks,)](*args, grad, part, n, T, num_blocks, *meta.pop("scalars"), WITH_GRAD=with_grad,
+                              BLOCK=_BLOCK, **meta)
+    return part.sum(-1), (grad if with_grad else None)
+
+
+class _PPOPolicyLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logp, old_logp, adv, mask_f, rowf, clip_lo, clip_hi, clip_c, backend):
+        with_grad = ctx.needs_input_grad[0]
+        if backend == "triton":
+            sums, grad = _launch_partials(
+                _ppo_fwd_kernel, (logp, old_logp, adv, mask_f, rowf), 4, logp.device, with_grad,
+                scalars=(float(clip_lo), float(clip_hi), float(clip_c or 0.0)), DUAL=clip_c is not None,
+            )
+        else:
+            sums, grad = _ppo_torch(logp, old_logp, adv, mask_f, rowf, clip_lo, clip_hi, clip_c, with_grad)
+        ctx.save_for_backward(grad if with_grad else None)
+        ctx.lp_dtype = logp.dtype
+        n_tok = mask_f.sum()
+        denom = torch.clamp(n_tok, min=1e-30)
+        stats = torch.where(n_tok > 0, sums[1:4] / denom, torch.zeros_like(sums[1:4]))
+        ctx.mark_non_differentiable(stats)
+        return sums[0].clone(), stats
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_stats):
+        (grad,) = ctx.saved_tensors
+        if grad is None:
+            return (None,) * 9
+        return (grad * grad_loss).to(ctx.lp_dtype), None, None, None, None, None, None, None, None
+
+
+class _ValueLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, values, old_values, returns, mask_f, rowf, clip, backend):
+        with_grad = ctx.needs_input_grad[0]
+        if backend == "triton":
+            sums, grad = _launch_partials(
+                _value_fwd_kernel, (values, old_values, returns, mask_f, rowf), 2,
+                values.device, with_grad, scalars=(float(clip),),
+            )
+        else:
+            sums, grad = _value_torch(values, old_values, returns, mask_f, rowf, clip, with_grad)
+        ctx.save_for_backward(grad if with_grad else None)
+        ctx.v_dtype = values.dtype
+        n_tok = mask_f.sum()
+        clipfrac = torch.where(n_tok > 0, sums[1] / torch.clamp(n_tok, min=1e-30), torch.zeros_like(sums[1]))
+        ctx.mark_non_differentiable(clipfrac)
+        return sums[0].clone(), clipfrac
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_stats):
+        (grad,) = ctx.saved_tensors
+        if grad is None:
+            return (None,) * 7
+        return (grad * grad_loss).to(ctx.v_dtype), None, None, None, None, None, None
+
+
+def ppo_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    clip_c: float | None = None,
+    agg: str = "token-mean",
+    agg_scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate loss (verl vanilla), see the module docstring for the exact math.
+
+    Args:
+        logp: [B, T] log-probs of the sampled tokens under the current policy (gets the gradient).
+        old_logp: [B, T] log-probs under the policy that sampled them.
+        advantages: [B, T] per-token advantages, or [B] per-sequence (broadcast over T).
+        mask: [B, T] response mask (bool / int / float 0-1).
+        clip_low, clip_high: ratio clip range [1 - clip_low, 1 + clip_high] (DAPO clip-higher).
+        clip_c: dual-clip constant (> 1) for negative advantages; None disables dual clip.
+        agg: aggregation mode (``AGG_MODES``); agg_scale: divisor for ``seq-mean-token-sum-norm``.
+        backend: ``auto`` | ``triton`` | ``torch``.
+    Returns:
+        (loss: float32 scalar, stats: dict of detached float32 scalars ``clipfrac``,
+        ``clipfrac_lower``, ``approx_kl``).
+    """
+    _check_2d("logp", logp)
+    _check_same("old_logp", old_logp, logp)
+    _check_same("mask", mask, logp)
+    if isinstance(advantages, torch.Tensor) and advantages.dim() == 1 and advantages.shape[0] == logp.shape[0]:
+        advantages = advantages[:, None].expand_as(logp)
+    _check_same("advantages", advantages, logp)
+    if not logp.is_floating_point():
+        raise ValueError(f"logp must be floating point, got {logp.dtype}")
+    if clip_low < 0 or clip_low >= 1:
+        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
+    if clip_high < 0:
+        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
+    if clip_c is not None and not clip_c > 1.0:
+        raise ValueError(f"clip_c (dual clip) must be > 1, got {clip_c}")
+    rowf = agg_row_factors(mask, agg, agg_scale)
+    chosen = resolve_backend(backend, logp)
+    mask_f = mask.to(torch.float32).contiguous()
+    loss, stats = _PPOPolicyLoss.apply(
+        logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask_f, rowf,
+        clip_low, clip_high, clip_c, chosen,
+    )
+    return loss, {"clipfrac": stats[0], "clipfrac_lower": stats[1], "approx_kl": stats[2]}
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip: float = 0.5,
+    agg: str = "token-mean",
+    agg_scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss 0.5 * agg(max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2)).
+
+    Args:
+        values: [B, T] critic predictions (gets the gradient); old_values: [B, T] predictions at
+        rollout time; returns: [B, T] targets; mask: [B, T] response mask.
+        clip: value clip range c (>= 0); agg, agg_scale: as ``ppo_policy_loss``.
+    Returns:
+        (loss: float32 scalar, stats: dict with detached float32 ``clipfrac``).
+    """
+    _check_2d("values", values)
+    _check_same("old_values", old_values, values)
+    _check_same("returns", returns, values)
+    _check_same("mask", mask, values)
+    if not values.is_floating_point():
+        raise ValueError(f"values must be floating point, got {values.dtype}")
+    if clip is None or clip < 0:
+        raise ValueError(f"clip must be >= 0, got {clip}")
+    rowf = agg_row_factors(mask, agg, agg_scale) * 0.5
+    chosen = resolve_backend(backend, values)
+    mask_f = mask.to(torch.float32).contiguous()
+    loss, clipfrac = _ValueLoss.apply(
+        values.contiguous(), old_values.contiguous(), returns.contiguous(), mask_f, rowf, clip, chosen
+    )
+    return loss, {"clipfrac": clipfrac}
