@@ -1,0 +1,22 @@
+"""Rollout engines behind one protocol (base.Engine): native torch, and SGLang on GPUs."""
+from __future__ import annotations
+
+import torch
+
+from fastcrit.rollout.base import Engine
+
+
+def make_engine(rollout_cfg, model_path: str, *, dtype: str, device: torch.device,
+                seed: int = 0) -> Engine:
+    """Build the engine named by ``rollout.engine`` for ``model_path``."""
+    if rollout_cfg.engine == "native":
+        from fastcrit.rollout.native import NativeEngine
+
+        return NativeEngine(model_path, dtype=dtype, device=device)
+    if rollout_cfg.engine == "sglang":
+        from fastcrit.rollout.sglang import SGLangEngine  # GPU only; imports sglang lazily
+
+        return SGLangEngine(model_path, dtype=dtype, device=device, tp_size=rollout_cfg.tp_size,
+                            mem_fraction_static=rollout_cfg.mem_fraction_static,
+                            weight_bucket_mb=rollout_cfg.weight_bucket_mb, seed=seed)
+    raise ValueError(f"rollout.engine: unknown engine {rollout_cfg.engine!r} (native, sglang)")

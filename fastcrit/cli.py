@@ -1,0 +1,123 @@
+"""The face of fastcrit: `fastcrit train | sft | gen | sandbox ...` -> config -> recipe."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fastcrit.config import ConfigError, load_config
+from fastcrit.data.datasets import DatasetError
+
+RECIPES = ("grpo", "rloo")  # algorithm.name values `fastcrit train` knows
+
+
+def _train_entry(ctx, cfg):
+    from fastcrit.recipes.grpo import run_grpo
+
+    run_grpo(ctx, cfg)
+
+
+def _sft_entry(ctx, cfg):
+    from fastcrit.recipes.sft import run_sft
+
+    run_sft(ctx, cfg)
+
+
+def _load(args):
+    cfg = load_config(args.config, args.set)
+    from fastcrit.recipes.common import check_hardware
+
+    check_hardware(cfg, args.config)
+    if cfg.trainer.compute_threads > 0:
+        import torch
+
+        torch.set_num_threads(cfg.trainer.compute_threads)
+    return cfg
+
+
+def cmd_train(args) -> int:
+    cfg = _load(args)
+    if cfg.algorithm.name not in RECIPES:
+        raise ConfigError(f"{args.config}: algorithm.name={cfg.algorithm.name!r} has no recipe yet "
+                          f"(available: {', '.join(RECIPES)})")
+    from fastcrit.train.dist import launch
+
+    launch(_train_entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device)
+    return 0
+
+
+def cmd_sft(args) -> int:
+    cfg = _load(args)
+    if cfg.sft.steps <= 0:
+        raise ConfigError(f"{args.config}: sft.steps must be > 0 for `fastcrit sft`")
+    from fastcrit.train.dist import launch
+
+    launch(_sft_entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device)
+    return 0
+
+
+def cmd_gen(args) -> int:
+    """Generate from a model directory (or `tiny`) with the native engine, for a quick look."""
+    from fastcrit.data.prompts import render_chat
+    from fastcrit.models.hf import load_tokenizer, resolve_model_path
+    from fastcrit.rollout.native import NativeEngine
+    from fastcrit.types import SamplingParams
+
+    path = resolve_model_path(args.model)
+    tok = load_tokenizer(path)
+    engine = NativeEngine(path, dtype="float32", device="cpu")
+    ids = [tok.encode(render_chat(tok, p), add_special_tokens=False) for p in args.prompt]
+    params = SamplingParams(n=args.n, max_new_tokens=args.max_new_tokens,
+                            temperature=args.temperature, seed=args.seed)
+    for r in engine.generate(ids, params):
+        print(f"[{r.prompt_index}] {tok.decode(r.output_ids, skip_special_tokens=True)!r} "
+              f"({r.finish_reason}, {len(r.output_ids)} tokens)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fastcrit", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    for name, fn, text in (("train", cmd_train, "RL training (GRPO, RLOO) from a YAML config"),
+                           ("sft", cmd_sft, "supervised fine-tuning (the warm start) from a config")):
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("config", help="YAML file overriding the defaults (see configs/)")
+        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one key, e.g. --set rollout.n=8 (repeatable)")
+        sp.set_defaults(func=fn)
+
+    g = sub.add_parser("gen", help="generate with the native engine from a local model directory")
+    g.add_argument("model", help="a Hugging Face model directory, or 'tiny'")
+    g.add_argument("--prompt", action="append", required=True, help="user message (repeatable)")
+    g.add_argument("--n", type=int, default=1)
+    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.set_defaults(func=cmd_gen)
+
+    try:
+        from fastcrit.sandbox.cli import register as register_sandbox
+    except ImportError:  # the sandbox is optional at import time only while it is being built
+        register_sandbox = None
+    if register_sandbox is not None:
+        register_sandbox(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"fastcrit: config error: {e}", file=sys.stderr)
+        return 2
+    except DatasetError as e:
+        print(f"fastcrit: data error: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"fastcrit: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""One typed dataclass tree holds every default; YAML files and `--set a.b=c` only override.
+
+Errors name the key's full path and the file (or `--set`) it came from:
+
+    ConfigError: configs/cpu/grpo.yaml: rollout.n: expected int, got str 'eight'
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+import yaml
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class TinyModelConfig:
+    """The tiny Qwen2-architecture model built locally when `model.path: tiny`."""
+
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 512
+    vocab_size: int = 512  # BPE vocabulary trained locally (byte-level, so any text encodes)
+    max_positions: int = 2048
+    tie_word_embeddings: bool = False
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny"  # a local Hugging Face directory, or "tiny" (built once, cached on disk)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)  # cached under $FASTCRIT_CACHE
+
+
+@dataclass
+class DataConfig:
+    train: str = "reverse"  # a shipped task name ("reverse") or a .jsonl / .parquet path
+    val: str = "reverse:test"  # "<task>:<split>" or a path; "" = no validation
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    system_prompt: str = ""
+    max_prompt_len: int = 64  # prompts longer than this are skipped and counted, never truncated
+    prompts_per_step: int = 8  # prompts per rollout step (x rollout.n samples)
+    val_size: int = 64  # validation prompts per evaluation (greedy)
+
+
+@dataclass
+class RolloutConfig:
+    engine: Literal["native", "sglang"] = "native"
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 16
+    # SGLang only (GPU)
+    mem_fraction_static: float = 0.5
+    tp_size: int = 1
+    weight_bucket_mb: int = 512
+
+
+@dataclass
+class AlgorithmConfig:
+    name: Literal["grpo", "rloo"] = "grpo"
+    norm_adv_by_std: bool = True
+    kl_coef: float = 0.0  # coefficient of the KL loss to the frozen reference (0 = no reference)
+    kl_kind: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"] = "low_var_kl"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    clip_c: Optional[float] = None  # dual-clip constant (> 1) for negative advantages
+    loss_agg: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    entropy_coef: float = 0.0
+    ppo_epochs: int = 1
+    mini_batches: int = 1  # optimizer steps per rollout step = ppo_epochs * mini_batches
+
+
+@dataclass
+class RewardConfig:
+    name: str = "reverse"  # a reward manager by name (see fastcrit.reward)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm start on (prompt, answer) pairs; also run alone by `fastcrit sft`."""
+
+    steps: int = 0  # 0 = no warm start before RL
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup_steps: int = 10
+    data: str = "reverse"
+    output_dir: str = ""  # "" = <trainer.output_dir>/sft
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 100
+    output_dir: str = "runs/grpo"
+    save_every: int = 50  # 0 = only at the end
+    eval_every: int = 0  # 0 = only at the start and the end
+    seed: int = 0
+    device: Literal["cpu", "cuda"] = "cpu"
+    nproc: int = 1  # training processes (FSDP2 world size); gloo on CPU, nccl on CUDA
+    micro_batch_size: int = 64  # sequences per forward/backward
+    resume: bool = True  # continue from the newest checkpoint in output_dir when there is one
+    progress: bool = True
+    compute_threads: int = 0  # torch threads per process; 0 = leave torch's default
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Overriding with type checks
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{where}: expected one of {list(choices)}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if origin is list:
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+        return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected bool, got {type(value).__name__} {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected int, got {type(value).__name__} {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where}: expected float, got {type(value).__name__} {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: expected str, got {type(value).__name__} {value!r}")
+    raise ConfigError(f"{where}: unsupported type {_type_name(tp)}")
+
+
+def _apply(node: Any, overrides: dict, prefix: str, source: str) -> None:
+    hints = typing.get_type_hints(type(node))
+    for key, value in overrides.items():
+        path = f"{prefix}{key}"
+        if not isinstance(key, str) or key not in hints:
+            known = ", ".join(sorted(hints))
+            raise ConfigError(f"{source}: {path}: unknown key (known here: {known})")
+        tp = hints[key]
+        current = getattr(node, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: {path}: expected a mapping, got {value!r}")
+            _apply(current, value, f"{path}.", source)
+        else:
+            try:
+                setattr(node, key, _coerce(value, tp, path))
+            except ConfigError as e:
+                raise ConfigError(f"{source}: {e}") from None
+
+
+def parse_set(item: str) -> dict:
+    """`a.b.c=value` -> {"a": {"b": {"c": value}}}; the value is read as YAML (`8`, `true`, `[1,2]`)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set rollout.n=8")
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {item!r}: value is not valid YAML: {e}") from None
+    out: dict = {}
+    node = out
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"--set {item!r}: bad key {key!r}")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+    return out
+
+
+def load_config(path: str | None = None, sets: list[str] | None = None) -> Config:
+    cfg = Config()
+    if path is not None:
+        if not os.path.isfile(path):
+            raise ConfigError(f"{path}: config file not found")
+        with open(path) as f:
+            try:
+                data = yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+        _apply(cfg, data, "", path)
+    for item in sets or []:
+        _apply(cfg, parse_set(item), "", "--set")
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks that types alone cannot express."""
+
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ConfigError(msg)
+
+    need(cfg.rollout.n >= 1, f"rollout.n: must be >= 1, got {cfg.rollout.n}")
+    need(cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens: must be >= 1")
+    need(cfg.rollout.temperature >= 0, "rollout.temperature: must be >= 0")
+    need(0 < cfg.rollout.top_p <= 1, "rollout.top_p: must be in (0, 1]")
+    need(cfg.trainer.total_steps >= 0, "trainer.total_steps: must be >= 0")
+    need(cfg.trainer.nproc >= 1, "trainer.nproc: must be >= 1")
+    need(cfg.trainer.save_every >= 0, "trainer.save_every: must be >= 0")
+    need(cfg.trainer.micro_batch_size >= 1, "trainer.micro_batch_size: must be >= 1")
+    need(cfg.data.prompts_per_step >= 1, "data.prompts_per_step: must be >= 1")
+    need(
+        cfg.data.prompts_per_step % cfg.trainer.nproc == 0,
+        f"data.prompts_per_step ({cfg.data.prompts_per_step}) must be a multiple of "
+        f"trainer.nproc ({cfg.trainer.nproc}): each process rolls out whole groups",
+    )
+    need(cfg.algorithm.mini_batches >= 1, "algorithm.mini_batches: must be >= 1")
+    need(cfg.algorithm.ppo_epochs >= 1, "algorithm.ppo_epochs: must be >= 1")
+    need(
+        cfg.algorithm.clip_c is None or cfg.algorithm.clip_c > 1.0,
+        f"algorithm.clip_c: the dual-clip constant must be > 1, got {cfg.algorithm.clip_c}",
+    )
+    need(cfg.algorithm.name != "rloo" or cfg.rollout.n > 1, "algorithm.name=rloo needs rollout.n > 1")
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: Config, path: str) -> None:
+    with open(path, "w") as f:
+        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)

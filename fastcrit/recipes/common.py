@@ -1,0 +1,66 @@
+"""Small pieces the recipes share: run directory, model resolution, data order, hardware checks."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import torch
+
+from fastcrit.config import Config, ConfigError, dump_yaml
+from fastcrit.models.hf import resolve_model_path
+from fastcrit.train.dist import DistContext, barrier
+
+
+def check_hardware(cfg: Config, config_path: str | None) -> None:
+    """Fail at once, with the way out, when the config asks for hardware this machine lacks."""
+    where = config_path or "the config"
+    if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"{where} is a GPU setup (trainer.device: cuda, rollout.engine: {cfg.rollout.engine}) "
+            "and this machine has no CUDA device. For the embedded CPU default run: "
+            "fastcrit train configs/cpu/grpo.yaml")
+    if cfg.rollout.engine == "sglang" and cfg.trainer.device != "cuda":
+        raise ConfigError(f"{where}: rollout.engine=sglang needs trainer.device=cuda; "
+                          "use rollout.engine=native on CPU")
+
+
+def model_spec(cfg: Config) -> str:
+    if cfg.model.path == "tiny":
+        opts = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                        for k, v in dataclasses.asdict(cfg.model.tiny).items())
+        return f"tiny:{opts}"
+    return cfg.model.path
+
+
+def resolve_model(cfg: Config, ctx: DistContext) -> str:
+    """Rank 0 builds the tiny model first (if asked for); the others then find it cached."""
+    spec = model_spec(cfg)
+    path = resolve_model_path(spec) if ctx.is_main else None
+    barrier()
+    return path if path is not None else resolve_model_path(spec)
+
+
+def prepare_output_dir(cfg: Config, ctx: DistContext, output_dir: str) -> None:
+    if ctx.is_main:
+        os.makedirs(output_dir, exist_ok=True)
+        dump_yaml(cfg, os.path.join(output_dir, "config.yaml"))
+    barrier()
+
+
+@functools.lru_cache(maxsize=4)
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=g)
+
+
+def step_indices(n: int, per_step: int, step: int, seed: int, rank: int, world: int) -> list[int]:
+    """Dataset indices for 1-based ``step`` on ``rank``: a seeded permutation per epoch, read in
+    order, so a resumed run sees exactly the data it would have seen."""
+    start = (step - 1) * per_step
+    idx = []
+    for pos in range(start, start + per_step):
+        epoch, off = divmod(pos, n)
+        idx.append(int(epoch_order(n, seed, epoch)[off]))
+    share = per_step // world
+    return idx[rank * share:(rank + 1) * share]

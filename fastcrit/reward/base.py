@@ -1,0 +1,47 @@
+"""Reward managers map (prompt, response, answer, meta) -> score + info, chosen by name."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+
+@dataclass
+class RewardItem:
+    prompt: str
+    response: str  # decoded response text, special tokens removed
+    answer: str  # the reference answer ("" when the task has none)
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class RewardResult:
+    score: float
+    info: dict = field(default_factory=dict)  # small, JSON-able details (e.g. parsed answer)
+
+
+class RewardManager(Protocol):
+    name: str
+
+    def __call__(self, items: list[RewardItem]) -> list[RewardResult]:
+        ...
+
+
+_REGISTRY: dict[str, Callable[..., RewardManager]] = {}
+
+
+def register(name: str):
+    def deco(factory):
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def get_reward_manager(name: str, **kwargs) -> RewardManager:
+    if name not in _REGISTRY:
+        raise ValueError(f"reward.name: unknown reward manager {name!r} (known: {sorted(_REGISTRY)})")
+    return _REGISTRY[name](**kwargs)
+
+
+def known_reward_managers() -> list[str]:
+    return sorted(_REGISTRY)

@@ -1,0 +1,151 @@
+"""The trainable policy (and the frozen reference): build, score, update.
+
+Micro-batches are chosen so that the mini-batch loss equals the loss one big batch would give: each
+micro-batch's aggregated loss is weighted by its share of the mini-batch's valid tokens (token-mean)
+or valid sequences (seq-mean-*). Across processes FSDP averages gradients, i.e. the loss is the
+mean over ranks of each rank's loss (as verl does); ranks roll out equal numbers of groups.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fastcrit.algos.losses import policy_objective
+from fastcrit.models.hf import load_model
+from fastcrit.train.policy import CausalLMLogprobs, shard
+from fastcrit.types import RolloutBatch
+
+
+@dataclass
+class Actor:
+    module: CausalLMLogprobs
+    optimizer: torch.optim.Optimizer | None
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    device: torch.device
+
+
+def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size: int,
+                lr: float = 0.0, weight_decay: float = 0.0, betas=(0.9, 0.999), eps: float = 1e-8,
+                warmup_steps: int = 0, trainable: bool = True) -> Actor:
+    lm = load_model(model_path, dtype=dtype, device="cpu")
+    lm.config.use_cache = False
+    module = CausalLMLogprobs(lm).to(device)
+    module.train(trainable)
+    if not trainable:
+        module.requires_grad_(False)
+    shard(module, world_size, device)
+    if not trainable:
+        return Actor(module, None, None, device)
+    opt = torch.optim.AdamW(module.parameters(), lr=lr, betas=betas, eps=eps,
+                            weight_decay=weight_decay)
+    warm = max(0, warmup_steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    return Actor(module, opt, sched, device)
+
+
+def _micro_slices(n: int, micro: int):
+    for s in range(0, n, micro):
+        yield slice(s, min(n, s + micro))
+
+
+def _forward(actor: Actor, mb: RolloutBatch, temperature: float, entropy: bool):
+    d = actor.device
+    return actor.module(mb.input_ids.to(d), mb.attention_mask.to(d), mb.position_ids.to(d),
+                        mb.responses.to(d), mb.response_mask.to(d), temperature=temperature,
+                        return_entropy=entropy)
+
+
+@torch.no_grad()
+def compute_logprobs(actor: Actor, batch: RolloutBatch, temperature: float,
+                     micro_batch_size: int) -> torch.Tensor:
+    """[B, R] fp32 log-probs of the responses under ``actor`` (0 on padding), on CPU."""
+    out = []
+    for sl in _micro_slices(len(batch), micro_batch_size):
+        mb = batch.select(torch.arange(len(batch))[sl])
+        out.append(_forward(actor, mb, temperature, False).float().cpu())
+    return torch.cat(out) * batch.response_mask
+
+
+def _weight(mb_mask: torch.Tensor, full_mask: torch.Tensor, agg: str) -> float:
+    if agg == "token-mean":
+        return mb_mask.sum().item() / max(full_mask.sum().item(), 1.0)
+    valid = lambda m: (m.sum(-1) > 0).sum().item()  # noqa: E731 (sequences with a valid token)
+    return valid(mb_mask) / max(valid(full_mask), 1)
+
+
+def update_policy(actor: Actor, batch: RolloutBatch, *, temperature: float, micro_batch_size: int,
+                  grad_clip: float, clip_low: float, clip_high: float, clip_c: float | None,
+                  agg: str, kl_coef: float, kl_kind: str, entropy_coef: float,
+                  ppo_epochs: int = 1, mini_batches: int = 1,
+                  generator: torch.Generator | None = None) -> dict[str, float]:
+    """PPO-style update on a batch with ``advantages`` (and ``ref_logprobs`` when kl_coef != 0).
+
+    Returns metrics averaged over optimizer steps (loss terms, clip fractions, grad norm, lr).
+    """
+    assert actor.optimizer is not None, "update_policy needs a trainable actor"
+    if batch.advantages is None:
+        raise ValueError("update_policy: batch.advantages is not set")
+    if kl_coef != 0.0 and batch.ref_logprobs is None:
+        raise ValueError("update_policy: kl_coef != 0 needs batch.ref_logprobs")
+    B = len(batch)
+    sums: dict[str, float] = {}
+    n_steps = 0
+    for _ in range(ppo_epochs):
+        order = torch.randperm(B, generator=generator) if mini_batches > 1 else torch.arange(B)
+        for mini_idx in order.chunk(mini_batches):
+            mini = batch.select(mini_idx)
+            actor.optimizer.zero_grad(set_to_none=True)
+            step_stats: dict[str, float] = {}
+            for sl in _micro_slices(len(mini), micro_batch_size):
+                mb = mini.select(torch.arange(len(mini))[sl])
+                # No skipping of empty micro-batches: every rank must run the same collectives.
+                w = _weight(mb.response_mask, mini.response_mask, agg)
+                need_ent = entropy_coef != 0.0
+                out = _forward(actor, mb, temperature, need_ent)
+                logp, ent = out if need_ent else (out, None)
+                d = actor.device
+                loss, stats = policy_objective(
+                    logp, mb.old_logprobs.to(d), mb.advantages.to(d), mb.response_mask.to(d),
+                    clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, agg=agg,
+                    ref_logp=None if mb.ref_logprobs is None else mb.ref_logprobs.to(d),
+                    kl_coef=kl_coef, kl_kind=kl_kind, entropy=ent, entropy_coef=entropy_coef)
+                (loss * w).backward()
+                for k, v in stats.items():
+                    step_stats[k] = step_stats.get(k, 0.0) + v * w
+            gn = torch.nn.utils.clip_grad_norm_(actor.module.parameters(), grad_clip)
+            gn = gn.full_tensor() if hasattr(gn, "full_tensor") else gn
+            step_stats["actor/grad_norm"] = float(gn)
+            if math.isfinite(float(gn)):
+                actor.optimizer.step()
+            else:  # a non-finite gradient would poison the weights: skip the step, and say so
+                step_stats["actor/skipped_nonfinite_steps"] = 1.0
+            actor.scheduler.step()
+            step_stats["actor/lr"] = actor.optimizer.param_groups[0]["lr"]
+            for k, v in step_stats.items():
+                sums[k] = sums.get(k, 0.0) + v
+            n_steps += 1
+    return {k: v / max(n_steps, 1) for k, v in sums.items()}
+
+
+def sft_step(actor: Actor, batch: RolloutBatch, *, micro_batch_size: int,
+             grad_clip: float) -> dict[str, float]:
+    """One optimizer step of token-mean negative log-likelihood on ``batch.responses``."""
+    assert actor.optimizer is not None
+    actor.optimizer.zero_grad(set_to_none=True)
+    total = batch.response_mask.sum().clamp(min=1.0)
+    nll_sum = 0.0
+    for sl in _micro_slices(len(batch), micro_batch_size):
+        mb = batch.select(torch.arange(len(batch))[sl])
+        logp = _forward(actor, mb, 1.0, False)
+        loss = -(logp * mb.response_mask.to(actor.device)).sum() / total.to(actor.device)
+        loss.backward()
+        nll_sum += loss.item()
+    gn = torch.nn.utils.clip_grad_norm_(actor.module.parameters(), grad_clip)
+    gn = gn.full_tensor() if hasattr(gn, "full_tensor") else gn
+    if math.isfinite(float(gn)):
+        actor.optimizer.step()
+    actor.scheduler.step()
+    return {"sft/nll": nll_sum, "sft/grad_norm": float(gn),
+            "sft/lr": actor.optimizer.param_groups[0]["lr"]}

@@ -1,0 +1,93 @@
+"""Checkpoints: a Hugging Face directory to load anywhere, plus what an exact resume needs.
+
+``<output_dir>/checkpoints/step_<N>/`` holds
+- ``config.json``, ``model.safetensors``, tokenizer files: `AutoModelForCausalLM.from_pretrained` loads it;
+- ``dcp/``: model and optimizer state, sharded per rank (torch.distributed.checkpoint);
+- ``trainer_state.json``: step, scheduler and the data position; ``rng_rank<r>.pt``: RNG states;
+- ``COMPLETE``: written last; a directory without it is ignored on resume (a crash mid-save).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from fastcrit.models.hf import save_pretrained_safetensors
+from fastcrit.train.dist import DistContext, barrier
+from fastcrit.train.actor import Actor
+from fastcrit.train.policy import full_named_tensors
+
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_dir(output_dir: str, step: int) -> str:
+    return os.path.join(output_dir, "checkpoints", f"step_{step}")
+
+
+def latest_checkpoint(output_dir: str) -> str | None:
+    root = os.path.join(output_dir, "checkpoints")
+    if not os.path.isdir(root):
+        return None
+    done = []
+    for name in os.listdir(root):
+        m = _STEP_RE.match(name)
+        if m and os.path.exists(os.path.join(root, name, "COMPLETE")):
+            done.append((int(m.group(1)), os.path.join(root, name)))
+    return max(done)[1] if done else None
+
+
+def save_hf(actor: Actor, tokenizer, directory: str, ctx: DistContext) -> None:
+    """Gather full weights (a collective) and let rank 0 write the Hugging Face directory."""
+    state = dict(full_named_tensors(actor.module))
+    if ctx.is_main:
+        lm = actor.module.lm
+        save_pretrained_safetensors(state, tokenizer, directory, config=lm.config,
+                                    generation_config=getattr(lm, "generation_config", None))
+
+
+def save_checkpoint(actor: Actor, tokenizer, ctx: DistContext, output_dir: str, step: int,
+                    trainer_state: dict) -> str:
+    path = checkpoint_dir(output_dir, step)
+    if ctx.is_main and os.path.exists(path):
+        shutil.rmtree(path)  # an incomplete leftover of the same step
+    barrier()
+    save_hf(actor, tokenizer, path, ctx)
+    msd, osd = get_state_dict(actor.module, actor.optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(path, "dcp"))
+    torch.save({"python": random.getstate(), "torch": torch.get_rng_state()},
+               os.path.join(path, f"rng_rank{ctx.rank}.pt"))
+    if ctx.is_main:
+        state = dict(trainer_state, step=step, world_size=ctx.world_size,
+                     scheduler=actor.scheduler.state_dict())
+        with open(os.path.join(path, "trainer_state.json"), "w") as f:
+            json.dump(state, f, indent=1)
+    barrier()
+    if ctx.is_main:
+        open(os.path.join(path, "COMPLETE"), "w").close()
+    barrier()
+    return path
+
+
+def load_checkpoint(actor: Actor, ctx: DistContext, path: str) -> dict:
+    """Restore model, optimizer, scheduler and RNG from ``path``; return the trainer state."""
+    with open(os.path.join(path, "trainer_state.json")) as f:
+        state = json.load(f)
+    if state.get("world_size") != ctx.world_size:
+        raise RuntimeError(f"{path}: saved with {state.get('world_size')} processes, resuming with "
+                           f"{ctx.world_size}; set trainer.nproc to match (or trainer.resume=false)")
+    msd, osd = get_state_dict(actor.module, actor.optimizer)
+    sd = {"model": msd, "optim": osd}
+    dcp.load(sd, checkpoint_id=os.path.join(path, "dcp"))
+    set_state_dict(actor.module, actor.optimizer, model_state_dict=sd["model"],
+                   optim_state_dict=sd["optim"])
+    actor.scheduler.load_state_dict(state["scheduler"])
+    rng = torch.load(os.path.join(path, f"rng_rank{ctx.rank}.pt"), weights_only=False)
+    random.setstate(rng["python"])
+    torch.set_rng_state(rng["torch"])
+    return state
