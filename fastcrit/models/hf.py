@@ -70,8 +70,8 @@ def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32", de
     """Load a causal LM from a spec (see module docstring) in ``dtype`` on ``device``, in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    path = resolve_model_path(spec)
     kwargs = {"dtype": parse_dtype(dtype), "local_files_only": True}
+    path = resolve_model_path(spec)
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     try:

@@ -1,0 +1,77 @@
+import os
+
+import pytest
+import torch
+
+from fastcrit.models.hf import load_model, load_tokenizer, resolve_model_path, save_pretrained_safetensors
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from fastcrit.models.tiny import build_tiny_model
+    from fastcrit.models.tokenizer import default_corpus
+
+    d = str(tmp_path_factory.mktemp("tiny") / "m")
+    return build_tiny_model(d, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab_size=300,
+                            corpus=default_corpus(use_human_eval=False))
+
+
+def test_missing_paths_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        resolve_model_path(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        resolve_model_path(tmp_path)
+    with pytest.raises(ValueError, match="bad option 'width=3'"):
+        resolve_model_path("tiny:width=3")
+    with pytest.raises(ValueError, match="layers must be an integer"):
+        resolve_model_path("tiny:layers=two")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        load_model(tmp_path, dtype="float8")
+
+
+def test_tiny_spec_resolves_through_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTCRIT_CACHE", str(tmp_path))
+    d = resolve_model_path("tiny:hidden=32,layers=1,heads=2,kv_heads=1,intermediate=32,vocab_size=280")
+    assert os.path.dirname(d) == str(tmp_path)
+    assert load_model(d).config.num_hidden_layers == 1
+
+
+def test_load_model_dtype_and_tokenizer(tiny):
+    m = load_model(tiny, dtype="bf16")
+    assert m.dtype == torch.bfloat16 and not m.training
+    tok = load_tokenizer(tiny)
+    assert tok.padding_side == "left" and tok.pad_token_id is not None
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_save_state_dict_loads_back(tiny, tmp_path, tie):
+    from transformers import AutoModelForCausalLM
+
+    model = load_model(tiny)
+    if tie:
+        model.config.tie_word_embeddings = True
+        model.lm_head.weight = model.model.embed_tokens.weight
+    tok = load_tokenizer(tiny)
+    with torch.no_grad():
+        state = {k: v * 1.5 for k, v in model.state_dict().items()}  # a trainer-side state dict (copies)
+    if tie:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    out = save_pretrained_safetensors(state, tok, str(tmp_path / "ckpt"), config=model.config,
+                                      generation_config=model.generation_config)
+    assert os.path.exists(os.path.join(out, "model.safetensors"))
+    again = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    ids = torch.tensor([[3, 50, 60, 7]])
+    with torch.no_grad():
+        model.load_state_dict(state)
+        assert torch.allclose(again(ids).logits, model(ids).logits, atol=1e-6)
+    assert again.generate(ids, max_new_tokens=3, do_sample=False).shape[1] >= 5
+
+
+def test_save_model_object(tiny, tmp_path):
+    model = load_model(tiny)
+    out = save_pretrained_safetensors(model, load_tokenizer(tiny), str(tmp_path / "c"))
+    again = load_model(out)
+    for (k, a), (k2, b) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert k == k2 and torch.equal(a, b)
+    with pytest.raises(ValueError, match="needs the model's config"):
+        save_pretrained_safetensors(model.state_dict(), None, str(tmp_path / "d"))
