@@ -195,8 +195,8 @@ def ref_pacs_loss(
     adv = ref_group_advantages(r, index, estimator, norm_by_std=norm_by_std, eps=eps)
     y = _f64(scores)
     w = ref_pacs_weights(scores, index, weight_mode)
-    # BCE with logits, the numerically stable form: max(a, 0) - a y + log(1 + exp(-|a|))
-    per = torch.clamp(adv, min=0) - adv * y + torch.log1p(torch.exp(-adv.abs()))
+    # torch's BCE-with-logits, as PACS uses it (its backward is sigmoid(a) - y everywhere, also at a = 0)
+    per = torch.nn.functional.binary_cross_entropy_with_logits(adv, y, reduction="none")
     loss = (w * per).sum() / B
     stats = {
         "reward_mean": r.mean().detach(),

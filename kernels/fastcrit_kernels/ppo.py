@@ -132,10 +132,10 @@ def _check_agg(agg: str, agg_scale) -> None:
         raise ValueError(f"agg_scale must be > 0, got {agg_scale!r}")
 
 
-def agg_row_factors(mask: torch.Tensor, agg: str, agg_scale=None) -> torch.Tensor:
-    """Per-row factors f[B] (float32) such that ``agg(L) = sum_bt mask_bt * L_bt * f_b``."""
+def agg_row_factors(mask: torch.Tensor, agg: str, agg_scale=None, dtype=torch.float32) -> torch.Tensor:
+    """Per-row factors f[B] (in ``dtype``) such that ``agg(L) = sum_bt mask_bt * L_bt * f_b``."""
     _check_agg(agg, agg_scale)
-    m = mask.float()
+    m = mask.to(dtype)
     counts = m.sum(-1)
     zero = torch.zeros_like(counts)
     if agg == "token-mean":
@@ -143,7 +143,7 @@ def agg_row_factors(mask: torch.Tensor, agg: str, agg_scale=None) -> torch.Tenso
         fac = torch.where(total > 0, 1.0 / torch.clamp(total, min=1e-30), torch.zeros_like(total))
         return fac.expand_as(counts).clone()
     live = counts > 0
-    n_seq = torch.clamp(live.sum().float(), min=1.0)
+    n_seq = torch.clamp(live.sum().to(dtype), min=1.0)
     if agg == "seq-mean-token-mean":
         per = 1.0 / ((counts + 1e-8) * n_seq)
     elif agg == "seq-mean-token-sum":
@@ -158,8 +158,9 @@ def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, agg: str = "token
     """Aggregate a per-token loss [B, T] into a scalar by verl's ``agg`` mode (differentiable)."""
     _check_2d("loss_mat", loss_mat)
     _check_same("mask", mask, loss_mat)
-    f = agg_row_factors(mask, agg, agg_scale)
-    return (loss_mat * mask.to(loss_mat.dtype) * f.to(loss_mat.dtype)[:, None]).sum()
+    dtype = torch.promote_types(loss_mat.dtype, torch.float32)
+    f = agg_row_factors(mask, agg, agg_scale, dtype)
+    return (loss_mat * mask.to(dtype) * f[:, None]).sum()
 
 
 def _check_2d(name: str, t) -> None:
