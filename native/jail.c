@@ -292,7 +292,7 @@ int main(int argc, char **argv) {
                 _exit(EXIT_JAIL);
             }
     for (int k = 0; k < n_covers; k++) close(covers[k].fd);
-    struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
+    struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID};
     if (syscall(SYS_mount_setattr, AT_FDCWD, "/", AT_RECURSIVE, &attr, sizeof attr) == 0) rec.rofs = 1;
     else fprintf(stderr, "fastcrit-jail: WARNING read-only view unavailable: %s\n", strerror(errno));
 

@@ -1,0 +1,415 @@
+"""The test harness: what runs inside a forked execution, and the trusted comparisons outside it.
+
+Who decides a pass:
+- ``stdio`` and ``call``: the worker (outside the execution) compares the program's stdout or its
+  JSON-serialised return value with the expected one. The execution never receives expected
+  values, so the only way to a pass is to produce the right output.
+- ``assert``: the test runs in the execution's process, after the code. The harness writes one
+  record per finished test to a pipe, each signed with a per-run random key (HMAC-SHA256) and a
+  sequence number; the worker accepts records only in order, for tests it asked for, and marks any
+  test without a valid record as failed/timeout/error. Exit codes and stdout mean nothing.
+
+What the harness does against in-process tricks before each ``assert`` test: fresh builtins dict
+(captured before any untrusted code ran), restored stdlib modules, trace/profile hooks and signal
+handlers reset, background threads refused, the test run as a function (no ``exec`` audit event),
+and an audit hook (which cannot be removed) refusing new audit hooks, trace/profile functions,
+``gc``/``ctypes`` introspection and frame access (``sys._getframe``, ``tb_frame``, ``gi_frame``).
+NOT covered: a frame reached another way (the frame argument of a signal handler) leads to the
+harness's signing object, so a program written against this harness could forge ``assert`` records;
+``stdio``/``call`` verdicts do not have this weakness (see docs/sandbox.md).
+"""
+from __future__ import annotations
+
+import builtins
+import hashlib
+import hmac
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import types
+
+REL_TOL = 1e-5
+
+# ---------------------------------------------------------------------------------------------
+# Trusted comparisons (run in the worker, never in the execution)
+
+
+def _tokens_equal(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        x, y = float(a), float(b)
+    except ValueError:
+        return False
+    if math.isnan(x) or math.isnan(y):
+        return False
+    return math.isclose(x, y, rel_tol=REL_TOL, abs_tol=0.0)
+
+
+def stdout_matches(actual: str, expected: str) -> bool:
+    """Line by line after stripping trailing whitespace (trailing blank lines ignored); a line
+    that differs passes when its whitespace-separated tokens are equal or are floats within a
+    relative tolerance of 1e-5 (CodeContests / TACO / SandboxFusion OJ style)."""
+    a = [ln.rstrip() for ln in actual.rstrip().split("\n")]
+    e = [ln.rstrip() for ln in expected.rstrip().split("\n")]
+    if len(a) != len(e):
+        return False
+    for la, le in zip(a, e):
+        if la == le:
+            continue
+        ta, te = la.split(), le.split()
+        if len(ta) != len(te) or not all(_tokens_equal(x, y) for x, y in zip(ta, te)):
+            return False
+    return True
+
+
+def values_equal(actual, expected) -> bool:
+    """Typed comparison of JSON values: bool is not int, tuples arrive as lists, floats within a
+    relative tolerance of 1e-5, ints exactly."""
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return type(actual) is type(expected) and actual == expected
+    if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
+        if isinstance(expected, int) and isinstance(actual, int):
+            return actual == expected
+        if math.isnan(expected) or math.isnan(actual):
+            return math.isnan(expected) and math.isnan(actual)
+        return math.isclose(actual, expected, rel_tol=REL_TOL, abs_tol=0.0)
+    if isinstance(expected, (list, tuple)):
+        return isinstance(actual, list) and len(actual) == len(expected) and all(
+            values_equal(a, e) for a, e in zip(actual, expected))
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and actual.keys() == expected.keys() and all(
+            values_equal(actual[k], expected[k]) for k in expected)
+    return type(actual) is type(expected) and actual == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# Captured before any untrusted code runs (this module is imported by the warm worker)
+
+_PRISTINE_BUILTINS = dict(builtins.__dict__)
+_BaseException = BaseException
+_AssertionError = AssertionError
+_MemoryError = MemoryError
+_RecursionError = RecursionError
+_SystemExit = SystemExit
+_type, _len, _isinstance, _str, _repr = type, len, isinstance, str, repr
+_os_write, _os_exit, _os_getpid = os.write, os._exit, os.getpid
+_json_dumps = json.dumps
+_hmac_new, _sha256 = hmac.new, hashlib.sha256
+_FunctionType = types.FunctionType
+_thread_count = None
+try:
+    import _thread
+
+    _thread_count = _thread._count
+except (ImportError, AttributeError):  # pragma: no cover
+    pass
+_signal, _SIG_DFL, _SIG_IGN = signal.signal, signal.SIG_DFL, signal.SIG_IGN
+_setitimer = signal.setitimer
+_CATCHABLE = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
+_GUARDED_MODULES = ("builtins", "math", "cmath", "operator", "functools", "itertools", "collections",
+                    "re", "string", "json", "sys", "fractions", "decimal", "statistics", "heapq",
+                    "bisect", "copy", "random", "typing", "numbers")
+_MODULE_SNAPSHOT: dict = {}
+_REFUSED_EVENTS = frozenset({
+    "sys.addaudithook", "sys.settrace", "sys.setprofile", "sys._current_frames", "gc.get_objects",
+    "gc.get_referrers", "gc.get_referents", "ctypes.dlopen", "ctypes.dlsym", "ctypes.call_function",
+    "ctypes.cdata", "ctypes.addressof", "ctypes.string_at", "ctypes.wstring_at",
+})
+_FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+_RuntimeError, _ValueError = RuntimeError, ValueError
+
+
+def _refuse_hook(event, args):
+    """Installed in each assert/call execution before its code runs; audit hooks cannot be
+    removed, so it holds for the rest of that process (and its children)."""
+    if event in _REFUSED_EVENTS:
+        raise _RuntimeError(f"{event} is not allowed in the sandbox")
+    if event == "sys._getframe":  # the stdlib treats ValueError as "no such frame" and carries on
+        raise _ValueError("frame inspection is not allowed in the sandbox")
+    if event == "object.__getattr__" and _len(args) > 1 and args[1] in _FRAME_ATTRS:
+        raise _RuntimeError(f"{args[1]} is not allowed in the sandbox")
+
+
+def prepare_worker(preimport) -> list[str]:
+    """In the warm worker, before any fork: import common modules and snapshot the guarded ones.
+    Returns the modules that failed to import."""
+    failed = []
+    for name in preimport:
+        try:
+            __import__(name)
+        except Exception:
+            failed.append(name)
+    for name in _GUARDED_MODULES:
+        mod = sys.modules.get(name)
+        if mod is not None:
+            _MODULE_SNAPSHOT[name] = (mod, dict(mod.__dict__))
+    return failed
+
+
+def _restore_modules():
+    for name, (mod, snap) in _MODULE_SNAPSHOT.items():
+        sys.modules[name] = mod
+        d = mod.__dict__
+        if _len(d) != _len(snap) or any(d.get(k, d) is not v for k, v in snap.items()):
+            for k in [k for k in d if k not in snap]:
+                del d[k]
+            d.update(snap)
+
+
+def _reset_process_state():
+    for s in _CATCHABLE:
+        try:
+            _signal(s, _SIG_IGN if s == signal.SIGPIPE else _SIG_DFL)
+        except (OSError, ValueError, RuntimeError):
+            pass
+    for which in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF):
+        _setitimer(which, 0)
+    _restore_modules()
+
+
+# ---------------------------------------------------------------------------------------------
+# Inside the execution
+
+
+class _Plain(Exception):
+    pass
+
+
+def to_plain(value, depth=0):
+    """Rebuild ``value`` from exact built-in types (no subclasses, so no rigged ``__eq__``)."""
+    if depth > 100:
+        raise _Plain("value nested too deeply")
+    t = _type(value)
+    if value is None or t is bool or t is int or t is str:
+        return value
+    if t is float:
+        return float(value)
+    if t is list or t is tuple:
+        return [to_plain(v, depth + 1) for v in value]
+    if t is dict:
+        out = {}
+        for k, v in value.items():
+            if _type(k) is not str:
+                raise _Plain(f"dict key of type {_type(k).__name__} (only str keys are compared)")
+            out[k] = to_plain(v, depth + 1)
+        return out
+    raise _Plain(f"returned a {t.__name__}, not a plain value (None/bool/int/float/str/list/tuple/dict)")
+
+
+_GUARD_SOURCE = """
+def _rebuild(value, depth=0):
+    # Rebuild from exact built-in types; keeps tuples, sets, frozensets, bytes, complex.
+    if depth > 100:
+        raise _Plain("value nested too deeply")
+    t = _type(value)
+    if value is None:
+        return None
+    if t is bool or t is int or t is str or t is float or t is bytes or t is complex:
+        return t(value)
+    if t is list:
+        return [_rebuild(v, depth + 1) for v in value]
+    if t is tuple:
+        return tuple([_rebuild(v, depth + 1) for v in value])
+    if t is set or t is frozenset:
+        return t([_rebuild(v, depth + 1) for v in value])
+    if t is dict:
+        return {_rebuild(k, depth + 1): _rebuild(v, depth + 1) for k, v in value.items()}
+    raise _Plain(t.__name__ + " returned; only plain built-in values are accepted")
+
+def _guard(fn):
+    def guarded(*args, **kwargs):
+        return _rebuild(fn(*args, **kwargs))
+    return guarded
+"""
+
+
+def _guard(fn):
+    """Wrap an entry point so the tests see only rebuilt plain values. The wrapper lives in its
+    own tiny namespace, so nothing reachable from the solution's globals leads to the harness."""
+    ns = {"__builtins__": {}, "_Plain": _Plain, "_type": _type, "bool": bool, "int": int, "str": str,
+          "float": float, "bytes": bytes, "complex": complex, "list": list, "tuple": tuple,
+          "set": set, "frozenset": frozenset, "dict": dict}
+    exec(_GUARD_SOURCE, ns)
+    guarded = ns["_guard"](fn)
+    for attr in ("__name__", "__qualname__", "__doc__"):
+        try:
+            setattr(guarded, attr, getattr(fn, attr))
+        except (AttributeError, TypeError):
+            pass
+    return guarded
+
+
+class Reporter:
+    """Writes signed records to the result pipe. The key is per run and random."""
+
+    def __init__(self, fd: int, key: bytes):
+        self._fd = fd
+        self._mac = _hmac_new(key, b"", _sha256)
+        self._seq = 0
+
+    def send(self, payload: dict) -> None:
+        body = _json_dumps(payload, separators=(",", ":")).encode()
+        m = self._mac.copy()
+        m.update(b"%d:" % self._seq)
+        m.update(body)
+        line = body + b"\t" + m.hexdigest().encode() + b"\n"
+        self._seq += 1
+        view = memoryview(line)
+        while view:
+            n = _os_write(self._fd, view)
+            view = view[n:]
+
+
+def verify_records(data: bytes, key: bytes):
+    """Parse signed records; stops at the first bad one. Returns (records, tampered)."""
+    mac = hmac.new(key, b"", hashlib.sha256)
+    out = []
+    for seq, line in enumerate(data.split(b"\n")):
+        if not line:
+            continue
+        body, sep, sig = line.rpartition(b"\t")
+        m = mac.copy()
+        m.update(b"%d:" % seq)
+        m.update(body)
+        if not sep or not hmac.compare_digest(m.hexdigest().encode(), sig):
+            return out, True
+        try:
+            out.append(json.loads(body))
+        except ValueError:
+            return out, True
+    return out, False
+
+
+def _describe(exc) -> str:
+    try:
+        text = f"{_type(exc).__name__}: {exc}"
+    except _BaseException:
+        text = "exception (unprintable)"
+    return text[:500]
+
+
+def _main_namespace() -> dict:
+    """A fresh ``__main__`` module for the solution (dataclasses and pickle look it up)."""
+    mod = types.ModuleType("__main__")
+    g = mod.__dict__
+    g["__builtins__"] = dict(_PRISTINE_BUILTINS)
+    for name in [m for m in sys.modules if m == "fastcrit" or m.startswith("fastcrit.")]:
+        del sys.modules[name]
+    sys.modules["__main__"] = mod
+    return g
+
+
+def _compile(src, name):
+    return compile(src, name, "exec", dont_inherit=True)
+
+
+def run_tests(view: dict, start: int, reporter: Reporter) -> None:
+    """Run ``view['code']`` then tests ``start..`` in this (already forked and limited) process,
+    sending one record per test. Never returns."""
+    kind = view["kind"]
+    g = _main_namespace()
+    try:
+        code_obj = _compile(view["code"], "<solution>")
+        test_objs = [_compile(t, f"<test {i}>") if kind == "assert" else None
+                     for i, t in enumerate(view["tests"])]
+    except SyntaxError as exc:
+        reporter.send({"k": "code", "s": "error", "m": _describe(exc)})
+        _os_exit(0)
+    sys.addaudithook(_refuse_hook)
+    try:
+        _FunctionType(code_obj, g)()
+    except _MemoryError as exc:
+        reporter.send({"k": "code", "s": "memory", "m": _describe(exc)})
+        _os_exit(0)
+    except _BaseException as exc:
+        reporter.send({"k": "code", "s": "error", "m": _describe(exc)})
+        _os_exit(0)
+    reporter.send({"k": "loaded"})
+
+    ep = view.get("entry_point")
+    fn = None
+    if ep:
+        fn = g.get(ep)
+        if fn is None and _isinstance(g.get("Solution"), _type):
+            try:
+                fn = getattr(g["Solution"](), ep)
+            except _BaseException:
+                fn = None
+        if kind == "assert" and _type(fn) is _FunctionType and g.get(ep) is fn:
+            g[ep] = _guard(fn)
+    for i in range(start, _len(view["tests"])):
+        _reset_process_state()
+        if _thread_count is not None and _thread_count() > 0:
+            reporter.send({"k": "test", "i": i, "s": "error",
+                           "m": "background threads are still running; tests are not run beside them"})
+            if not view["run_all_cases"]:
+                break
+            continue
+        g["__builtins__"] = dict(_PRISTINE_BUILTINS)
+        status, msg, value = "passed", "", None
+        try:
+            if kind == "assert":
+                _FunctionType(test_objs[i], g)()
+            else:
+                if fn is None or not callable(fn):
+                    raise NameError(f"entry point {ep!r} is not defined")
+                t = view["tests"][i]
+                value = to_plain(fn(*t["args"], **t["kwargs"]))
+        except _Plain as exc:
+            status, msg = "error", _str(exc)
+        except _AssertionError as exc:
+            status, msg = "failed", _describe(exc)
+        except _MemoryError as exc:
+            status, msg = "memory", _describe(exc)
+        except _BaseException as exc:
+            status, msg = "error", _describe(exc)
+        rec = {"k": "test", "i": i, "s": status, "m": msg}
+        if kind == "call" and status == "passed":
+            try:
+                rec["v"] = value
+                reporter.send(rec)
+            except (ValueError, TypeError, OverflowError) as exc:
+                reporter.send({"k": "test", "i": i, "s": "error", "m": f"unserialisable return value: {exc}"})
+                status = "error"
+        else:
+            reporter.send(rec)
+        # For call tests the worker decides pass/fail; it stops the run on a wrong value itself.
+        if status != "passed" and not view["run_all_cases"]:
+            break
+    _os_exit(0)
+
+
+def run_program(code: str) -> None:
+    """stdio kind: run ``code`` as __main__ reading stdin; exit status 1 on an uncaught exception.
+    Never returns."""
+    g = _main_namespace()
+    status = 0
+    try:
+        code_obj = _compile(code, "<solution>")
+        _FunctionType(code_obj, g)()
+    except _SystemExit as exc:
+        c = exc.code
+        status = 0 if c is None else c if _type(c) is int else 1
+        if c is not None and _type(c) is not int:
+            try:
+                sys.stderr.write(_str(c) + "\n")
+            except _BaseException:
+                pass
+    except _BaseException:
+        import traceback
+
+        try:
+            traceback.print_exc()
+        except _BaseException:
+            pass
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except _BaseException:
+            status = status or 1
+    _os_exit(status & 0xFF)

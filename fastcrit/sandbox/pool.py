@@ -1,0 +1,335 @@
+"""The sandbox pool: warm workers behind an asyncio (uvloop) front.
+
+    async with SandboxPool(workers=4) as pool:
+        result = await pool.run(job)
+        results = await pool.run_many(jobs)            # bounded concurrency, input order
+        async for i, r in pool.stream(jobs): ...       # as they finish
+
+    with SyncSandboxPool() as pool:                     # scripts: same API without await
+        results = pool.run_many(jobs)
+
+Each worker is a Python interpreter with common modules imported, started inside the native jail
+(see jail.py) with its own unprivileged uid; it forks per execution. A job waits for a free worker;
+a worker that dies or stops answering is replaced and its job reported as an error (never a pass).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+import warnings
+from typing import AsyncIterator, Iterable
+
+from . import jail as jail_mod
+from .cache import ResultCache, job_key
+from .types import ERROR, Job, JobError, Result, SandboxConfig, TestResult, error_result, summarise
+
+_HDR = struct.Struct(">I")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.new_event_loop()
+
+
+class _WorkerProc:
+    def __init__(self, index: int, argv: list[str], scratch: str, env: dict):
+        self.index = index
+        self.argv = argv
+        self.scratch = scratch
+        self.env = env
+        self.proc: asyncio.subprocess.Process | None = None
+        self.hello: dict = {}
+        self.stderr_tail = b""
+        self._stderr_task = None
+
+    async def start(self, timeout_s: float = 60.0):
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=self.env, limit=1 << 26)
+        self._stderr_task = asyncio.ensure_future(self._drain_stderr())
+        try:
+            self.hello = await asyncio.wait_for(self._read(), timeout_s)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            await self.kill()
+            raise RuntimeError(f"sandbox worker {self.index} did not start: {exc!r}; "
+                               f"stderr: {self.stderr_tail.decode(errors='replace')[-800:]}") from None
+
+    async def _drain_stderr(self):
+        while True:
+            b = await self.proc.stderr.read(4096)
+            if not b:
+                return
+            self.stderr_tail = (self.stderr_tail + b)[-4096:]
+
+    async def _read(self) -> dict:
+        hdr = await self.proc.stdout.readexactly(4)
+        (n,) = _HDR.unpack(hdr)
+        return json.loads(await self.proc.stdout.readexactly(n))
+
+    async def call(self, payload: dict, timeout_s: float) -> dict:
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        self.proc.stdin.write(_HDR.pack(len(body)) + body)
+        await self.proc.stdin.drain()
+        return await asyncio.wait_for(self._read(), timeout_s)
+
+    async def kill(self):
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                self.proc.kill()
+            except ProcessLookupError:
+                pass
+            await self.proc.wait()
+        if self._stderr_task is not None:
+            self._stderr_task.cancel()
+
+    async def close(self):
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                self.proc.stdin.close()
+                await asyncio.wait_for(self.proc.wait(), 5)
+            except (asyncio.TimeoutError, ConnectionError, BrokenPipeError):
+                pass
+        await self.kill()
+
+
+class SandboxPool:
+    """Async pool of warm, jailed workers.
+
+    ``isolation="jail"`` (default) refuses to start where the jail cannot be set up and says why;
+    ``isolation="none"`` runs workers without it (rlimits, process-group kill, scratch directory and
+    scrubbed environment only) after a loud warning: only for trusted code.
+    """
+
+    def __init__(self, config: SandboxConfig | None = None, *, workers: int | None = None,
+                 isolation: str | None = None, cache_path: str | None | bool = False,
+                 max_concurrency: int | None = None):
+        cfg = config or SandboxConfig()
+        over = {}
+        if workers is not None:
+            over["workers"] = workers
+        if isolation is not None:
+            over["isolation"] = isolation
+        if cache_path is not False:
+            over["cache_path"] = cache_path
+        if max_concurrency is not None:
+            over["max_concurrency"] = max_concurrency
+        if over:
+            cfg = SandboxConfig(**{**cfg.__dict__, **over})
+        self.cfg = cfg
+        self.cache = ResultCache(cfg.cache_path) if cfg.cache_path else None
+        self.probe: jail_mod.Probe | None = None
+        self._workers: list[_WorkerProc] = []
+        self._idle: asyncio.Queue | None = None
+        self._sem: asyncio.Semaphore | None = None
+        self._root = None
+        self._started = False
+        self.executed = 0
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    async def start(self) -> "SandboxPool":
+        if self._started:
+            return self
+        cfg = self.cfg
+        if cfg.isolation == "jail":
+            self.probe = await asyncio.get_running_loop().run_in_executor(None, jail_mod.probe)
+            if not self.probe.ok:
+                raise jail_mod.IsolationUnavailable(
+                    "fastcrit sandbox: ISOLATION UNAVAILABLE on this machine, refusing to run untrusted code. "
+                    f"{self.probe.describe()}. Set sandbox.isolation: none (SandboxPool(isolation='none')) "
+                    "only if you trust the code.")
+        else:
+            msg = ("fastcrit sandbox: isolation is OFF (isolation='none'): programs run with rlimits only, "
+                   "with network access and this user's file permissions. Use only for trusted code.")
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+            print(msg, file=sys.stderr)
+        self._root = tempfile.mkdtemp(prefix="fastcrit-sandbox-")
+        os.chmod(self._root, 0o755)
+        n = cfg.worker_count()
+        # A uid range per pool (derived from our pid) so that two pools never share RLIMIT_NPROC.
+        uid_base = 200000 + (os.getpid() % 100000) * 1024
+        wcfg = {"max_output_bytes": cfg.max_output_bytes, "tail_bytes": cfg.tail_bytes,
+                "max_processes": cfg.max_processes, "max_open_files": cfg.max_open_files,
+                "max_file_mb": cfg.max_file_mb, "preimport": list(cfg.preimport)}
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+        for i in range(n):
+            scratch = os.path.join(self._root, f"w{i}")
+            os.mkdir(scratch, 0o755)
+            wc = dict(wcfg, scratch=scratch)
+            inner = jail_mod.worker_argv(json.dumps(wc))
+            if cfg.isolation == "jail":
+                argv = jail_mod.jailed_argv(self.probe.jail, uid_base + i % 1024, scratch, cfg.scratch_mb, inner)
+            else:
+                argv = inner
+            self._workers.append(_WorkerProc(i, argv, scratch, env))
+        await asyncio.gather(*(w.start() for w in self._workers))
+        self._idle = asyncio.Queue()
+        for w in self._workers:
+            self._idle.put_nowait(w)
+        self._sem = asyncio.Semaphore(max(1, cfg.max_concurrency))
+        self._started = True
+        return self
+
+    async def close(self):
+        if self._workers:
+            await asyncio.gather(*(w.close() for w in self._workers), return_exceptions=True)
+            self._workers = []
+        if self._root:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+        if self.cache is not None:
+            self.cache.close()
+            self.cache = None
+        self._started = False
+
+    async def __aenter__(self):
+        return await self.start()
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    @property
+    def isolated(self) -> bool:
+        return self.cfg.isolation == "jail" and self.probe is not None and self.probe.ok
+
+    def stats(self) -> dict:
+        d = {"workers": len(self._workers), "executed": self.executed, "isolation": self.cfg.isolation}
+        if self.probe is not None:
+            d["jail"] = self.probe.features
+        if self.cache is not None:
+            d["cache"] = self.cache.stats()
+        return d
+
+    # -- running -------------------------------------------------------------------------------
+
+    def _as_job(self, job) -> Job:
+        if isinstance(job, Job):
+            return job
+        if isinstance(job, dict):
+            return Job.from_dict(job, defaults={"timeout_s": self.cfg.timeout_s, "memory_mb": self.cfg.memory_mb})
+        raise JobError(f"a job must be a Job or a dict, got {type(job).__name__}")
+
+    async def run(self, job: Job | dict) -> Result:
+        if not self._started:
+            raise RuntimeError("SandboxPool not started: use `async with SandboxPool(...) as pool`")
+        job = self._as_job(job)
+        t0 = time.perf_counter()
+        key = None
+        if self.cache is not None:
+            key = job_key(job)
+            hit = self.cache.get(key)
+            if hit is not None:
+                hit.id = job.id
+                hit.elapsed_s = time.perf_counter() - t0
+                return hit
+        if not job.tests:
+            return error_result(job.id, 0, "the job has no tests")
+        async with self._sem:
+            worker = await self._idle.get()
+            try:
+                result = await self._execute(worker, job)
+            finally:
+                self._idle.put_nowait(worker)
+        result.elapsed_s = time.perf_counter() - t0
+        self.executed += 1
+        if self.cache is not None:
+            self.cache.put(key, result)
+        return result
+
+    async def _execute(self, worker: _WorkerProc, job: Job) -> Result:
+        payload = {"kind": job.kind, "code": job.code, "tests": job.tests, "entry_point": job.entry_point,
+                   "timeout_s": job.timeout_s, "memory_mb": job.memory_mb, "run_all_cases": job.run_all_cases}
+        # The worker enforces per-test limits; this guard only catches a stuck worker.
+        guard = (len(job.tests) + 1) * (job.timeout_s + 2) + 30
+        try:
+            out = await worker.call(payload, guard)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as exc:
+            why = "did not answer in time" if isinstance(exc, asyncio.TimeoutError) else "died"
+            detail = worker.stderr_tail.decode(errors="replace")[-300:]
+            await worker.kill()
+            try:
+                await worker.start()
+            except RuntimeError as e:  # keep the slot usable: it will be retried on the next job
+                detail += f"; restart failed: {e}"
+            return error_result(job.id, len(job.tests), f"sandbox worker {why}; {detail}".strip())
+        tests = [TestResult(t["status"], t.get("message", "")) for t in out["tests"]]
+        if len(tests) != len(job.tests):
+            return error_result(job.id, len(job.tests), "sandbox worker returned a malformed result")
+        return summarise(job.id, tests, stdout=out.get("stdout", ""), stderr=out.get("stderr", ""))
+
+    async def stream(self, jobs: Iterable) -> AsyncIterator[tuple[int, Result]]:
+        """Yield (index, result) as jobs finish. At most ``max_concurrency`` run at once; a job that
+        is not valid yields an error result naming the problem."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def one(i, job):
+            try:
+                r = await self.run(job)
+            except JobError as exc:
+                r = error_result(getattr(job, "id", None) if not isinstance(job, dict) else job.get("id"),
+                                 0, f"invalid job: {exc}")
+            await queue.put((i, r))
+
+        tasks = []
+        count = 0
+        for i, job in enumerate(jobs):
+            tasks.append(asyncio.ensure_future(one(i, job)))
+            count += 1
+        try:
+            for _ in range(count):
+                yield await queue.get()
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def run_many(self, jobs: Iterable) -> list[Result]:
+        jobs = list(jobs)
+        out: list = [None] * len(jobs)
+        async for i, r in self.stream(jobs):
+            out[i] = r
+        return out
+
+
+class SyncSandboxPool:
+    """The same pool for synchronous scripts; owns a private uvloop event loop."""
+
+    def __init__(self, config: SandboxConfig | None = None, **kw):
+        self._loop = new_event_loop()
+        self.pool = SandboxPool(config, **kw)
+
+    def __enter__(self):
+        self._loop.run_until_complete(self.pool.start())
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        if not self._loop.is_closed():
+            self._loop.run_until_complete(self.pool.close())
+            self._loop.close()
+
+    def run(self, job) -> Result:
+        return self._loop.run_until_complete(self.pool.run(job))
+
+    def run_many(self, jobs) -> list[Result]:
+        return self._loop.run_until_complete(self.pool.run_many(jobs))
+
+    def stats(self) -> dict:
+        return self.pool.stats()
+
+
+def run_jobs(jobs, config: SandboxConfig | None = None, **kw) -> list[Result]:
+    """One-shot helper: start a pool, run ``jobs``, close it."""
+    with SyncSandboxPool(config, **kw) as pool:
+        return pool.run_many(jobs)

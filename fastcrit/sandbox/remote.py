@@ -1,0 +1,3 @@
+"""placeholder until written"""
+class RemoteSandbox:  # replaced below
+    pass

@@ -1,0 +1,494 @@
+"""The warm worker: a pre-started interpreter that forks once per execution.
+
+Started by the pool (inside ``fastcrit-jail`` unless isolation is "none") as
+``python -I -m fastcrit.sandbox.workers CONFIG_JSON``. It reads length-prefixed JSON jobs on fd 0 and
+answers length-prefixed JSON results on fd 1, one job at a time.
+
+Per execution the forked child gets: its own process group, a private scratch directory (removed
+afterwards), a scrubbed environment, rlimits (address space, CPU, processes, file size, open files,
+no core files), stdin from a file, stdout/stderr to pipes read here with a cap. The worker enforces
+the wall clock; on timeout, output overflow or when the child ends, the whole process group is
+killed and, when the worker is PID 1 of its own PID namespace (the jail), every other process in
+the namespace too (``kill(-1)``), which also catches children that escaped the group.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import resource
+import selectors
+import shutil
+import signal
+import struct
+import sys
+import time
+
+from . import harness
+
+_HDR = struct.Struct(">I")
+_SIGNAMES = {getattr(signal, n): n for n in dir(signal) if n.startswith("SIG") and not n.startswith("SIG_")}
+
+
+def read_frame(fd: int):
+    hdr = _read_exact(fd, 4)
+    if hdr is None:
+        return None
+    (n,) = _HDR.unpack(hdr)
+    body = _read_exact(fd, n)
+    if body is None:
+        return None
+    return json.loads(body)
+
+
+def _read_exact(fd: int, n: int):
+    chunks, got = [], 0
+    while got < n:
+        b = os.read(fd, n - got)
+        if not b:
+            return None
+        chunks.append(b)
+        got += len(b)
+    return b"".join(chunks)
+
+
+def write_frame(fd: int, obj) -> None:
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    data = memoryview(_HDR.pack(len(body)) + body)
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
+
+
+class Tail:
+    """Keeps the total byte count, the first ``keep_all`` bytes (stdio answers) and a tail."""
+
+    def __init__(self, keep_all: int, tail: int):
+        self.total = 0
+        self.keep_all = keep_all
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.tail_max = tail
+
+    def add(self, b: bytes):
+        self.total += len(b)
+        if len(self.head) < self.keep_all:
+            self.head += b[: self.keep_all - len(self.head)]
+        self.tail += b
+        if len(self.tail) > 2 * self.tail_max:
+            del self.tail[: len(self.tail) - self.tail_max]
+
+    def tail_text(self) -> str:
+        return bytes(self.tail[-self.tail_max:]).decode("utf-8", "replace")
+
+
+class Worker:
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.scratch_root = cfg["scratch"]
+        self.is_init = os.getpid() == 1
+        self.counter = 0
+        self.env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+                    "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+        if not self.is_init:
+            # Without the jail's PID namespace, orphans of an execution are re-parented here so
+            # that the sweep after each execution can find and kill them.
+            try:
+                ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+            except (OSError, AttributeError):
+                pass
+        try:  # nobody else may read this process's memory (it holds expected outputs)
+            ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+        except (OSError, AttributeError):
+            pass
+
+    # -- one execution ----------------------------------------------------------------------
+
+    def _limits(self, job: dict, cpu_s: float):
+        mem = int(job["memory_mb"]) << 20
+        cfg = self.cfg
+        lims = [
+            (resource.RLIMIT_AS, mem),
+            (resource.RLIMIT_CPU, max(1, math.ceil(cpu_s))),
+            (resource.RLIMIT_FSIZE, cfg["max_file_mb"] << 20),
+            (resource.RLIMIT_NOFILE, cfg["max_open_files"]),
+            (resource.RLIMIT_CORE, 0),
+        ]
+        if os.getuid() != 0:  # root ignores RLIMIT_NPROC; the jail drops root so it holds there
+            # The worker itself runs under the same uid, hence the + 1.
+            lims.append((resource.RLIMIT_NPROC, cfg["max_processes"] + 1))
+        for which, value in lims:
+            try:
+                soft, hard = resource.getrlimit(which)
+                v = value if hard == resource.RLIM_INFINITY else min(value, hard)
+                resource.setrlimit(which, (v, v))
+            except (ValueError, OSError):
+                pass
+
+    def _spawn(self, job, scratch, stdin_path, cpu_s, target):
+        """Fork one execution. ``target`` runs in the child and never returns."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        res_r, res_w = os.pipe()
+        key = os.urandom(32)
+        pid = os.fork()
+        if pid == 0:  # the execution
+            try:
+                os.setpgid(0, 0)
+                fd_in = os.open(stdin_path or os.devnull, os.O_RDONLY)
+                os.dup2(fd_in, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                os.dup2(res_w, 3)
+                os.closerange(4, 1 << 16)
+                os.chdir(scratch)
+                os.environ.clear()
+                os.environ.update(self.env, HOME=scratch, TMPDIR=scratch)
+                self._limits(job, cpu_s)
+                import random
+
+                random.seed(os.urandom(16))
+                sys.argv = ["solution.py"]
+                target(harness.Reporter(3, key))
+            except BaseException:
+                pass
+            os._exit(70)
+        for fd in (out_w, err_w, res_w):
+            os.close(fd)
+        return pid, key, out_r, err_r, res_r
+
+    def _watch(self, pid, fds, stdout: Tail, stderr: Tail, results: bytearray, timeout_s: float,
+               progress) -> tuple[str | None, int]:
+        """Read the execution's pipes until it exits, its wall clock runs out or it writes too
+        much. ``progress(results)`` returns the deadline extension when a test finished.
+        Returns (kill reason or None, wait status)."""
+        out_r, err_r, res_r = fds
+        sel = selectors.DefaultSelector()
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        for fd in fds:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        if pidfd is not None:
+            sel.register(pidfd, selectors.EVENT_READ)
+        cap = self.cfg["max_output_bytes"]
+        deadline = time.monotonic() + timeout_s
+        reason, status, done = None, None, False
+        try:
+            while not done:
+                now = time.monotonic()
+                if now >= deadline:
+                    reason = "timeout"
+                    break
+                wait = deadline - now if pidfd is not None else min(0.01, deadline - now)
+                for key, _ in sel.select(wait):
+                    fd = key.fd
+                    if fd == pidfd:
+                        done = True
+                        continue
+                    try:
+                        b = os.read(fd, 1 << 16)
+                    except BlockingIOError:
+                        continue
+                    if not b:
+                        sel.unregister(fd)
+                        continue
+                    if fd == res_r:
+                        results += b
+                        ext = progress(results)
+                        if ext:
+                            deadline = time.monotonic() + ext
+                    else:
+                        (stdout if fd == out_r else stderr).add(b)
+                if stdout.total + stderr.total > cap:
+                    reason = "output_limit"
+                    break
+                if pidfd is None:
+                    p, st = os.waitpid(pid, os.WNOHANG)
+                    if p:
+                        status, done = st, True
+        finally:
+            if reason is not None or not done:
+                self._kill_group(pid)
+            if status is None:
+                _, status = os.waitpid(pid, 0)
+            # Kill whatever the execution left behind first, so that nobody writes any more; then
+            # drain what was written before it ended.
+            self._sweep(pid)
+            for fd, sink in ((res_r, None), (out_r, stdout), (err_r, stderr)):
+                while True:
+                    try:
+                        b = os.read(fd, 1 << 16)
+                    except (BlockingIOError, OSError):
+                        break
+                    if not b:
+                        break
+                    if sink is None:
+                        results += b
+                    elif sink.total <= cap:
+                        sink.add(b)
+                if sink is None:
+                    progress(results)
+            sel.close()
+            for fd in fds:
+                os.close(fd)
+            if pidfd is not None:
+                os.close(pidfd)
+        return reason, status
+
+    def _kill_group(self, pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _sweep(self, pid):
+        """Kill and reap everything the execution left behind."""
+        self._kill_group(pid)
+        if self.is_init:
+            for _ in range(1000):
+                try:
+                    os.kill(-1, signal.SIGKILL)  # all processes of this namespace but PID 1
+                except ProcessLookupError:
+                    pass
+                if not self._reap_all():
+                    break
+        else:
+            for _ in range(1000):
+                kids = self._children()
+                if not kids:
+                    break
+                for k in kids:
+                    for f in (os.killpg, os.kill):
+                        try:
+                            f(k, signal.SIGKILL)
+                        except (ProcessLookupError, PermissionError):
+                            pass
+                self._reap_all()
+                time.sleep(0.001)
+        self._reap_all()
+
+    def _children(self):
+        kids = []
+        try:
+            for tid in os.listdir("/proc/self/task"):
+                with open(f"/proc/self/task/{tid}/children") as f:
+                    kids += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+        return kids
+
+    @staticmethod
+    def _reap_all() -> bool:
+        """Reap exited children; True while some children remain."""
+        while True:
+            try:
+                p, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return False
+            if p == 0:
+                return True
+
+    # -- one job ------------------------------------------------------------------------------
+
+    def run_job(self, job: dict) -> dict:
+        self.counter += 1
+        scratch = os.path.join(self.scratch_root, f"run{self.counter}")
+        os.mkdir(scratch, 0o700)
+        try:
+            if job["kind"] == "stdio":
+                return self._run_stdio(job, scratch)
+            return self._run_in_process(job, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+            if os.path.exists(scratch):  # a program made its files read-only: undo and retry
+                for root, dirs, files in os.walk(scratch):
+                    for d in dirs:
+                        try:
+                            os.chmod(os.path.join(root, d), 0o700)
+                        except OSError:
+                            pass
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    def _end_reason(self, reason, status, stderr_tail):
+        """Status of the test that was running when the execution ended without a record."""
+        if reason == "timeout":
+            return "timeout", "wall-clock timeout"
+        if reason == "output_limit":
+            return "output_limit", f"output over {self.cfg['max_output_bytes']} bytes"
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            name = _SIGNAMES.get(sig, str(sig))
+            if sig == signal.SIGXCPU:
+                return "timeout", "CPU time limit"
+            if sig == signal.SIGXFSZ:
+                return "output_limit", "file size limit"
+            if "MemoryError" in stderr_tail:
+                return "memory", f"killed by {name} after MemoryError"
+            return "error", f"killed by {name}"
+        code = os.WEXITSTATUS(status)
+        if "MemoryError" in stderr_tail:
+            return "memory", "MemoryError"
+        return "error", f"exited (status {code}) before the test finished"
+
+    def _run_in_process(self, job: dict, scratch: str) -> dict:
+        n = len(job["tests"])
+        kind = job["kind"]
+        timeout = float(job["timeout_s"])
+        # The execution sees the code, assert sources, call arguments: never expected values.
+        view = {"kind": kind, "code": job["code"], "entry_point": job.get("entry_point"),
+                "run_all_cases": job["run_all_cases"],
+                "tests": job["tests"] if kind == "assert" else
+                [{"args": t["args"], "kwargs": t["kwargs"]} for t in job["tests"]]}
+        statuses = [None] * n
+        stdout = Tail(0, self.cfg["tail_bytes"])
+        stderr = Tail(0, self.cfg["tail_bytes"])
+        start = 0
+        while start < n:
+            key_box = {}
+            parsed = {"count": 0, "next": start, "code": None, "tampered": False, "loaded": False}
+
+            def progress(buf, parsed=parsed, key_box=key_box):
+                recs, tampered = harness.verify_records(bytes(buf), key_box["key"])
+                parsed["tampered"] |= tampered
+                new = recs[parsed["count"]:]
+                parsed["count"] = len(recs)
+                ext = 0.0
+                for r in new:
+                    if not job["run_all_cases"] and any(x is not None and x[0] != "passed" for x in statuses):
+                        break  # stop at the first failure: later records are ignored
+                    if r.get("k") == "code":
+                        parsed["code"] = r
+                    elif r.get("k") == "loaded":
+                        parsed["loaded"] = True
+                        ext = timeout
+                    elif r.get("k") == "test" and r.get("i") == parsed["next"] and parsed["next"] < n:
+                        i = parsed["next"]
+                        st, msg = r.get("s"), str(r.get("m", ""))[:500]
+                        if kind == "call" and st == "passed":
+                            if not harness.values_equal(r.get("v"), job["tests"][i]["expected"]):
+                                st, msg = "failed", f"returned {json.dumps(r.get('v'))[:200]}"
+                        if st not in ("passed", "failed", "error", "memory"):
+                            st, msg = "error", "bad record"
+                        statuses[i] = (st, msg)
+                        parsed["next"] += 1
+                        ext = timeout
+                    else:
+                        parsed["tampered"] = True
+                return ext
+
+            def target(reporter, s=start):
+                harness.run_tests(view, s, reporter)
+
+            # CPU budget: loading the code plus every remaining test.
+            cpu_s = timeout * (n - start + 1) + 1
+            pid, key, out_r, err_r, res_r = self._spawn(job, scratch, None, cpu_s, target)
+            key_box["key"] = key
+            results = bytearray()
+            reason, status = self._watch(pid, (out_r, err_r, res_r), stdout, stderr, results, timeout, progress)
+            nxt = parsed["next"]
+            if parsed["tampered"]:
+                for i in range(start, n):
+                    if statuses[i] is None or statuses[i][0] == "passed":
+                        statuses[i] = ("error", "result channel tampered with")
+                break
+            if parsed["code"] is not None:  # the code itself failed: every remaining test fails
+                c = parsed["code"]
+                for i in range(nxt, n):
+                    statuses[i] = (c.get("s", "error"), str(c.get("m", ""))[:500])
+                break
+            stopped = not job["run_all_cases"] and any(
+                s is not None and s[0] != "passed" for s in statuses)
+            if nxt >= n or stopped:
+                break
+            if reason is None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+                # The harness exits 0 only after its last test: an early clean exit is the
+                # program's own doing (os._exit / sys.exit from a thread ...).
+                end = ("error", "the program exited before the test finished")
+            else:
+                end = self._end_reason(reason, status, stderr.tail_text())
+            if not parsed["loaded"]:  # the code never finished loading: no test can run
+                for i in range(nxt, n):
+                    statuses[i] = end
+                break
+            statuses[nxt] = end
+            if not job["run_all_cases"]:
+                break
+            start = nxt + 1
+        tests = [{"status": s[0], "message": s[1]} if s else {"status": "skipped", "message": ""}
+                 for s in statuses]
+        return {"tests": tests, "stdout": stdout.tail_text(), "stderr": stderr.tail_text()}
+
+    def _run_stdio(self, job: dict, scratch: str) -> dict:
+        tests, last_out, last_err = [], "", ""
+        failed = False
+        cap = self.cfg["max_output_bytes"]
+        stdin_path = os.path.join(scratch, ".stdin")
+        for t in job["tests"]:
+            if failed and not job["run_all_cases"]:
+                tests.append({"status": "skipped", "message": ""})
+                continue
+            with open(stdin_path, "w") as f:
+                f.write(t["input"])
+            stdout = Tail(cap, self.cfg["tail_bytes"])
+            stderr = Tail(0, self.cfg["tail_bytes"])
+            code = job["code"]
+            pid, _, out_r, err_r, res_r = self._spawn(
+                job, scratch, stdin_path, float(job["timeout_s"]) + 1,
+                lambda reporter, code=code: harness.run_program(code))
+            reason, status = self._watch(pid, (out_r, err_r, res_r), stdout, stderr, bytearray(),
+                                         float(job["timeout_s"]), lambda buf: 0.0)
+            os.unlink(stdin_path)
+            if reason is None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+                out = bytes(stdout.head).decode("utf-8", "replace")
+                ok = harness.stdout_matches(out, t["output"])
+                st = ("passed", "") if ok else ("failed", "wrong answer")
+            elif reason is None and os.WIFEXITED(status):
+                tail = stderr.tail_text()
+                st = ("memory", "MemoryError") if "MemoryError" in tail else (
+                    "error", (tail.strip().splitlines() or [f"exit status {os.WEXITSTATUS(status)}"])[-1][:500])
+            else:
+                st = self._end_reason(reason, status, stderr.tail_text())
+            tests.append({"status": st[0], "message": st[1]})
+            failed = failed or st[0] != "passed"
+            last_out, last_err = stdout.tail_text(), stderr.tail_text()
+        return {"tests": tests, "stdout": last_out, "stderr": last_err}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = json.loads(argv[0])
+    # Keep the protocol pipes away from fds 0/1/2, which executions take over.
+    fd_in = os.dup(0)
+    fd_out = os.dup(1)
+    for fd in (fd_in, fd_out):
+        os.set_inheritable(fd, False)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    failed = harness.prepare_worker(cfg.get("preimport", ()))
+    worker = Worker(cfg)
+    write_frame(fd_out, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "init": worker.is_init,
+                         "preimport_failed": failed})
+    while True:
+        job = read_frame(fd_in)
+        if job is None:
+            return 0
+        t0 = time.perf_counter()
+        try:
+            res = worker.run_job(job)
+        except Exception as exc:  # a harness bug must not look like a pass: report it
+            res = {"tests": [{"status": "error", "message": f"sandbox worker error: {exc!r}"[:500]}
+                             for _ in job.get("tests", [])], "stdout": "", "stderr": ""}
+        res["elapsed_s"] = time.perf_counter() - t0
+        write_frame(fd_out, res)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
