@@ -1,0 +1,221 @@
+import math
+
+import pytest
+import torch
+
+from fastcrit.rollout.base import Engine
+from fastcrit.rollout.batch import collate
+from fastcrit.rollout.native import NativeEngine
+from fastcrit.types import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from fastcrit.models.tiny import build_tiny_model
+    from fastcrit.models.tokenizer import default_corpus
+
+    d = str(tmp_path_factory.mktemp("tiny") / "m")
+    return build_tiny_model(d, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab_size=300,
+                            seed=1, corpus=default_corpus(use_human_eval=False))
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir):
+    from fastcrit.models.hf import load_tokenizer
+
+    return load_tokenizer(model_dir)
+
+
+@pytest.fixture()
+def engine(model_dir):
+    return NativeEngine(model_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    texts = ["reverse abc", "hi", "what is 12 + 35? answer with a number only", "x"]
+    return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                    return_dict=False) for t in texts]
+
+
+def greedy(n=1, max_new=8, **kw):
+    return SamplingParams(n=n, max_new_tokens=max_new, temperature=0.0, **kw)
+
+
+def test_protocol_shapes_and_order(engine, prompts):
+    assert isinstance(engine, Engine)
+    out = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6, temperature=1.0, seed=0))
+    assert len(out) == len(prompts) * 3
+    for k, r in enumerate(out):
+        assert r.prompt_index == k // 3 and r.prompt_ids == prompts[k // 3]
+        assert 1 <= len(r.output_ids) <= 6 and len(r.logprobs) == len(r.output_ids)
+        assert all(math.isfinite(x) and x <= 0.0 for x in r.logprobs)
+        assert r.finish_reason == ("length" if len(r.output_ids) == 6 else "stop")
+    assert engine.generate([], greedy()) == []
+
+
+def test_n_samples_share_one_prefill(engine, prompts):
+    calls = []
+    hook = engine.model.model.register_forward_pre_hook(
+        lambda mod, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        out = engine.generate(prompts, greedy(n=4, max_new=5))
+    finally:
+        hook.remove()
+    prefills = [c for c in calls if c[1] > 1]
+    assert prefills == [(len(prompts), max(map(len, prompts)))]  # one prefill, one row per prompt
+    assert all(c == (len(prompts) * 4, 1) for c in calls[1:])  # decode runs all samples together
+    for i in range(len(prompts)):  # greedy copies of a shared prefix must agree
+        assert len({tuple(r.output_ids) for r in out[i * 4:(i + 1) * 4]}) == 1
+
+
+def test_greedy_matches_hf_generate(engine, tok, prompts):
+    out = engine.generate(prompts, greedy(max_new=12))
+    enc = tok.pad([{"input_ids": p} for p in prompts], return_tensors="pt")
+    with torch.no_grad():
+        ref = engine.model.generate(**enc, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
+    ref = ref[:, enc["input_ids"].shape[1]:].tolist()
+    for r, h in zip(out, ref):
+        if tok.eos_token_id in h:
+            h = h[:h.index(tok.eos_token_id) + 1]
+        assert r.output_ids == h
+    # Batching and padding change nothing: each prompt alone gives the same tokens.
+    for p, r in zip(prompts, out):
+        assert engine.generate([p], greedy(max_new=12))[0].output_ids == r.output_ids
+
+
+def test_stop_tokens_and_max_new_tokens(engine, prompts):
+    free = engine.generate(prompts, greedy(max_new=10))
+    assert all(r.finish_reason == "length" and len(r.output_ids) == 10 for r in free)
+    stop = free[0].output_ids[3]
+    cut = free[0].output_ids.index(stop) + 1
+    out = engine.generate(prompts, greedy(max_new=10, stop_token_ids=[stop]))
+    assert out[0].output_ids == free[0].output_ids[:cut] and out[0].finish_reason == "stop"
+    assert out[0].output_ids[-1] == stop  # the stop token is part of the output
+    for f, r in zip(free, out):  # every sample ends at its first stop token or at the limit
+        k = f.output_ids.index(stop) + 1 if stop in f.output_ids else 10
+        assert r.output_ids == f.output_ids[:k]
+        assert r.logprobs == pytest.approx(f.logprobs[:k], abs=1e-6)
+    one = engine.generate(prompts[:1], greedy(max_new=1))
+    assert len(one[0].output_ids) == 1 and one[0].finish_reason == "length"
+
+
+def test_finished_rows_leave_the_batch_without_changing_results(model_dir, prompts):
+    lazy = NativeEngine(model_dir, compact_fraction=1.0)
+    eager = NativeEngine(model_dir, compact_fraction=0.01)
+    free = lazy.generate(prompts, greedy(n=2, max_new=10))
+    # A stop token that ends some samples early and never appears in others.
+    stop = next(t for r in free for t in r.output_ids[:5] if any(t not in o.output_ids for o in free))
+    params = greedy(n=2, max_new=10, stop_token_ids=[stop])
+    sizes = []
+    hook = eager.model.model.register_forward_pre_hook(
+        lambda mod, args, kwargs: sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    a, b = lazy.generate(prompts, params), eager.generate(prompts, params)
+    hook.remove()
+    assert [r.output_ids for r in a] == [r.output_ids for r in b]
+    assert min(sizes[1:]) < len(prompts) * 2  # decoding continued with fewer rows
+
+
+def test_logprobs_match_full_forward(engine, tok, prompts):
+    for params in (SamplingParams(n=3, max_new_tokens=10, temperature=0.7, top_k=20, top_p=0.9, seed=3),
+                   SamplingParams(n=2, max_new_tokens=10, temperature=1.3, seed=4),
+                   greedy(max_new=10, stop_token_ids=[engine.generate(prompts[:1], greedy())[0].output_ids[2]])):
+        rollouts = engine.generate(prompts, params)
+        batch = collate(rollouts, tok.pad_token_id)
+        temp = params.temperature or 1.0
+        with torch.no_grad():
+            logits = engine.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                  position_ids=batch.position_ids).logits.float()
+        P, R = batch.prompts.shape[1], batch.responses.shape[1]
+        lp = torch.log_softmax(logits[:, P - 1:P + R - 1] / temp, dim=-1)
+        lp = lp.gather(2, batch.responses[:, :, None]).squeeze(2)
+        m = batch.response_mask.bool()
+        assert torch.allclose(lp[m], batch.old_logprobs[m], atol=1e-4, rtol=0)
+
+
+def test_top_k_one_is_greedy_and_top_p_restricts(engine, prompts):
+    g = engine.generate(prompts, greedy(max_new=6))
+    k1 = engine.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.8, top_k=1, seed=0))
+    assert [r.output_ids for r in k1] == [r.output_ids for r in g]
+    p0 = engine.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.8, top_p=1e-6, seed=0))
+    assert [r.output_ids for r in p0] == [r.output_ids for r in g]
+
+
+def test_seeded_sampling_is_reproducible(engine, prompts):
+    params = SamplingParams(n=4, max_new_tokens=8, temperature=1.0, top_p=0.95, seed=123)
+    a, b = engine.generate(prompts, params), engine.generate(prompts, params)
+    assert [(r.output_ids, r.logprobs) for r in a] == [(r.output_ids, r.logprobs) for r in b]
+    c = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=8, temperature=1.0, top_p=0.95, seed=124))
+    assert [r.output_ids for r in a] != [r.output_ids for r in c]
+    # n samples of one prompt are different draws, not copies.
+    assert len({tuple(r.output_ids) for r in a[:4]}) > 1
+
+
+def test_chunking_by_max_batch(model_dir, prompts):
+    small = NativeEngine(model_dir, max_batch=3)
+    big = NativeEngine(model_dir)
+    a, b = small.generate(prompts, greedy(n=2, max_new=6)), big.generate(prompts, greedy(n=2, max_new=6))
+    assert [(r.prompt_index, r.output_ids) for r in a] == [(r.prompt_index, r.output_ids) for r in b]
+
+
+def test_load_weights(engine, model_dir, tok, prompts):
+    from fastcrit.models.hf import load_model
+
+    before = engine.generate(prompts, greedy(max_new=6))
+    other = load_model(model_dir)
+    state = other.state_dict()
+    # Swap the head rows of EOS and of prompt 0's first greedy token: that sample must now stop at
+    # once with EOS (EOS is a stop token without being asked for).
+    first, eos = before[0].output_ids[0], tok.eos_token_id
+    head = state["lm_head.weight"].clone()
+    head[[first, eos]] = head[[eos, first]]
+    engine.load_weights([("lm_head.weight", head)])
+    out = engine.generate(prompts, greedy(max_new=6))
+    assert out[0].output_ids == [eos] and out[0].finish_reason == "stop"
+    # The trainer's full state dict, in two buckets, restores the original behaviour.
+    items = list(state.items())
+    engine.load_weights(items[:5])
+    engine.load_weights(items[5:])
+    assert [r.output_ids for r in engine.generate(prompts, greedy(max_new=6))] == [r.output_ids for r in before]
+    with torch.no_grad():
+        perturbed = {k: v + 0.05 * torch.randn_like(v) for k, v in state.items() if k.endswith("proj.weight")}
+    engine.load_weights(perturbed.items())
+    assert [r.output_ids for r in engine.generate(prompts, greedy(max_new=6))] != [r.output_ids for r in before]
+    with pytest.raises(KeyError, match="no weight named 'model.nope'"):
+        engine.load_weights([("model.nope", head)])
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        engine.load_weights([("lm_head.weight", head[:3])])
+
+
+def test_sleep_wake_close(engine, prompts):
+    engine.sleep()
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.generate(prompts, greedy())
+    engine.wake()
+    assert len(engine.generate(prompts, greedy(max_new=2))) == len(prompts)
+    engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.generate(prompts, greedy())
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(n=0), "n=0"), (dict(max_new_tokens=0), "max_new_tokens=0"), (dict(temperature=-1.0), "temperature"),
+    (dict(top_p=0.0), "top_p"), (dict(top_k=0), "top_k"), (dict(stop_token_ids=[10**6]), "stop_token_ids"),
+    (dict(max_new_tokens=10**5), "max_position_embeddings"),
+])
+def test_bad_params_are_named(engine, prompts, bad, match):
+    with pytest.raises(ValueError, match=match):
+        engine.generate(prompts, SamplingParams(**bad))
+
+
+def test_bad_prompts_are_named(engine):
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        engine.generate([[1, 2], []], greedy())
+    with pytest.raises(ValueError, match="prompt 0 holds token id 99999"):
+        engine.generate([[1, 99999]], greedy())
+
+
+def test_bfloat16_engine_generates(model_dir, prompts):
+    eng = NativeEngine(model_dir, dtype="bfloat16")
+    out = eng.generate(prompts, SamplingParams(n=2, max_new_tokens=4, temperature=1.0, seed=0))
+    assert len(out) == 8 and all(math.isfinite(x) for r in out for x in r.logprobs)
