@@ -5,7 +5,7 @@ Who decides a pass:
   JSON-serialised return value with the expected one. The execution never receives expected
   values, so the only way to a pass is to produce the right output.
 - ``assert``: the test runs in the execution's process, after the code. The harness writes one
-  record per finished test to a pipe, each signed with a per-run random key (HMAC-SHA256) and a
+  record per finished test to a pipe, each signed with a per-run random key (keyed BLAKE2b) and a
   sequence number; the worker accepts records only in order, for tests it asked for, and marks any
   test without a valid record as failed/timeout/error. Exit codes and stdout mean nothing.
 
@@ -21,8 +21,6 @@ harness's signing object, so a program written against this harness could forge 
 from __future__ import annotations
 
 import builtins
-import hashlib
-import hmac
 import json
 import math
 import os
@@ -98,7 +96,11 @@ _SystemExit = SystemExit
 _type, _len, _isinstance, _str, _repr = type, len, isinstance, str, repr
 _os_write, _os_exit, _os_getpid = os.write, os._exit, os.getpid
 _json_dumps = json.dumps
-_hmac_new, _sha256 = hmac.new, hashlib.sha256
+try:  # the built-in BLAKE2 module: hashlib would map OpenSSL into every warm worker (4 MB per fork)
+    from _blake2 import blake2b as _blake2b
+except ImportError:  # pragma: no cover
+    from hashlib import blake2b as _blake2b
+from _operator import _compare_digest
 _FunctionType = types.FunctionType
 _thread_count = None
 try:
@@ -114,6 +116,7 @@ _GUARDED_MODULES = ("builtins", "math", "cmath", "operator", "functools", "itert
                     "re", "string", "json", "sys", "fractions", "decimal", "statistics", "heapq",
                     "bisect", "copy", "random", "typing", "numbers")
 _MODULE_SNAPSHOT: dict = {}
+_FASTCRIT_MODULES: list = []
 _REFUSED_EVENTS = frozenset({
     "sys.addaudithook", "sys.settrace", "sys.setprofile", "sys._current_frames", "gc.get_objects",
     "gc.get_referrers", "gc.get_referents", "ctypes.dlopen", "ctypes.dlsym", "ctypes.call_function",
@@ -147,11 +150,21 @@ def prepare_worker(preimport) -> list[str]:
         mod = sys.modules.get(name)
         if mod is not None:
             _MODULE_SNAPSHOT[name] = (mod, dict(mod.__dict__))
+    _FASTCRIT_MODULES[:] = [m for m in sys.modules if m == "fastcrit" or m.startswith("fastcrit.")]
+    # Objects alive now are never collected: a forked execution's garbage collector then leaves
+    # their pages alone instead of touching (and copying) them all.
+    import gc
+
+    gc.collect()
+    gc.freeze()
     return failed
 
 
-def _restore_modules():
-    for name, (mod, snap) in _MODULE_SNAPSHOT.items():
+def _restore_modules(names):
+    """Put back the snapshot of the guarded modules a test uses (``names``). Only those: walking
+    every module in a forked child would touch, and so copy, hundreds of shared pages."""
+    for name in names:
+        mod, snap = _MODULE_SNAPSHOT[name]
         sys.modules[name] = mod
         d = mod.__dict__
         if _len(d) != _len(snap) or any(d.get(k, d) is not v for k, v in snap.items()):
@@ -160,7 +173,7 @@ def _restore_modules():
             d.update(snap)
 
 
-def _reset_process_state():
+def _reset_process_state(modules=()):
     for s in _CATCHABLE:
         try:
             _signal(s, _SIG_IGN if s == signal.SIGPIPE else _SIG_DFL)
@@ -168,7 +181,7 @@ def _reset_process_state():
             pass
     for which in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF):
         _setitimer(which, 0)
-    _restore_modules()
+    _restore_modules(modules)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,6 +239,8 @@ def _guard(fn):
     return guarded
 """
 
+_GUARD_CODE = compile(_GUARD_SOURCE, "<fastcrit guard>", "exec")
+
 
 def _guard(fn):
     """Wrap an entry point so the tests see only rebuilt plain values. The wrapper lives in its
@@ -233,7 +248,7 @@ def _guard(fn):
     ns = {"__builtins__": {}, "_Plain": _Plain, "_type": _type, "bool": bool, "int": int, "str": str,
           "float": float, "bytes": bytes, "complex": complex, "list": list, "tuple": tuple,
           "set": set, "frozenset": frozenset, "dict": dict}
-    exec(_GUARD_SOURCE, ns)
+    exec(_GUARD_CODE, ns)
     guarded = ns["_guard"](fn)
     for attr in ("__name__", "__qualname__", "__doc__"):
         try:
@@ -244,19 +259,18 @@ def _guard(fn):
 
 
 class Reporter:
-    """Writes signed records to the result pipe. The key is per run and random."""
+    """Writes signed records to the result pipe: ``body \t mac``, where mac is a keyed BLAKE2b
+    of (sequence number, body) with a per-run random key (one C call per record)."""
 
     def __init__(self, fd: int, key: bytes):
         self._fd = fd
-        self._mac = _hmac_new(key, b"", _sha256)
+        self._key = key
         self._seq = 0
 
     def send(self, payload: dict) -> None:
         body = _json_dumps(payload, separators=(",", ":")).encode()
-        m = self._mac.copy()
-        m.update(b"%d:" % self._seq)
-        m.update(body)
-        line = body + b"\t" + m.hexdigest().encode() + b"\n"
+        mac = _blake2b(b"%d:" % self._seq + body, key=self._key, digest_size=16).hexdigest().encode()
+        line = body + b"\t" + mac + b"\n"
         self._seq += 1
         view = memoryview(line)
         while view:
@@ -266,16 +280,13 @@ class Reporter:
 
 def verify_records(data: bytes, key: bytes):
     """Parse signed records; stops at the first bad one. Returns (records, tampered)."""
-    mac = hmac.new(key, b"", hashlib.sha256)
     out = []
     for seq, line in enumerate(data.split(b"\n")):
         if not line:
             continue
         body, sep, sig = line.rpartition(b"\t")
-        m = mac.copy()
-        m.update(b"%d:" % seq)
-        m.update(body)
-        if not sep or not hmac.compare_digest(m.hexdigest().encode(), sig):
+        mac = _blake2b(b"%d:" % seq + body, key=key, digest_size=16).hexdigest().encode()
+        if not sep or not _compare_digest(mac, sig):
             return out, True
         try:
             out.append(json.loads(body))
@@ -292,36 +303,64 @@ def _describe(exc) -> str:
     return text[:500]
 
 
-def _main_namespace() -> dict:
+def _main_namespace(builtins_dict: dict) -> dict:
     """A fresh ``__main__`` module for the solution (dataclasses and pickle look it up)."""
     mod = types.ModuleType("__main__")
     g = mod.__dict__
-    g["__builtins__"] = dict(_PRISTINE_BUILTINS)
-    for name in [m for m in sys.modules if m == "fastcrit" or m.startswith("fastcrit.")]:
-        del sys.modules[name]
+    g["__builtins__"] = builtins_dict
+    for name in _FASTCRIT_MODULES:
+        sys.modules.pop(name, None)
     sys.modules["__main__"] = mod
     return g
+
+
+def _names(code) -> set:
+    out = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out |= _names(c)
+    return out
+
+
+class Prepared:
+    """Everything an execution needs, made in the worker before the fork so that the child
+    does not parse or copy anything shared (each page it writes is copied)."""
+
+    def __init__(self, view: dict, start: int):
+        self.view = view
+        self.start = start
+        self.error = None
+        self.code = self.tests = None
+        n = len(view["tests"])
+        try:
+            self.code = _compile(view["code"], "<solution>")
+            if view["kind"] == "assert":
+                self.tests = [None] * start + [_compile(t, f"<test {i}>") for i, t in enumerate(view["tests"]) if i >= start]
+        except SyntaxError as exc:
+            self.error = _describe(exc)
+        except (ValueError, MemoryError, RecursionError) as exc:
+            self.error = _describe(exc)
+        guarded = set(_MODULE_SNAPSHOT)
+        self.modules = [sorted(guarded & _names(t)) if t is not None else [] for t in (self.tests or [None] * n)]
+        self.builtins = [dict(_PRISTINE_BUILTINS) for _ in range(n - start + 1)]
 
 
 def _compile(src, name):
     return compile(src, name, "exec", dont_inherit=True)
 
 
-def run_tests(view: dict, start: int, reporter: Reporter) -> None:
-    """Run ``view['code']`` then tests ``start..`` in this (already forked and limited) process,
+def run_tests(prep: Prepared, reporter: Reporter) -> None:
+    """Run the code then tests ``prep.start..`` in this (already forked and limited) process,
     sending one record per test. Never returns."""
+    view, start = prep.view, prep.start
     kind = view["kind"]
-    g = _main_namespace()
-    try:
-        code_obj = _compile(view["code"], "<solution>")
-        test_objs = [_compile(t, f"<test {i}>") if kind == "assert" else None
-                     for i, t in enumerate(view["tests"])]
-    except SyntaxError as exc:
-        reporter.send({"k": "code", "s": "error", "m": _describe(exc)})
+    if prep.error is not None:
+        reporter.send({"k": "code", "s": "error", "m": prep.error})
         _os_exit(0)
+    g = _main_namespace(prep.builtins.pop())
     sys.addaudithook(_refuse_hook)
     try:
-        _FunctionType(code_obj, g)()
+        _FunctionType(prep.code, g)()
     except _MemoryError as exc:
         reporter.send({"k": "code", "s": "memory", "m": _describe(exc)})
         _os_exit(0)
@@ -342,18 +381,18 @@ def run_tests(view: dict, start: int, reporter: Reporter) -> None:
         if kind == "assert" and _type(fn) is _FunctionType and g.get(ep) is fn:
             g[ep] = _guard(fn)
     for i in range(start, _len(view["tests"])):
-        _reset_process_state()
+        _reset_process_state(prep.modules[i])
         if _thread_count is not None and _thread_count() > 0:
             reporter.send({"k": "test", "i": i, "s": "error",
                            "m": "background threads are still running; tests are not run beside them"})
             if not view["run_all_cases"]:
                 break
             continue
-        g["__builtins__"] = dict(_PRISTINE_BUILTINS)
+        g["__builtins__"] = prep.builtins.pop()
         status, msg, value = "passed", "", None
         try:
             if kind == "assert":
-                _FunctionType(test_objs[i], g)()
+                _FunctionType(prep.tests[i], g)()
             else:
                 if fn is None or not callable(fn):
                     raise NameError(f"entry point {ep!r} is not defined")
@@ -383,14 +422,15 @@ def run_tests(view: dict, start: int, reporter: Reporter) -> None:
     _os_exit(0)
 
 
-def run_program(code: str) -> None:
-    """stdio kind: run ``code`` as __main__ reading stdin; exit status 1 on an uncaught exception.
+def run_program(prep: Prepared) -> None:
+    """stdio kind: run the code as __main__ reading stdin; exit status 1 on an uncaught exception.
     Never returns."""
-    g = _main_namespace()
+    g = _main_namespace(prep.builtins.pop())
     status = 0
     try:
-        code_obj = _compile(code, "<solution>")
-        _FunctionType(code_obj, g)()
+        if prep.error is not None:
+            raise SyntaxError(prep.error)
+        _FunctionType(prep.code, g)()
     except _SystemExit as exc:
         c = exc.code
         status = 0 if c is None else c if _type(c) is int else 1

@@ -132,6 +132,7 @@ class Worker:
         err_r, err_w = os.pipe()
         res_r, res_w = os.pipe()
         key = os.urandom(32)
+        reporter = harness.Reporter(3, key)  # made here: the child copies less
         pid = os.fork()
         if pid == 0:  # the execution
             try:
@@ -143,14 +144,11 @@ class Worker:
                 os.dup2(res_w, 3)
                 os.closerange(4, 1 << 16)
                 os.chdir(scratch)
-                os.environ.clear()
-                os.environ.update(self.env, HOME=scratch, TMPDIR=scratch)
+                # The environment was scrubbed once at worker start (see main); the random module
+                # reseeds itself in every forked child.
                 self._limits(job, cpu_s)
-                import random
-
-                random.seed(os.urandom(16))
                 sys.argv = ["solution.py"]
-                target(harness.Reporter(3, key))
+                target(reporter)
             except BaseException:
                 pass
             os._exit(70)
@@ -380,8 +378,10 @@ class Worker:
                         parsed["tampered"] = True
                 return ext
 
-            def target(reporter, s=start):
-                harness.run_tests(view, s, reporter)
+            prep = harness.Prepared(view, start)
+
+            def target(reporter, prep=prep):
+                harness.run_tests(prep, reporter)
 
             # CPU budget: loading the code plus every remaining test.
             cpu_s = timeout * (n - start + 1) + 1
@@ -435,10 +435,10 @@ class Worker:
                 f.write(t["input"])
             stdout = Tail(cap, self.cfg["tail_bytes"])
             stderr = Tail(0, self.cfg["tail_bytes"])
-            code = job["code"]
+            prep = harness.Prepared({"kind": "stdio", "code": job["code"], "tests": [None]}, 0)
             pid, _, out_r, err_r, res_r = self._spawn(
                 job, scratch, stdin_path, float(job["timeout_s"]) + 1,
-                lambda reporter, code=code: harness.run_program(code))
+                lambda reporter, prep=prep: harness.run_program(prep))
             reason, status = self._watch(pid, (out_r, err_r, res_r), stdout, stderr, bytearray(),
                                          float(job["timeout_s"]), lambda buf: 0.0)
             os.unlink(stdin_path)
@@ -472,8 +472,11 @@ def main(argv=None) -> int:
     os.close(null)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    failed = harness.prepare_worker(cfg.get("preimport", ()))
     worker = Worker(cfg)
+    # Nothing of the pool's environment reaches executions (they inherit this one).
+    os.environ.clear()
+    os.environ.update(worker.env, HOME=cfg["scratch"], TMPDIR=cfg["scratch"])
+    failed = harness.prepare_worker(cfg.get("preimport", ()))
     write_frame(fd_out, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "init": worker.is_init,
                          "preimport_failed": failed})
     while True:
