@@ -32,12 +32,13 @@ GREEDY_EPS = 1e-5  # temperatures at or below this are greedy, as in SGLang
 class NativeEngine:
     """Engine protocol (fastcrit.rollout.base.Engine) on a plain torch / transformers model.
 
-    ``model`` is a model spec or directory (see fastcrit.models.hf) or an already loaded
-    ``PreTrainedModel``, which the engine then uses as is (it does not copy it). ``tokenizer`` is
-    only read for its EOS and pad ids; it is loaded from the model directory when not given.
+    ``model`` is a model spec or directory (see fastcrit.models.hf), loaded in ``dtype`` (default
+    float32), or an already loaded ``PreTrainedModel``, which the engine then uses as is (no copy;
+    it is moved to ``device`` and cast only when ``dtype`` is given). ``tokenizer`` is only read for
+    its EOS and pad ids; it is loaded from the model directory when not given.
     """
 
-    def __init__(self, model, tokenizer=None, *, dtype: str | torch.dtype = "float32",
+    def __init__(self, model, tokenizer=None, *, dtype: str | torch.dtype | None = None,
                  device: str | torch.device = "cpu", max_batch: int = 256,
                  attn_implementation: str | None = None, compact_fraction: float = 0.25):
         from fastcrit.models.hf import load_model, load_tokenizer, parse_dtype
@@ -50,12 +51,11 @@ class NativeEngine:
         if isinstance(model, (str, os.PathLike)):
             if tokenizer is None:
                 tokenizer = load_tokenizer(model)
-            model = load_model(model, dtype=dtype, device=self.device, attn_implementation=attn_implementation)
+            model = load_model(model, dtype=dtype or "float32", device=self.device,
+                               attn_implementation=attn_implementation)
         else:
-            model = model.to(device=self.device, dtype=parse_dtype(dtype))
-        self.model = model.eval()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
+            model = model.to(device=self.device) if dtype is None else model.to(self.device, parse_dtype(dtype))
+        self.model = model.eval()  # generate() runs under inference_mode, so no autograd state is kept
         self.max_batch = max_batch
         self.compact_fraction = compact_fraction
         self.vocab_size = int(self.model.config.vocab_size)
