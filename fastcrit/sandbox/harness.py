@@ -93,6 +93,8 @@ _AssertionError = AssertionError
 _MemoryError = MemoryError
 _RecursionError = RecursionError
 _SystemExit = SystemExit
+_OSError = OSError
+_EFBIG, _ENOSPC = 27, 28
 _type, _len, _isinstance, _str, _repr = type, len, isinstance, str, repr
 _os_write, _os_exit, _os_getpid = os.write, os._exit, os.getpid
 _json_dumps = json.dumps
@@ -364,6 +366,10 @@ def run_tests(prep: Prepared, reporter: Reporter) -> None:
     except _MemoryError as exc:
         reporter.send({"k": "code", "s": "memory", "m": _describe(exc)})
         _os_exit(0)
+    except _OSError as exc:
+        st = "output_limit" if exc.errno in (_EFBIG, _ENOSPC) else "error"
+        reporter.send({"k": "code", "s": st, "m": _describe(exc)})
+        _os_exit(0)
     except _BaseException as exc:
         reporter.send({"k": "code", "s": "error", "m": _describe(exc)})
         _os_exit(0)
@@ -404,6 +410,9 @@ def run_tests(prep: Prepared, reporter: Reporter) -> None:
             status, msg = "failed", _describe(exc)
         except _MemoryError as exc:
             status, msg = "memory", _describe(exc)
+        except _OSError as exc:  # EFBIG: past RLIMIT_FSIZE; ENOSPC: scratch tmpfs full
+            status = "output_limit" if exc.errno in (_EFBIG, _ENOSPC) else "error"
+            msg = _describe(exc)
         except _BaseException as exc:
             status, msg = "error", _describe(exc)
         rec = {"k": "test", "i": i, "s": status, "m": msg}
@@ -431,6 +440,12 @@ def run_program(prep: Prepared) -> None:
         if prep.error is not None:
             raise SyntaxError(prep.error)
         _FunctionType(prep.code, g)()
+    except _OSError as exc:
+        status = 3 if exc.errno in (_EFBIG, _ENOSPC) else 1
+        try:
+            sys.stderr.write(f"{_describe(exc)}\n")
+        except _BaseException:
+            pass
     except _SystemExit as exc:
         c = exc.code
         status = 0 if c is None else c if _type(c) is int else 1

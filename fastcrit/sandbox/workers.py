@@ -369,7 +369,7 @@ class Worker:
                         if kind == "call" and st == "passed":
                             if not harness.values_equal(r.get("v"), job["tests"][i]["expected"]):
                                 st, msg = "failed", f"returned {json.dumps(r.get('v'))[:200]}"
-                        if st not in ("passed", "failed", "error", "memory"):
+                        if st not in ("passed", "failed", "error", "memory", "output_limit"):
                             st, msg = "error", "bad record"
                         statuses[i] = (st, msg)
                         parsed["next"] += 1
@@ -448,6 +448,11 @@ class Worker:
                 st = ("passed", "") if ok else ("failed", "wrong answer")
             elif reason is None and os.WIFEXITED(status):
                 tail = stderr.tail_text()
+                if "File too large" in tail or "No space left" in tail:
+                    tests.append({"status": "output_limit", "message": "file size limit"})
+                    failed = True
+                    last_out, last_err = stdout.tail_text(), tail
+                    continue
                 st = ("memory", "MemoryError") if "MemoryError" in tail else (
                     "error", (tail.strip().splitlines() or [f"exit status {os.WEXITSTATUS(status)}"])[-1][:500])
             else:
