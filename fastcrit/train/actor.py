@@ -39,7 +39,7 @@ def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size
     if not trainable:
         return Actor(module, None, None, device)
     opt = torch.optim.AdamW(module.parameters(), lr=lr, betas=betas, eps=eps,
-                            weight_decay=weight_decay)
+                            weight_decay=weight_decay, foreach=True)
     warm = max(0, warmup_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
     return Actor(module, opt, sched, device)

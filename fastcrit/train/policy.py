@@ -43,9 +43,12 @@ class CausalLMLogprobs(nn.Module):
         hidden = hidden[:, -R - 1:-1]
         labels = responses.masked_fill(response_mask <= 0, IGNORE)
         head = self.lm.get_output_embeddings()
-        return fused_logprobs(hidden, head.weight, labels, temperature=temperature,
-                              bias=getattr(head, "bias", None), return_entropy=return_entropy,
-                              ignore_index=IGNORE)
+        out = fused_logprobs(hidden, head.weight, labels, temperature=temperature,
+                             bias=getattr(head, "bias", None), return_entropy=return_entropy,
+                             ignore_index=IGNORE)
+        # FSDP2 warns about (and mishandles in-place ops on) view outputs of the root module: the
+        # kernel's [N] -> [B, R] reshape is a view, so hand back owning tensors ([B, R] is small).
+        return tuple(t.clone() for t in out) if return_entropy else out.clone()
 
 
 def shard(module: CausalLMLogprobs, world_size: int, device: torch.device,
