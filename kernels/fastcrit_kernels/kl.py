@@ -22,6 +22,7 @@ from fastcrit_kernels._dispatch import resolve_backend
 
 KL_KINDS = {"k1": 1, "kl": 1, "abs": 2, "k2": 3, "mse": 3, "k3": 4, "low_var_kl": 4}
 _BLOCK = 1024
+_CHUNK = 1 << 16  # elements per chunk on the torch path: its temporaries stay chunk-sized
 
 
 @triton.jit
@@ -92,24 +93,27 @@ def _kl_bwd_kernel(
 
 
 def _kl_torch(lp: torch.Tensor, ref: torch.Tensor, code: int, with_grad: bool):
-    """Float32 value (and derivative wrt lp) of one KL kind, vectorised torch."""
-    lp, ref = lp.float(), ref.float()
-    diff = lp - ref
+    """Float32 value (and derivative wrt lp) of one KL kind on one chunk, vectorised torch."""
+    diff = lp.float() - ref.float()  # a fresh buffer
     if code == 1:
         return diff, (torch.ones_like(diff) if with_grad else None)
     if code == 2:
         return diff.abs(), (torch.sign(diff) if with_grad else None)
     if code == 3:
-        return 0.5 * diff * diff, (diff if with_grad else None)
-    raw = -diff
-    d = raw.clamp(-20.0, 20.0)
+        return (diff * diff).mul_(0.5), (diff if with_grad else None)
+    live = (diff >= -20.0) & (diff <= 20.0) if with_grad else None
+    d = diff.neg_().clamp_(-20.0, 20.0)
     e = torch.exp(d)
-    k = e - d - 1.0
-    val = k.clamp(-10.0, 10.0)
+    k = d.neg_().add_(e).sub_(1.0)  # exp(d) - d - 1, in d's buffer
     if not with_grad:
-        return val, None
-    live = (raw >= -20.0) & (raw <= 20.0) & (k >= -10.0) & (k <= 10.0)
-    return val, torch.where(live, 1.0 - e, torch.zeros_like(e))
+        return k.clamp_(-10.0, 10.0), None
+    live &= (k >= -10.0) & (k <= 10.0)
+    return k.clamp_(-10.0, 10.0), e.neg_().add_(1.0).mul_(live)
+
+
+def _chunks(n: int):
+    for i in range(0, n, _CHUNK):
+        yield slice(i, min(n, i + _CHUNK))
 
 
 def _grid(n: int):
@@ -127,7 +131,10 @@ class _KLPenalty(torch.autograd.Function):
             if n:
                 _kl_fwd_kernel[_grid(n)](lp, ref, out, n, KIND=code, BLOCK=_BLOCK)
         else:
-            out = _kl_torch(lp, ref, code, False)[0].to(out_dtype)
+            out = torch.empty(lp.shape, dtype=out_dtype, device=lp.device)
+            o, a, b = out.view(-1), lp.view(-1), ref.view(-1)
+            for c in _chunks(o.numel()):
+                o[c] = _kl_torch(a[c], b[c], code, False)[0]
         ctx.save_for_backward(lp, ref)
         ctx.code, ctx.backend = code, backend
         return out
@@ -147,9 +154,15 @@ class _KLPenalty(torch.autograd.Function):
                     KIND=ctx.code, WRITE_LP=need_lp, WRITE_REF=need_ref, BLOCK=_BLOCK,
                 )
         else:
-            g = go.float() * _kl_torch(lp, ref, ctx.code, True)[1]
-            glp = g.to(lp.dtype) if need_lp else None
-            gref = (-g).to(ref.dtype) if need_ref else None
+            glp = torch.empty_like(lp) if need_lp else None
+            gref = torch.empty_like(ref) if need_ref else None
+            a, b, gf = lp.view(-1), ref.view(-1), go.view(-1)
+            for c in _chunks(a.numel()):
+                g = _kl_torch(a[c], b[c], ctx.code, True)[1].mul_(gf[c])
+                if need_lp:
+                    glp.view(-1)[c] = g
+                if need_ref:
+                    gref.view(-1)[c] = g.neg_()
         return glp, gref, None, None
 
 

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from fastcrit_kernels._dispatch import resolve_backend
 from fastcrit_kernels.advantages import ESTIMATORS, group_ids, group_segments
+from fastcrit_kernels.ppo import _row_chunks
 
 REWARD_METHODS = ("1", "2")
 WEIGHT_MODES = {None: 0, "question": 1, "only_positive": 2, "only_negative": 3}
@@ -228,17 +229,24 @@ def _pacs_group_torch(r, y, inv, G, est, norm_by_std, eps, wmode, B):
 
 class _PACSLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logp, old_logp, y, mask_f, inv, G, beta, method, est, norm_by_std, eps, wmode, backend):
+    def forward(ctx, logp, old_logp, y, mask, inv, G, beta, method, est, norm_by_std, eps, wmode, backend):
         B, T = logp.shape
         ratio = method == "1"
         if backend == "triton":
+            mask_f = mask.to(torch.float32).contiguous()
             rsum = torch.empty(B, dtype=torch.float32, device=logp.device)
             cnt = torch.empty(B, dtype=torch.float32, device=logp.device)
             if B:
                 _row_reduce_kernel[(B,)](logp, old_logp, mask_f, rsum, cnt, T, RATIO=ratio, BLOCK=_BLOCK_T)
         else:
-            x = logp.float() - old_logp.float() if ratio else logp.float()
-            rsum, cnt = (x * mask_f).sum(-1), mask_f.sum(-1)
+            mask_f = mask  # any dtype; converted chunk by chunk
+            rsum = torch.empty(B, dtype=torch.float32, device=logp.device)
+            cnt = torch.empty(B, dtype=torch.float32, device=logp.device)
+            for rows in _row_chunks(B, T):
+                m = mask[rows].float()
+                x = logp[rows].float() - old_logp[rows].float() if ratio else logp[rows].float()
+                rsum[rows] = (x * m).sum(-1)
+                cnt[rows] = m.sum(-1)
         if ratio:
             r, inv_len = beta * rsum, torch.ones_like(cnt)
         else:
@@ -271,7 +279,10 @@ class _PACSLoss(torch.autograd.Function):
                 go = grad_loss.reshape(1).to(torch.float32).contiguous()
                 _pacs_bwd_kernel[(triton.cdiv(n, _BLOCK),)](mask_f, coef, go, grad, n, mask_f.shape[1], BLOCK=_BLOCK)
         else:
-            grad = (grad_loss.float() * mask_f * coef[:, None]).to(ctx.lp_dtype)
+            grad = torch.empty(mask_f.shape, dtype=ctx.lp_dtype, device=mask_f.device)
+            c = coef * grad_loss.float()
+            for rows in _row_chunks(*mask_f.shape):
+                grad[rows] = mask_f[rows].float() * c[rows, None]
         return (grad,) + (None,) * 12
 
 
@@ -328,9 +339,8 @@ def pacs_loss(
         raise ValueError("pacs_loss needs at least one sample (B = 0)")
     inv, G = group_ids(index, B, logp.device)
     chosen = resolve_backend(backend, logp)
-    mask_f = mask.to(torch.float32).contiguous()
     loss, stats = _PACSLoss.apply(
-        logp.contiguous(), old_logp.contiguous(), y, mask_f, inv, G, float(beta), reward_method,
+        logp.contiguous(), old_logp.contiguous(), y, mask, inv, G, float(beta), reward_method,
         ESTIMATORS[estimator], bool(norm_by_std), float(eps), WEIGHT_MODES[weight_mode], chosen,
     )
     return loss, {"reward_mean": stats[0], "advantage_mean": stats[1], "accuracy": stats[2]}

@@ -34,13 +34,14 @@ from fastcrit_kernels._dispatch import resolve_backend
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 _BLOCK = 1024
+_CHUNK = 1 << 16  # elements per row chunk on the torch path
 
 
 @triton.jit
 def _ppo_fwd_kernel(
     lp_ptr,  # [N] logp (N = B * T, row-major)
     old_ptr,  # [N] old_logp
-    adv_ptr,  # [N] advantages
+    adv_ptr,  # [N] advantages, or [B] per row if ADV_ROW
     mask_ptr,  # [N] float32 response mask
     rowf_ptr,  # [B] float32 aggregation factor per row
     grad_ptr,  # [N] float32 d loss / d logp (written if WITH_GRAD)
@@ -52,17 +53,22 @@ def _ppo_fwd_kernel(
     clip_hi,
     clip_c,
     DUAL: tl.constexpr,
+    ADV_ROW: tl.constexpr,
     WITH_GRAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     valid = offs < N
+    row = offs // T
     lp = tl.load(lp_ptr + offs, mask=valid, other=0.0).to(tl.float32)
     old = tl.load(old_ptr + offs, mask=valid, other=0.0).to(tl.float32)
-    a = tl.load(adv_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+    if ADV_ROW:
+        a = tl.load(adv_ptr + row, mask=valid, other=0.0).to(tl.float32)
+    else:
+        a = tl.load(adv_ptr + offs, mask=valid, other=0.0).to(tl.float32)
     m = tl.load(mask_ptr + offs, mask=valid, other=0.0)
-    f = tl.load(rowf_ptr + offs // T, mask=valid, other=0.0)
+    f = tl.load(rowf_ptr + row, mask=valid, other=0.0)
     raw = lp - old
     d = tl.minimum(tl.maximum(raw, -20.0), 20.0)
     r = tl.exp(d)
@@ -175,38 +181,62 @@ def _check_same(name: str, t, like: torch.Tensor) -> None:
         raise ValueError(f"{name} is on {t.device}, expected {like.device}")
 
 
-def _ppo_torch(lp, old, adv, m, f, clip_lo, clip_hi, clip_c, with_grad):
-    lp, old, adv = lp.float(), old.float(), adv.float()
-    raw = lp - old
-    d = raw.clamp(-20.0, 20.0)
-    r = torch.exp(d)
-    l1 = -adv * r
-    l2 = -adv * r.clamp(1.0 - clip_lo, 1.0 + clip_hi)
-    clipped = l2 > l1
-    loss = torch.where(clipped, l2, l1)
-    lower = torch.zeros_like(clipped)
-    if clip_c is not None:
-        l3 = -adv * clip_c
-        lower = (adv < 0) & (loss > l3)
-        loss = torch.where(lower, l3, loss)
-    w = m * f[:, None]
-    grad = None
-    if with_grad:
-        dead = clipped | lower | (raw < -20.0) | (raw > 20.0)
-        grad = torch.where(dead, torch.zeros_like(l1), l1) * w
-    sums = torch.stack([(w * loss).sum(), (clipped * m).sum(), (lower * m).sum(), (-d * m).sum()])
+def _row_chunks(B: int, T: int):
+    """Row slices of about _CHUNK elements: the torch path's temporaries are chunk-sized."""
+    step = max(1, _CHUNK // max(T, 1))
+    for r0 in range(0, B, step):
+        yield slice(r0, min(B, r0 + step))
+
+
+def _ppo_torch(lp, old, adv, mask, f, clip_lo, clip_hi, clip_c, with_grad):
+    B, T = lp.shape
+    grad = torch.empty(B, T, dtype=torch.float32, device=lp.device) if with_grad else None
+    sums = torch.zeros(4, dtype=torch.float32, device=lp.device)
+    for rows in _row_chunks(B, T):
+        raw = lp[rows].float() - old[rows].float()
+        a = adv[rows].float()
+        a = a[:, None] if a.dim() == 1 else a
+        m = mask[rows].to(torch.float32, copy=True)  # a fresh buffer: w is built in place
+        d = raw.clamp(-20.0, 20.0)
+        r = torch.exp(d)
+        l1 = -a * r
+        l2 = -a * r.clamp_(1.0 - clip_lo, 1.0 + clip_hi)
+        clipped = l2 > l1
+        loss = torch.where(clipped, l2, l1)
+        dead = clipped
+        if clip_c is not None:
+            l3 = -a * clip_c
+            lower = (a < 0) & (loss > l3)
+            loss = torch.where(lower, l3, loss)
+            dead = dead | lower
+            sums[2] += (lower * m).sum()
+        w = m.mul_(f[rows, None])
+        if with_grad:
+            dead = dead | (raw < -20.0) | (raw > 20.0)
+            torch.mul(l1.masked_fill_(dead, 0.0), w, out=grad[rows])
+        sums[0] += (w * loss).sum()
+        m = mask[rows].to(torch.float32, copy=True)  # a fresh buffer: w is built in place
+        sums[1] += (clipped * m).sum()
+        sums[3] -= (d * m).sum()
     return sums, grad
 
 
-def _value_torch(v, vo, R, m, f, clip, with_grad):
-    v, vo, R = v.float(), vo.float(), R.float()
-    vc = torch.minimum(torch.maximum(v, vo - clip), vo + clip)
-    e1, e2 = v - R, vc - R
-    l1, l2 = e1 * e1, e2 * e2
-    clipped = l2 > l1
-    w = m * f[:, None]
-    grad = torch.where(clipped, torch.zeros_like(e1), 2.0 * e1) * w if with_grad else None
-    sums = torch.stack([(w * torch.where(clipped, l2, l1)).sum(), (clipped * m).sum()])
+def _value_torch(v, vo, R, mask, f, clip, with_grad):
+    B, T = v.shape
+    grad = torch.empty(B, T, dtype=torch.float32, device=v.device) if with_grad else None
+    sums = torch.zeros(2, dtype=torch.float32, device=v.device)
+    for rows in _row_chunks(B, T):
+        vr, vor, Rr = v[rows].float(), vo[rows].float(), R[rows].float()
+        m = mask[rows].to(torch.float32, copy=True)  # a fresh buffer: w is built in place
+        e1 = vr - Rr
+        e2 = torch.minimum(torch.maximum(vr, vor - clip), vor + clip).sub_(Rr)
+        l1, l2 = e1 * e1, e2.mul_(e2)
+        clipped = l2 > l1
+        sums[1] += (clipped * m).sum()
+        w = m.mul_(f[rows, None])
+        if with_grad:
+            torch.mul(e1.mul_(2.0).masked_fill_(clipped, 0.0), w, out=grad[rows])
+        sums[0] += (w * torch.where(clipped, l2, l1)).sum()
     return sums, grad
 
 
@@ -222,22 +252,26 @@ def _launch_partials(kernel, args, n_sums: int, device, with_grad: bool, **meta)
     return part.sum(-1), (grad if with_grad else None)
 
 
+def _masked_stats(sums: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    n_tok = mask.sum(dtype=torch.float32)
+    return torch.where(n_tok > 0, sums / torch.clamp(n_tok, min=1e-30), torch.zeros_like(sums))
+
+
 class _PPOPolicyLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logp, old_logp, adv, mask_f, rowf, clip_lo, clip_hi, clip_c, backend):
+    def forward(ctx, logp, old_logp, adv, mask, rowf, clip_lo, clip_hi, clip_c, backend):
         with_grad = ctx.needs_input_grad[0]
         if backend == "triton":
             sums, grad = _launch_partials(
-                _ppo_fwd_kernel, (logp, old_logp, adv, mask_f, rowf), 4, logp.device, with_grad,
-                scalars=(float(clip_lo), float(clip_hi), float(clip_c or 0.0)), DUAL=clip_c is not None,
+                _ppo_fwd_kernel, (logp, old_logp, adv, mask.to(torch.float32).contiguous(), rowf), 4,
+                logp.device, with_grad, scalars=(float(clip_lo), float(clip_hi), float(clip_c or 0.0)),
+                DUAL=clip_c is not None, ADV_ROW=adv.dim() == 1,
             )
         else:
-            sums, grad = _ppo_torch(logp, old_logp, adv, mask_f, rowf, clip_lo, clip_hi, clip_c, with_grad)
+            sums, grad = _ppo_torch(logp, old_logp, adv, mask, rowf, clip_lo, clip_hi, clip_c, with_grad)
         ctx.save_for_backward(grad if with_grad else None)
         ctx.lp_dtype = logp.dtype
-        n_tok = mask_f.sum()
-        denom = torch.clamp(n_tok, min=1e-30)
-        stats = torch.where(n_tok > 0, sums[1:4] / denom, torch.zeros_like(sums[1:4]))
+        stats = _masked_stats(sums[1:4], mask)
         ctx.mark_non_differentiable(stats)
         return sums[0].clone(), stats
 
@@ -251,19 +285,18 @@ class _PPOPolicyLoss(torch.autograd.Function):
 
 class _ValueLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, values, old_values, returns, mask_f, rowf, clip, backend):
+    def forward(ctx, values, old_values, returns, mask, rowf, clip, backend):
         with_grad = ctx.needs_input_grad[0]
         if backend == "triton":
             sums, grad = _launch_partials(
-                _value_fwd_kernel, (values, old_values, returns, mask_f, rowf), 2,
+                _value_fwd_kernel, (values, old_values, returns, mask.to(torch.float32).contiguous(), rowf), 2,
                 values.device, with_grad, scalars=(float(clip),),
             )
         else:
-            sums, grad = _value_torch(values, old_values, returns, mask_f, rowf, clip, with_grad)
+            sums, grad = _value_torch(values, old_values, returns, mask, rowf, clip, with_grad)
         ctx.save_for_backward(grad if with_grad else None)
         ctx.v_dtype = values.dtype
-        n_tok = mask_f.sum()
-        clipfrac = torch.where(n_tok > 0, sums[1] / torch.clamp(n_tok, min=1e-30), torch.zeros_like(sums[1]))
+        clipfrac = _masked_stats(sums[1], mask)
         ctx.mark_non_differentiable(clipfrac)
         return sums[0].clone(), clipfrac
 
@@ -306,9 +339,8 @@ def ppo_policy_loss(
     _check_2d("logp", logp)
     _check_same("old_logp", old_logp, logp)
     _check_same("mask", mask, logp)
-    if isinstance(advantages, torch.Tensor) and advantages.dim() == 1 and advantages.shape[0] == logp.shape[0]:
-        advantages = advantages[:, None].expand_as(logp)
-    _check_same("advantages", advantages, logp)
+    if not (isinstance(advantages, torch.Tensor) and advantages.dim() == 1 and advantages.shape[0] == logp.shape[0]):
+        _check_same("advantages", advantages, logp)
     if not logp.is_floating_point():
         raise ValueError(f"logp must be floating point, got {logp.dtype}")
     if clip_low < 0 or clip_low >= 1:
@@ -319,9 +351,8 @@ def ppo_policy_loss(
         raise ValueError(f"clip_c (dual clip) must be > 1, got {clip_c}")
     rowf = agg_row_factors(mask, agg, agg_scale)
     chosen = resolve_backend(backend, logp)
-    mask_f = mask.to(torch.float32).contiguous()
     loss, stats = _PPOPolicyLoss.apply(
-        logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask_f, rowf,
+        logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask, rowf,
         clip_low, clip_high, clip_c, chosen,
     )
     return loss, {"clipfrac": stats[0], "clipfrac_lower": stats[1], "approx_kl": stats[2]}
@@ -357,8 +388,7 @@ def value_loss(
         raise ValueError(f"clip must be >= 0, got {clip}")
     rowf = agg_row_factors(mask, agg, agg_scale) * 0.5
     chosen = resolve_backend(backend, values)
-    mask_f = mask.to(torch.float32).contiguous()
     loss, clipfrac = _ValueLoss.apply(
-        values.contiguous(), old_values.contiguous(), returns.contiguous(), mask_f, rowf, clip, chosen
+        values.contiguous(), old_values.contiguous(), returns.contiguous(), mask, rowf, clip, chosen
     )
     return loss, {"clipfrac": clipfrac}

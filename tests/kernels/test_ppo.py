@@ -125,6 +125,18 @@ def test_aggregate_loss_matches_reference(agg):
     torch.testing.assert_close(aggregate_loss(L, mask, agg), ref_agg_loss(L, mask, agg), atol=1e-12, rtol=1e-12)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inputs_are_not_modified(backend):
+    lp, old, adv, mask = _policy_batch(torch.float32, seed=4)
+    mask = mask.float()
+    adv_seq = adv[:, 0].clone()
+    before = [t.clone() for t in (lp, old, adv_seq, mask)]
+    ppo_policy_loss(lp.requires_grad_(True), old, adv_seq, mask, clip_c=3.0, backend=backend)[0].backward()
+    value_loss(lp, old, adv, mask, backend=backend)[0].backward()
+    for t, b in zip((lp, old, adv_seq, mask), before):
+        assert torch.equal(t.detach(), b.detach())
+
+
 def test_no_grad_inputs_and_backends_agree():
     lp, old, adv, mask = _policy_batch(torch.float32, seed=9)
     a, sa = ppo_policy_loss(lp, old, adv, mask, clip_c=2.0, backend="torch")
