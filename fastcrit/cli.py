@@ -95,12 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(func=cmd_gen)
 
-    try:
-        from fastcrit.sandbox.cli import register as register_sandbox
-    except ImportError:  # the sandbox is optional at import time only while it is being built
-        register_sandbox = None
-    if register_sandbox is not None:
-        register_sandbox(sub)
+    from fastcrit.sandbox.cli import register as register_sandbox  # torch-free, cheap to import
+
+    register_sandbox(sub)
     return p
 
 

@@ -7,6 +7,7 @@ folded into the reward.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -158,7 +159,6 @@ def run_grpo(ctx: DistContext, cfg: Config) -> dict:
         "checkpoint": latest_checkpoint(out),
     }
     if ctx.is_main:
-        import json
         with open(os.path.join(out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
         lines = [f"done: {summary['steps']} steps, output in {out}"]
