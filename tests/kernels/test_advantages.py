@@ -18,6 +18,11 @@ BACKENDS = ["torch", "triton"]
 ESTIMATORS = ["grpo", "rloo", "naive"]
 
 
+def _device(backend):
+    """Triton runs compiled on CUDA tensors where a GPU exists, else under the interpreter on CPU."""
+    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+
+
 def _batch(dtype, seed=0):
     """Mixed group sizes (1, 2, 3, 5, 8), ids not contiguous nor sorted, one constant-reward group."""
     g = torch.Generator().manual_seed(seed)
@@ -36,7 +41,8 @@ def _batch(dtype, seed=0):
 def test_matches_reference(backend, estimator, norm_by_std, dtype):
     atol, rtol = TOL[dtype]
     scores, ids = _batch(dtype)
-    got = group_advantages(scores, ids, estimator, norm_by_std=norm_by_std, backend=backend)
+    dev = _device(backend)
+    got = group_advantages(scores.to(dev), ids.to(dev), estimator, norm_by_std=norm_by_std, backend=backend).cpu()
     want = ref_group_advantages(scores, ids, estimator, norm_by_std=norm_by_std)
     assert got.shape == scores.shape and got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, atol=atol, rtol=rtol)
@@ -45,20 +51,21 @@ def test_matches_reference(backend, estimator, norm_by_std, dtype):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_pinned_values(backend):
     # group 7: [1, 0] -> GRPO +-0.7071 / (0.7071 + 1e-6); group 2: [1, 0, 0]; group 9: a single sample
-    scores = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 4.0])
-    ids = torch.tensor([7, 2, 7, 2, 2, 9])
+    dev = _device(backend)
+    scores = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 4.0], device=dev)
+    ids = torch.tensor([7, 2, 7, 2, 2, 9], device=dev)
     s = math.sqrt(0.5)
-    grpo = group_advantages(scores, ids, "grpo", backend=backend)
+    grpo = group_advantages(scores, ids, "grpo", backend=backend).cpu()
     # group 2: mean 1/3, unbiased std sqrt(1/3)
     expect = [0.5 / (s + 1e-6), (2 / 3) / (math.sqrt(1 / 3) + 1e-6), -0.5 / (s + 1e-6),
               -(1 / 3) / (math.sqrt(1 / 3) + 1e-6), -(1 / 3) / (math.sqrt(1 / 3) + 1e-6), 4.0 / (1 + 1e-6)]
     torch.testing.assert_close(grpo, torch.tensor(expect), atol=1e-6, rtol=1e-6)
-    rloo = group_advantages(scores, ids, "rloo", backend=backend)
+    rloo = group_advantages(scores, ids, "rloo", backend=backend).cpu()
     # RLOO = s - mean of the others; the single sample keeps its raw score
     torch.testing.assert_close(rloo, torch.tensor([1.0, 1.0, -1.0, -0.5, -0.5, 4.0]), atol=1e-6, rtol=1e-6)
     naive = group_advantages(scores, ids, "naive", backend=backend)
     torch.testing.assert_close(naive, scores)
-    dr = group_advantages(scores, ids, "grpo", norm_by_std=False, backend=backend)
+    dr = group_advantages(scores, ids, "grpo", norm_by_std=False, backend=backend).cpu()
     torch.testing.assert_close(dr, torch.tensor([0.5, 2 / 3, -0.5, -1 / 3, -1 / 3, 4.0]), atol=1e-6, rtol=1e-6)
 
 
@@ -68,7 +75,7 @@ def test_large_group_and_string_ids(backend):
     g = torch.Generator().manual_seed(4)
     scores = torch.rand(300, generator=g)
     uids = np.array(["a"] * 290 + ["b"] * 10)
-    got = group_advantages(scores, uids, "grpo", backend=backend)
+    got = group_advantages(scores.to(_device(backend)), uids, "grpo", backend=backend).cpu()
     want = ref_group_advantages(scores, list(uids), "grpo")
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
     assert abs(float(got[:290].mean())) < 1e-5

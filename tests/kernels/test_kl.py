@@ -17,6 +17,11 @@ KINDS = ["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"]
 BACKENDS = ["torch", "triton"]
 
 
+def _device(backend):
+    """Triton runs compiled on CUDA tensors where a GPU exists, else under the interpreter on CPU."""
+    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+
+
 def _inputs(shape, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
     lp = -torch.rand(shape, generator=g) * 4
@@ -35,50 +40,52 @@ def _inputs(shape, dtype, seed=0):
 @pytest.mark.parametrize("shape", [(1, 1), (3, 37), (2, 5, 7)])
 def test_kl_matches_reference(backend, kind, dtype, shape):
     atol, rtol = TOL[dtype]
-    lp, ref = _inputs(shape, dtype)
-    lp.requires_grad_(True)
-    ref.requires_grad_(True)
+    dev = _device(backend)
+    lp, ref = (t.to(dev).requires_grad_(True) for t in _inputs(shape, dtype))
     out = kl_penalty(lp, ref, kind, backend=backend)
     assert out.shape == lp.shape and out.dtype == dtype
     upstream = torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 1.7
-    out.backward(upstream.to(dtype))
+    out.backward(upstream.to(dtype).to(dev))
 
-    lp64 = lp.detach().double().requires_grad_(True)
-    ref64 = ref.detach().double().requires_grad_(True)
+    lp64 = lp.detach().cpu().double().requires_grad_(True)
+    ref64 = ref.detach().cpu().double().requires_grad_(True)
     want = ref_kl_penalty(lp64, ref64, kind)
     want.backward(upstream.to(dtype).double())
-    torch.testing.assert_close(out.double(), want.detach(), atol=atol, rtol=rtol)
-    torch.testing.assert_close(lp.grad.double(), lp64.grad, atol=atol, rtol=rtol)
-    torch.testing.assert_close(ref.grad.double(), ref64.grad, atol=atol, rtol=rtol)
+    torch.testing.assert_close(out.detach().cpu().double(), want.detach(), atol=atol, rtol=rtol)
+    torch.testing.assert_close(lp.grad.cpu().double(), lp64.grad, atol=atol, rtol=rtol)
+    torch.testing.assert_close(ref.grad.cpu().double(), ref64.grad, atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_k3_clamps_and_detached_reference(backend):
-    lp = torch.tensor([0.0, 0.0, -1.0, -1.0], requires_grad=True)
+    dev = _device(backend)
+    lp = torch.tensor([0.0, 0.0, -1.0, -1.0], device=dev, requires_grad=True)
     # d = ref - lp: 25 (d clamped to 20, then kl to 10), -25 (d -> -20, kl = 19 -> 10), 3 (kl > 10), 0.5
-    ref = torch.tensor([25.0, -25.0, 2.0, -0.5])
+    ref = torch.tensor([25.0, -25.0, 2.0, -0.5], device=dev)
     out = kl_penalty(lp, ref, "k3", backend=backend)
     expect = [10.0, 10.0, 10.0, math.exp(0.5) - 0.5 - 1.0]
-    torch.testing.assert_close(out, torch.tensor(expect), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out.detach().cpu(), torch.tensor(expect), atol=1e-6, rtol=1e-6)
     out.sum().backward()
     # clamped entries pass no gradient; the live one has d kl / d lp = 1 - exp(d)
-    torch.testing.assert_close(lp.grad, torch.tensor([0.0, 0.0, 0.0, 1.0 - math.exp(0.5)]))
+    torch.testing.assert_close(lp.grad.cpu(), torch.tensor([0.0, 0.0, 0.0, 1.0 - math.exp(0.5)]))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_abs_gradient_zero_at_equal(backend):
-    lp = torch.tensor([-1.0, -1.0, -2.0], requires_grad=True)
-    ref = torch.tensor([-1.0, -3.0, -1.0])
-    kl_penalty(lp, ref, "abs", backend=backend).backward(torch.tensor([2.0, 2.0, 2.0]))
-    torch.testing.assert_close(lp.grad, torch.tensor([0.0, 2.0, -2.0]))
+    dev = _device(backend)
+    lp = torch.tensor([-1.0, -1.0, -2.0], device=dev, requires_grad=True)
+    ref = torch.tensor([-1.0, -3.0, -1.0], device=dev)
+    kl_penalty(lp, ref, "abs", backend=backend).backward(torch.full((3,), 2.0, device=dev))
+    torch.testing.assert_close(lp.grad.cpu(), torch.tensor([0.0, 2.0, -2.0]))
 
 
 def test_backends_agree_and_no_grad():
     lp, ref = _inputs((4, 33), torch.float32, seed=3)
     for kind in ("k1", "abs", "k2", "k3"):
         a = kl_penalty(lp, ref, kind, backend="torch")
-        b = kl_penalty(lp, ref, kind, backend="triton")
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+        dev = _device("triton")
+        b = kl_penalty(lp.to(dev), ref.to(dev), kind, backend="triton")
+        torch.testing.assert_close(a, b.cpu(), atol=1e-6, rtol=1e-6)
         assert not a.requires_grad
 
 

@@ -18,6 +18,11 @@ ESTIMATORS = ["rloo", "grpo", "naive"]
 WEIGHTS = [None, "question", "only_positive", "only_negative"]
 
 
+def _device(backend):
+    """Triton runs compiled on CUDA tensors where a GPU exists, else under the interpreter on CPU."""
+    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+
+
 def _batch(dtype, seed=0):
     """Groups of size 1, 2, 3 and 4 with non-contiguous ids, one all-masked row, a one-token row,
     one group with a single label and one group whose rewards are all equal (logp == old_logp)."""
@@ -39,13 +44,14 @@ def _batch(dtype, seed=0):
 
 def _run(dtype, backend, kw, seed=0, upstream=1.9):
     lp, old, scores, mask, ids = _batch(dtype, seed)
-    lp.requires_grad_(True)
-    loss, stats = pacs_loss(lp, old, scores, mask, ids, backend=backend, **kw)
+    dev = _device(backend)
+    x = lp.to(dev).requires_grad_(True)
+    loss, stats = pacs_loss(x, old.to(dev), scores.to(dev), mask.to(dev), ids.to(dev), backend=backend, **kw)
     (loss * upstream).backward()
     lp64 = lp.detach().double().requires_grad_(True)
     rl, rs = ref_pacs_loss(lp64, old, scores, mask, ids, **kw)
     (rl * upstream).backward()
-    return loss, stats, lp.grad, rl, rs, lp64.grad
+    return loss.detach().cpu(), {k: v.cpu() for k, v in stats.items()}, x.grad.cpu(), rl, rs, lp64.grad
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -79,13 +85,14 @@ def test_matches_reference_bf16(backend, estimator, reward_method):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_grpo_constant_rewards_give_finite_gradient(backend):
     # first PPO step: logp == old_logp, so every reward_method-"1" reward is 0 and every group std is 0
-    lp = torch.randn(6, 5).requires_grad_(True)
-    scores = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
-    loss, _ = pacs_loss(lp, lp.detach(), scores, torch.ones(6, 5), torch.tensor([0, 0, 0, 1, 1, 1]),
-                        estimator="grpo", backend=backend)
+    dev = _device(backend)
+    lp = torch.randn(6, 5, device=dev).requires_grad_(True)
+    scores = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0], device=dev)
+    loss, _ = pacs_loss(lp, lp.detach(), scores, torch.ones(6, 5, device=dev),
+                        torch.tensor([0, 0, 0, 1, 1, 1], device=dev), estimator="grpo", backend=backend)
     loss.backward()
     assert torch.isfinite(lp.grad).all()
-    torch.testing.assert_close(loss, torch.tensor(float(np.log(2.0))), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(loss.detach().cpu(), torch.tensor(float(np.log(2.0))), atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -121,23 +128,26 @@ def test_parity_with_pacs_fixed_group_formulation(backend, estimator, weight_mod
         w = 1 - scores
     want = torch.nn.BCEWithLogitsLoss(weight=w.reshape(-1, 1))(adv, scores.reshape(-1, 1))
     want.backward()
-    want_grad = lp.grad.clone()
-    lp.grad = None
-    ours, _ = pacs_loss(lp, old, scores, torch.ones(P * n, T), torch.arange(P).repeat_interleave(n), beta=beta,
+    dev = _device(backend)
+    x = lp.detach().to(dev).requires_grad_(True)
+    ours, _ = pacs_loss(x, old.to(dev), scores.to(dev), torch.ones(P * n, T, device=dev),
+                        torch.arange(P, device=dev).repeat_interleave(n), beta=beta,
                         estimator=estimator, weight_mode=weight_mode, backend=backend)
     ours.backward()
-    torch.testing.assert_close(ours, want, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(lp.grad, want_grad, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(ours.detach().cpu(), want.detach(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(x.grad.cpu(), lp.grad, atol=1e-6, rtol=1e-4)
 
 
 def test_string_ids_and_backends_agree():
     lp, old, scores, mask, ids = _batch(torch.float32, seed=3)
     uids = np.array([f"uid-{i}" for i in ids.tolist()])
     a, sa = pacs_loss(lp, old, scores, mask, uids, estimator="grpo", weight_mode="question", backend="torch")
-    b, sb = pacs_loss(lp, old, scores, mask, ids, estimator="grpo", weight_mode="question", backend="triton")
-    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    dev = _device("triton")
+    b, sb = pacs_loss(lp.to(dev), old.to(dev), scores.to(dev), mask.to(dev), ids.to(dev), estimator="grpo",
+                      weight_mode="question", backend="triton")
+    torch.testing.assert_close(a, b.cpu(), atol=1e-6, rtol=1e-5)
     for k in sa:
-        torch.testing.assert_close(sa[k], sb[k], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(sa[k], sb[k].cpu(), atol=1e-6, rtol=1e-5)
 
 
 def test_bad_inputs_name_the_argument():

@@ -16,6 +16,20 @@ TOL = {
 BACKENDS = ["torch", "triton"]
 
 
+def _device(backend):
+    """Triton runs compiled on CUDA tensors where a GPU exists, else under the interpreter on CPU."""
+    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+
+
+def _run(fn, backend, leaf, *others, upstream=1.0, **kw):
+    """``fn(leaf, *others)`` on the backend's device, backward with ``upstream``; results on the CPU."""
+    dev = _device(backend)
+    x = leaf.detach().to(dev).requires_grad_(True)
+    loss, stats = fn(x, *(o.to(dev) for o in others), backend=backend, **kw)
+    (loss * upstream).backward()
+    return loss.detach().cpu(), {k: v.cpu() for k, v in stats.items()}, x.grad.cpu()
+
+
 def _policy_batch(dtype, B=5, T=13, seed=0):
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(B, T, generator=g) * 3
@@ -47,16 +61,14 @@ def _compare(loss, stats, grad, rl, rs, rgrad, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_policy_loss_matches_reference(backend, agg, clip_c, dtype):
     lp, old, adv, mask = _policy_batch(dtype)
-    lp.requires_grad_(True)
     kw = dict(clip_low=0.2, clip_high=0.28, clip_c=clip_c, agg=agg)
-    loss, stats = ppo_policy_loss(lp, old, adv, mask, backend=backend, **kw)
+    loss, stats, grad = _run(ppo_policy_loss, backend, lp, old, adv, mask, upstream=-2.5, **kw)
     assert loss.dtype == torch.float32 and loss.dim() == 0
-    (loss * -2.5).backward()
     lp64 = lp.detach().double().requires_grad_(True)
     rl, rs = ref_ppo_policy_loss(lp64, old, adv, mask, **kw)
     (rl * -2.5).backward()
-    _compare(loss, stats, lp.grad, rl, rs, lp64.grad, dtype)
-    assert lp.grad.dtype == dtype
+    _compare(loss, stats, grad, rl, rs, lp64.grad, dtype)
+    assert grad.dtype == dtype
     assert float(stats["clipfrac"]) > 0
     if clip_c is not None:
         assert float(stats["clipfrac_lower"]) > 0  # the data does exercise dual clip
@@ -66,33 +78,30 @@ def test_policy_loss_matches_reference(backend, agg, clip_c, dtype):
 def test_policy_loss_sequence_advantages_and_agg_scale(backend):
     lp, old, _, mask = _policy_batch(torch.float32, seed=2)
     adv_seq = torch.tensor([1.0, -0.5, 2.0, -1.5, 0.3])
-    lp.requires_grad_(True)
-    loss, _ = ppo_policy_loss(lp, old, adv_seq, mask, agg="seq-mean-token-sum-norm", agg_scale=64.0, backend=backend)
-    loss.backward()
+    loss, _, grad = _run(ppo_policy_loss, backend, lp, old, adv_seq, mask, agg="seq-mean-token-sum-norm",
+                         agg_scale=64.0)
     lp64 = lp.detach().double().requires_grad_(True)
     rl, _ = ref_ppo_policy_loss(lp64, old, adv_seq, mask, agg="seq-mean-token-sum-norm", agg_scale=64.0)
     rl.backward()
     torch.testing.assert_close(loss.double(), rl.detach(), atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(lp.grad.double(), lp64.grad, atol=1e-7, rtol=1e-5)
+    torch.testing.assert_close(grad.double(), lp64.grad, atol=1e-7, rtol=1e-5)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_one_token_and_all_masked(backend, agg):
-    lp = torch.tensor([[-1.0]], requires_grad=True)
-    loss, stats = ppo_policy_loss(lp, torch.tensor([[-1.3]]), torch.tensor([[2.0]]), torch.ones(1, 1), agg=agg,
-                                  backend=backend)
-    loss.backward()
+    lp = torch.tensor([[-1.0]])
+    loss, _, grad = _run(ppo_policy_loss, backend, lp, torch.tensor([[-1.3]]), torch.tensor([[2.0]]), torch.ones(1, 1),
+                         agg=agg)
     lp64 = lp.detach().double().requires_grad_(True)
     rl, _ = ref_ppo_policy_loss(lp64, torch.tensor([[-1.3]]), torch.tensor([[2.0]]), torch.ones(1, 1), agg=agg)
     rl.backward()
     torch.testing.assert_close(loss.double(), rl.detach(), atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(lp.grad.double(), lp64.grad, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(grad.double(), lp64.grad, atol=1e-6, rtol=1e-6)
     # nothing valid: loss 0, gradient 0, stats 0 (verl would give NaN for token-mean)
-    lp2 = torch.randn(2, 4, requires_grad=True)
-    loss2, stats2 = ppo_policy_loss(lp2, lp2.detach(), torch.ones(2, 4), torch.zeros(2, 4), agg=agg, backend=backend)
-    loss2.backward()
-    assert float(loss2.detach()) == 0.0 and torch.count_nonzero(lp2.grad) == 0
+    lp2 = torch.randn(2, 4)
+    loss2, stats2, grad2 = _run(ppo_policy_loss, backend, lp2, lp2, torch.ones(2, 4), torch.zeros(2, 4), agg=agg)
+    assert float(loss2) == 0.0 and torch.count_nonzero(grad2) == 0
     assert all(float(v) == 0.0 for v in stats2.values())
 
 
@@ -102,17 +111,16 @@ def test_one_token_and_all_masked(backend, agg):
 def test_value_loss_matches_reference(backend, agg, dtype):
     g = torch.Generator().manual_seed(5)
     B, T = 4, 11
-    v = torch.randn(B, T, generator=g).to(dtype).requires_grad_(True)
-    vo = (v.detach().float() + torch.randn(B, T, generator=g) * 0.6).to(dtype)
+    v = torch.randn(B, T, generator=g).to(dtype)
+    vo = (v.float() + torch.randn(B, T, generator=g) * 0.6).to(dtype)
     R = torch.randn(B, T, generator=g).to(dtype)
     mask = torch.rand(B, T, generator=g) > 0.3
     mask[1] = False
-    loss, stats = value_loss(v, vo, R, mask, clip=0.3, agg=agg, backend=backend)
-    (loss * 0.7).backward()
-    v64 = v.detach().double().requires_grad_(True)
+    loss, stats, grad = _run(value_loss, backend, v, vo, R, mask, clip=0.3, agg=agg, upstream=0.7)
+    v64 = v.double().requires_grad_(True)
     rl, rs = ref_value_loss(v64, vo, R, mask, clip=0.3, agg=agg)
     (rl * 0.7).backward()
-    _compare(loss, stats, v.grad, rl, rs, v64.grad, dtype)
+    _compare(loss, stats, grad, rl, rs, v64.grad, dtype)
     assert float(stats["clipfrac"]) > 0
 
 
@@ -127,7 +135,7 @@ def test_aggregate_loss_matches_reference(agg):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_inputs_are_not_modified(backend):
-    lp, old, adv, mask = _policy_batch(torch.float32, seed=4)
+    lp, old, adv, mask = (t.to(_device(backend)) for t in _policy_batch(torch.float32, seed=4))
     mask = mask.float()
     adv_seq = adv[:, 0].clone()
     before = [t.clone() for t in (lp, old, adv_seq, mask)]
@@ -140,11 +148,12 @@ def test_inputs_are_not_modified(backend):
 def test_no_grad_inputs_and_backends_agree():
     lp, old, adv, mask = _policy_batch(torch.float32, seed=9)
     a, sa = ppo_policy_loss(lp, old, adv, mask, clip_c=2.0, backend="torch")
-    b, sb = ppo_policy_loss(lp, old, adv, mask, clip_c=2.0, backend="triton")
+    dev = _device("triton")
+    b, sb = ppo_policy_loss(lp.to(dev), old.to(dev), adv.to(dev), mask.to(dev), clip_c=2.0, backend="triton")
     assert not a.requires_grad
-    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(a, b.cpu(), atol=1e-6, rtol=1e-5)
     for k in sa:
-        torch.testing.assert_close(sa[k], sb[k], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(sa[k], sb[k].cpu(), atol=1e-6, rtol=1e-6)
 
 
 def test_bad_inputs_name_the_argument():
@@ -195,12 +204,15 @@ def test_parity_with_liger_grpo_loss(loss_type, beta, backend):
     lp.grad = None
 
     agg = LIGER_AGG[loss_type]
-    ours, stats = ppo_policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28, agg=agg, backend=backend)
+    dev = _device(backend)
+    x, old, adv, mask, ref = (t.detach().to(dev) for t in (lp, old, adv, mask, ref))
+    x.requires_grad_(True)
+    ours, stats = ppo_policy_loss(x, old, adv, mask, clip_low=0.2, clip_high=0.28, agg=agg, backend=backend)
     if beta:
-        ours = ours + beta * aggregate_loss(kl_penalty(lp, ref, "k3", backend=backend), mask, agg)
+        ours = ours + beta * aggregate_loss(kl_penalty(x, ref, "k3", backend=backend), mask, agg)
     ours.backward()
-    torch.testing.assert_close(ours, liger_loss, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(lp.grad, liger_grad, atol=1e-7, rtol=1e-5)
+    torch.testing.assert_close(ours.detach().cpu(), liger_loss.detach(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(x.grad.cpu(), liger_grad, atol=1e-7, rtol=1e-5)
     clip_ratio = metrics[-1]
     if loss_type == "bnpo":  # Liger's clip ratio is token-mean
-        torch.testing.assert_close(stats["clipfrac"], clip_ratio, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(stats["clipfrac"].cpu(), clip_ratio, atol=1e-6, rtol=1e-6)
