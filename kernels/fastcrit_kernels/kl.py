@@ -22,7 +22,7 @@ from fastcrit_kernels._dispatch import resolve_backend
 
 KL_KINDS = {"k1": 1, "kl": 1, "abs": 2, "k2": 3, "mse": 3, "k3": 4, "low_var_kl": 4}
 _BLOCK = 1024
-_CHUNK = 1 << 16  # elements per chunk on the torch path: its temporaries stay chunk-sized
+_CHUNK = 1 << 18  # elements per chunk on the torch path: its temporaries stay chunk-sized
 
 
 @triton.jit

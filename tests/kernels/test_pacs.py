@@ -168,3 +168,16 @@ def test_bad_inputs_name_the_argument():
         pacs_loss(lp, old[:, :3], scores, mask, ids)
     with pytest.raises(ValueError, match="index"):
         pacs_loss(lp, old, scores, mask, ids[:4])
+
+
+@pytest.mark.parametrize("reward_method", ["1", "2"])
+def test_torch_path_row_chunks(monkeypatch, reward_method):
+    """The torch path reduces rows in chunks; force chunks of 2 rows and compare."""
+    import fastcrit_kernels.ppo as ppo_mod
+
+    kw = dict(reward_method=reward_method, estimator="grpo", weight_mode="question")
+    want = _run(torch.float32, "torch", kw)
+    monkeypatch.setattr(ppo_mod, "_CHUNK", 2 * 9)
+    got = _run(torch.float32, "torch", kw)
+    torch.testing.assert_close(got[0], want[0], atol=1e-7, rtol=1e-6)
+    torch.testing.assert_close(got[2], want[2], atol=1e-8, rtol=1e-6)

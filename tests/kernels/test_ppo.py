@@ -216,3 +216,21 @@ def test_parity_with_liger_grpo_loss(loss_type, beta, backend):
     clip_ratio = metrics[-1]
     if loss_type == "bnpo":  # Liger's clip ratio is token-mean
         torch.testing.assert_close(stats["clipfrac"].cpu(), clip_ratio, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("clip_c", [None, 3.0])
+def test_torch_path_row_chunks(monkeypatch, clip_c):
+    """The torch path walks rows in chunks; force chunks of 2 rows (13 tokens each) and compare."""
+    import fastcrit_kernels.ppo as ppo_mod
+
+    lp, old, adv, mask = _policy_batch(torch.float32, B=7, seed=12)
+    want = _run(ppo_policy_loss, "torch", lp, old, adv, mask, clip_c=clip_c, agg="seq-mean-token-mean")
+    want_v = _run(value_loss, "torch", lp, old, adv, mask, clip=0.2)
+    monkeypatch.setattr(ppo_mod, "_CHUNK", 2 * 13)
+    got = _run(ppo_policy_loss, "torch", lp, old, adv, mask, clip_c=clip_c, agg="seq-mean-token-mean")
+    got_v = _run(value_loss, "torch", lp, old, adv, mask, clip=0.2)
+    for a, b in ((got, want), (got_v, want_v)):
+        torch.testing.assert_close(a[0], b[0], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(a[2], b[2], atol=1e-7, rtol=1e-6)
+        for k in a[1]:
+            torch.testing.assert_close(a[1][k], b[1][k], atol=1e-7, rtol=1e-6)
