@@ -19,9 +19,9 @@ masked mean of (old_logp - logp) after the clamp. Gradient flows to ``logp`` onl
 Value loss (verl ``compute_value_loss``): 0.5 * agg(max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2));
 ``clipfrac`` = masked mean of [clipped term > unclipped term]. Gradient flows to ``values`` only.
 
-The fused kernels compute the per-token loss, the stats and the gradient in one pass over the
-tokens and keep the gradient ([B, T] float32) for backward; backward is one scaling by the
-upstream scalar. Exact ties between the two branches of a max/min (measure zero) get the full
+Both paths (one Triton kernel; plain torch over chunks of rows, so its temporaries stay
+chunk-sized) compute the per-token loss, the stats and the gradient in one pass over the tokens and
+keep only the gradient ([B, T] float32) for backward; backward is one scaling by the upstream scalar. Exact ties between the two branches of a max/min (measure zero) get the full
 gradient of the chosen branch, where torch's max would split it in halves.
 """
 from __future__ import annotations
@@ -329,7 +329,8 @@ def ppo_policy_loss(
         advantages: [B, T] per-token advantages, or [B] per-sequence (broadcast over T).
         mask: [B, T] response mask (bool / int / float 0-1).
         clip_low, clip_high: ratio clip range [1 - clip_low, 1 + clip_high] (DAPO clip-higher).
-        clip_c: dual-clip constant (> 1) for negative advantages; None disables dual clip.
+        clip_c: dual-clip constant (> 1) for negative advantages; None disables dual clip (verl's
+            actor always applies it, with ``clip_ratio_c=3.0`` by default: pass 3.0 to match).
         agg: aggregation mode (``AGG_MODES``); agg_scale: divisor for ``seq-mean-token-sum-norm``.
         backend: ``auto`` | ``triton`` | ``torch``.
     Returns:
