@@ -1,0 +1,103 @@
+"""Generation throughput: NativeEngine vs Hugging Face ``model.generate`` on the tiny Qwen2 model.
+
+Run alone: ``python benchmarks/bench_generate.py [--quick] [--threads N] [--model tiny]``. Appends
+rows to benchmarks/results/bench_generate.csv and prints one JSON object as the last line.
+
+Both sides get the same chat-formatted prompts, ``n`` samples each, temperature 1, the same
+``max_new_tokens``, and stop at EOS. The baseline is ``model.generate(do_sample=True,
+num_return_sequences=n)`` on the left-padded batch, *without* log-probs (HF would need
+``output_scores`` for them, which only costs more), so it is the strongest plain-HF peer; it prefills
+each prompt n times where the engine prefills it once. Throughput is generated tokens (up to and
+including EOS) per second of wall time; the tokens differ between the two because the random
+streams differ, so the token counts are reported too. Peak memory as in bench_kl.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_kl import fixed_mmap_threshold, machine, measure, write_rows  # noqa: E402
+
+from fastcrit.models.hf import load_tokenizer, resolve_model_path  # noqa: E402
+from fastcrit.rollout.native import NativeEngine  # noqa: E402
+from fastcrit.types import SamplingParams  # noqa: E402
+
+NAME = "generate"
+WORDS = ["apple", "banana", "kiwi", "orange", "plum", "grape", "melon", "cherry", "lemon", "mango", "peach",
+         "pear", "fig", "date", "lime", "berry"]
+
+
+def make_prompts(tok, count: int) -> list[list[int]]:
+    out = []
+    for i in range(count):
+        w = " ".join(WORDS[(i + j) % len(WORDS)] for j in range(1 + i % 4))
+        msgs = [{"role": "user", "content": f"Reverse the letters of: {w}"}]
+        out.append(tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False))
+    return out
+
+
+def hf_generate(model, tok, prompts, n: int, max_new: int, seed: int) -> int:
+    enc = tok.pad([{"input_ids": p} for p in prompts], return_tensors="pt").to(model.device)
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=n,
+                             max_new_tokens=max_new, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    gen = out[:, enc["input_ids"].shape[1]:]
+    # Tokens up to and including the first EOS (HF pads the rest with pad_token_id).
+    is_eos = (gen == tok.eos_token_id).int()
+    after = (is_eos.cumsum(1) - is_eos) > 0
+    return int((~after).sum())
+
+
+def main() -> None:
+    fixed_mmap_threshold()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one small setting, few repeats")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--model", default="tiny", help="model spec or directory (default: the tiny model)")
+    ap.add_argument("--dtype", default="float32")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    path = resolve_model_path(args.model)
+    tok = load_tokenizer(path)
+    engine = NativeEngine(path, tok, dtype=args.dtype, device=device)
+    model = engine.model  # the same weights for both sides
+    settings = [(4, 4, 16)] if args.quick else [(8, 8, 32), (16, 8, 64), (32, 8, 128)]
+    repeats = 3 if args.quick else 7
+    info = {**machine(), "threads": torch.get_num_threads(), "model": args.model, "dtype": args.dtype}
+    rows = []
+    for num_prompts, n, max_new in settings:
+        prompts = make_prompts(tok, num_prompts)
+        params = SamplingParams(n=n, max_new_tokens=max_new, temperature=1.0, seed=0)
+        counts = {}
+
+        def run_native():
+            counts["native_engine"] = sum(len(r.output_ids) for r in engine.generate(prompts, params))
+
+        def run_hf():
+            counts["hf_generate"] = hf_generate(model, tok, prompts, n, max_new, seed=0)
+
+        res = {"hf_generate": measure(run_hf, device, repeats), "native_engine": measure(run_native, device, repeats)}
+        for k, r in res.items():
+            tps = counts[k] / (r["ms"] / 1e3)
+            rows.append({"bench": NAME, "variant": k, "prompts": num_prompts, "n": n, "max_new_tokens": max_new,
+                         "tokens": counts[k], "tokens_per_s": tps, **r,
+                         "tps_ratio_vs_hf": tps / (counts["hf_generate"] / (res["hf_generate"]["ms"] / 1e3)),
+                         "mem_ratio_vs_hf": r["peak_mb"] / max(res["hf_generate"]["peak_mb"], 1e-9), **info})
+    out = write_rows(rows, NAME)
+    for r in rows:
+        print(f"{r['variant']:14s} prompts={r['prompts']:3d} n={r['n']} new={r['max_new_tokens']:4d}  "
+              f"{r['ms']:9.1f} ms  {r['tokens_per_s']:9.1f} tok/s  peak {r['peak_mb']:8.1f} MB  "
+              f"x{r['tps_ratio_vs_hf']:.2f} tok/s vs HF", file=sys.stderr)
+    print(json.dumps({"bench": NAME, "csv": out, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
