@@ -96,6 +96,7 @@ _OSError = OSError
 _EFBIG, _ENOSPC = 27, 28
 _type, _len, _isinstance, _str, _repr = type, len, isinstance, str, repr
 _os_write, _os_exit, _os_getpid = os.write, os._exit, os.getpid
+from time import monotonic as _monotonic
 _json_dumps = json.dumps
 try:  # the built-in BLAKE2 module: hashlib would map OpenSSL into every warm worker (4 MB per fork)
     from _blake2 import blake2b as _blake2b
@@ -281,7 +282,7 @@ class Reporter:
         # ``v`` is JSON (which escapes control characters); ``m`` is flattened to one line.
         v = payload.get("v", _NO_VALUE)
         m = _str(payload.get("m", "")).replace("\x1f", " ").replace("\n", " ").replace("\t", " ")
-        body = "\x1f".join((payload["k"], _str(payload.get("i", -1)), payload.get("s", ""),
+        body = "\x1f".join((payload["k"], _str(payload.get("i", -1)), payload.get("s", ""), _repr(_monotonic()),
                              "" if v is _NO_VALUE else _json_dumps(v), m)).encode("utf-8", "replace")
         mac = _blake2b(b"%d:" % self._seq + body, key=self._key, digest_size=16).hexdigest().encode()
         line = body + b"\t" + mac + b"\n"
@@ -296,8 +297,8 @@ _NO_VALUE = object()
 
 
 def _decode(body: bytes) -> dict:
-    k, i, st, v, m = body.decode("utf-8", "replace").split("\x1f", 4)
-    rec = {"k": k, "i": int(i), "s": st, "m": m}
+    k, i, st, t, v, m = body.decode("utf-8", "replace").split("\x1f", 5)
+    rec = {"k": k, "i": int(i), "s": st, "t": float(t), "m": m}
     if v:
         rec["v"] = json.loads(v)
     return rec

@@ -30,6 +30,7 @@ from .cache import ResultCache, job_key
 from .types import ERROR, Job, JobError, Result, SandboxConfig, TestResult, error_result, summarise
 
 _HDR = struct.Struct(">I")
+_POOLS_STARTED = 0
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -156,8 +157,11 @@ class SandboxPool:
         self._root = tempfile.mkdtemp(prefix="fastcrit-sandbox-")
         os.chmod(self._root, 0o755)
         n = cfg.worker_count()
-        # A uid range per pool (derived from our pid) so that two pools never share RLIMIT_NPROC.
-        uid_base = 200000 + (os.getpid() % 100000) * 1024
+        # A uid range per pool (from our pid and a per-process counter) so that two pools never
+        # share RLIMIT_NPROC counts.
+        global _POOLS_STARTED
+        _POOLS_STARTED += 1
+        uid_base = 200000 + ((os.getpid() * 8 + _POOLS_STARTED) % 200000) * 1024
         wcfg = {"max_output_bytes": cfg.max_output_bytes, "tail_bytes": cfg.tail_bytes,
                 "max_processes": cfg.max_processes, "max_open_files": cfg.max_open_files,
                 "max_file_mb": cfg.max_file_mb, "preimport": list(cfg.preimport)}

@@ -18,7 +18,7 @@ import json
 import math
 import os
 import resource
-import selectors
+import select
 import shutil
 import signal
 import struct
@@ -158,20 +158,25 @@ class Worker:
 
     def _watch(self, pid, fds, stdout: Tail, stderr: Tail, results: bytearray, timeout_s: float,
                progress) -> tuple[str | None, int]:
-        """Read the execution's pipes until it exits, its wall clock runs out or it writes too
-        much. ``progress(results)`` returns the deadline extension when a test finished.
+        """Wait until the execution exits, its wall clock runs out or it writes too much.
+
+        Only the child's exit and its stdout/stderr wake the worker: each wake-up runs Python code
+        here while the child still shares this process's pages (every page written is copied).
+        The result pipe is read at the deadline: ``progress(results)`` returns the (monotonic)
+        time by which the current test must end, from the timestamp of the last valid record.
         Returns (kill reason or None, wait status)."""
         out_r, err_r, res_r = fds
-        sel = selectors.DefaultSelector()
+        ep = select.epoll(4)
         try:
             pidfd = os.pidfd_open(pid)
         except (AttributeError, OSError):
             pidfd = None
         for fd in fds:
             os.set_blocking(fd, False)
-            sel.register(fd, selectors.EVENT_READ)
+        ep.register(out_r, select.EPOLLIN)
+        ep.register(err_r, select.EPOLLIN)
         if pidfd is not None:
-            sel.register(pidfd, selectors.EVENT_READ)
+            ep.register(pidfd, select.EPOLLIN)
         cap = self.cfg["max_output_bytes"]
         deadline = time.monotonic() + timeout_s
         reason, status, done = None, None, False
@@ -179,11 +184,14 @@ class Worker:
             while not done:
                 now = time.monotonic()
                 if now >= deadline:
-                    reason = "timeout"
-                    break
+                    self._drain(res_r, results)
+                    deadline = max(deadline, progress(results) or 0.0)
+                    if now >= deadline:
+                        reason = "timeout"
+                        break
+                    continue
                 wait = deadline - now if pidfd is not None else min(0.01, deadline - now)
-                for key, _ in sel.select(wait):
-                    fd = key.fd
+                for fd, _ in ep.poll(wait):
                     if fd == pidfd:
                         done = True
                         continue
@@ -192,15 +200,9 @@ class Worker:
                     except BlockingIOError:
                         continue
                     if not b:
-                        sel.unregister(fd)
+                        ep.unregister(fd)
                         continue
-                    if fd == res_r:
-                        results += b
-                        ext = progress(results)
-                        if ext:
-                            deadline = time.monotonic() + ext
-                    else:
-                        (stdout if fd == out_r else stderr).add(b)
+                    (stdout if fd == out_r else stderr).add(b)
                 if stdout.total + stderr.total > cap:
                     reason = "output_limit"
                     break
@@ -230,12 +232,23 @@ class Worker:
                         sink.add(b)
                 if sink is None:
                     progress(results)
-            sel.close()
+            ep.close()
             for fd in fds:
                 os.close(fd)
             if pidfd is not None:
                 os.close(pidfd)
         return reason, status
+
+    @staticmethod
+    def _drain(fd, buf: bytearray):
+        while True:
+            try:
+                b = os.read(fd, 1 << 16)
+            except (BlockingIOError, OSError):
+                return
+            if not b:
+                return
+            buf += b
 
     def _kill_group(self, pid):
         try:
@@ -350,6 +363,7 @@ class Worker:
             parsed = {"count": 0, "next": start, "code": None, "tampered": False, "loaded": False}
 
             def progress(buf, parsed=parsed, key_box=key_box):
+                """Take in new records; return the time by which the running test must end."""
                 recs, tampered = harness.verify_records(bytes(buf), key_box["key"])
                 parsed["tampered"] |= tampered
                 new = recs[parsed["count"]:]
@@ -362,7 +376,7 @@ class Worker:
                         parsed["code"] = r
                     elif r.get("k") == "loaded":
                         parsed["loaded"] = True
-                        ext = timeout
+                        ext = r["t"] + timeout
                     elif r.get("k") == "test" and r.get("i") == parsed["next"] and parsed["next"] < n:
                         i = parsed["next"]
                         st, msg = r.get("s"), str(r.get("m", ""))[:500]
@@ -373,7 +387,7 @@ class Worker:
                             st, msg = "error", "bad record"
                         statuses[i] = (st, msg)
                         parsed["next"] += 1
-                        ext = timeout
+                        ext = r["t"] + timeout
                     else:
                         parsed["tampered"] = True
                 return ext
