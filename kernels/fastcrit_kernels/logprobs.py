@@ -267,16 +267,24 @@ def _chunk_vocab(N: int, V: int, chunk_bytes: int) -> int:
     return max(1, min(V, chunk_bytes // (4 * max(N, 1))))
 
 
-def _scaled_logits(h_c, w, b, v0, v1, inv_t, cd):
-    """[N, v1 - v0] (h_c @ w[v0:v1].T + b[v0:v1]) * inv_t in the compute dtype ``cd``."""
+def _scaled_logits(h_c, w, b, v0, v1, inv_t, cd, shift=None):
+    """[N, v1 - v0] ``(h_c @ w[v0:v1].T + b[v0:v1]) * inv_t - shift[:, None]`` in dtype ``cd``.
+
+    Bias, temperature and shift ride in the matmul (addmm's ``input``/``alpha``), which saves full
+    passes over the [N, chunk] buffer; those passes, not the flops, are what the chunking adds."""
     w_c = w[v0:v1].to(cd)
-    if b is None:
+    if b is None and shift is None:
         z = torch.mm(h_c, w_c.t())
+        if inv_t != 1.0:
+            z.mul_(inv_t)
+        return z, w_c
+    if b is None:
+        init = (-shift)[:, None].expand(h_c.shape[0], v1 - v0)
+    elif shift is None:
+        init = (b[v0:v1].to(cd) * inv_t)[None, :].expand(h_c.shape[0], v1 - v0)
     else:
-        z = torch.addmm(b[v0:v1].to(cd), h_c, w_c.t())
-    if inv_t != 1.0:
-        z.mul_(inv_t)
-    return z, w_c
+        init = (b[v0:v1].to(cd) * inv_t)[None, :] - shift[:, None]
+    return torch.addmm(init, h_c, w_c.t(), alpha=inv_t), w_c
 
 
 def _label_slot(labels, v0, v1):
@@ -300,15 +308,17 @@ def _torch_forward(h, w, b, labels, inv_t, ignore_index, with_ent, chunk_bytes):
     for v0 in range(0, V, vc):
         v1 = min(v0 + vc, V)
         z, _ = _scaled_logits(h_c, w, b, v0, v1, inv_t, cd)
-        m_new = torch.maximum(m, z.amax(dim=1))
-        scale = torch.exp(m - m_new)
-        e = torch.sub(z, m_new[:, None]).exp_()
-        s0.mul_(scale).add_(e.sum(dim=1))
-        if with_ent:
-            s1.mul_(scale).add_(torch.linalg.vecdot(e, z))
-        m = m_new
         rows, cols = _label_slot(labels, v0, v1)
         z_lab[rows] = z[rows, cols]
+        m_new = torch.maximum(m, z.amax(dim=1))
+        scale = torch.exp(m - m_new)
+        if with_ent:
+            e = torch.sub(z, m_new[:, None]).exp_()
+            s1.mul_(scale).add_(torch.linalg.vecdot(e, z))
+        else:
+            e = z.sub_(m_new[:, None]).exp_()  # in place: z is not needed any more
+        s0.mul_(scale).add_(e.sum(dim=1))
+        m = m_new
         del z, e
     lse = m + s0.log()
     lp = torch.where(valid, (z_lab - lse).clamp_(max=0.0), 0.0)
@@ -324,23 +334,22 @@ def _torch_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need_
     d_h = torch.zeros(N, H, device=h.device, dtype=cd)
     d_w = torch.empty(V, H, device=h.device, dtype=cd) if need_w else None
     d_b = torch.empty(V, device=h.device, dtype=cd) if need_b else None
+    g_lab = g_lp * inv_t
     vc = _chunk_vocab(N, V, chunk_bytes)
     for v0 in range(0, V, vc):
         v1 = min(v0 + vc, V)
-        logp, w_c = _scaled_logits(h_c, w, b, v0, v1, inv_t, cd)
-        logp.sub_(lse[:, None])
-        dz = torch.exp(logp)  # p
+        logp, w_c = _scaled_logits(h_c, w, b, v0, v1, inv_t, cd, shift=lse)
         if g_ent is not None:
-            # dz = onehot g_lp - p (g_lp + g_ent (logp + H)): finite where p == 0
+            # dz = (onehot g_lp - p (g_lp + g_ent (logp + H))) / T: finite where p == 0
+            dz = torch.exp(logp)
             coef = logp.add_(ent[:, None]).mul_(g_ent[:, None]).add_(g_lp[:, None])
-            dz.mul_(coef).neg_()
+            dz.mul_(coef).mul_(-inv_t)
+            del coef
         else:
-            dz.mul_(g_lp[:, None]).neg_()
+            dz = logp.exp_().mul_((-g_lab)[:, None])  # in place: -p g_lp / T
         del logp
         rows, cols = _label_slot(labels, v0, v1)
-        dz[rows, cols] += g_lp[rows]
-        if inv_t != 1.0:
-            dz.mul_(inv_t)
+        dz[rows, cols] += g_lab[rows]
         d_h.addmm_(dz, w_c)
         if need_w:
             torch.mm(dz.t(), h_c, out=d_w[v0:v1])
