@@ -219,3 +219,32 @@ def test_bfloat16_engine_generates(model_dir, prompts):
     eng = NativeEngine(model_dir, dtype="bfloat16")
     out = eng.generate(prompts, SamplingParams(n=2, max_new_tokens=4, temperature=1.0, seed=0))
     assert len(out) == 8 and all(math.isfinite(x) for r in out for x in r.logprobs)
+
+
+def _full_forward_logits(engine, tok, rollouts):
+    batch = collate(rollouts, tok.pad_token_id)
+    with torch.no_grad():
+        logits = engine.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                              position_ids=batch.position_ids).logits.float()
+    P, R = batch.prompts.shape[1], batch.responses.shape[1]
+    return logits[:, P - 1:P + R - 1], batch
+
+
+@pytest.mark.parametrize("top_k, top_p", [(3, 1.0), (-1, 0.3), (5, 0.5)])
+def test_samples_stay_inside_top_k_top_p(engine, tok, prompts, top_k, top_p):
+    params = SamplingParams(n=6, max_new_tokens=8, temperature=1.5, top_k=top_k, top_p=top_p, seed=11)
+    logits, batch = _full_forward_logits(engine, tok, engine.generate(prompts, params))
+    probs = torch.softmax(logits / params.temperature, dim=-1)
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    rank = (order == batch.responses[:, :, None]).float().argmax(dim=-1)  # [B, R] rank of the drawn token
+    mass_before = (sorted_p.cumsum(-1) - sorted_p).gather(2, rank[:, :, None]).squeeze(2)
+    m = batch.response_mask.bool()
+    if top_k > 0:
+        assert int(rank[m].max()) < top_k
+    if top_p < 1.0:
+        assert float(mass_before[m].max()) <= top_p + 1e-5
+    # Filtering must bite: without it, draws at T=1.5 from a near-uniform model land far down the list.
+    free = engine.generate(prompts, SamplingParams(n=6, max_new_tokens=8, temperature=1.5, seed=11))
+    flogits, fbatch = _full_forward_logits(engine, tok, free)
+    frank = (flogits.argsort(dim=-1, descending=True) == fbatch.responses[:, :, None]).float().argmax(dim=-1)
+    assert int(frank[fbatch.response_mask.bool()].max()) >= 5
