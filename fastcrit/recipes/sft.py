@@ -51,7 +51,8 @@ def run_sft(ctx: DistContext, cfg: Config, model_path: str | None = None) -> str
     prompts, too_long = encode_prompts(tok, data.examples, system=cfg.data.system_prompt,
                                        max_len=cfg.data.max_prompt_len)
     log = RunLog(out_dir, enabled=ctx.is_main, total=cfg.sft.steps, start=0,
-                 progress=cfg.trainer.progress, desc="sft")
+                 progress=cfg.trainer.progress, desc="sft",
+                 show={"nll": "sft/nll", "tok/s": "throughput/tokens_per_s"})
     for msg in data.skipped + too_long:
         log.write(f"sft: skipped {msg}")
     actor = build_actor(model_path, dtype=cfg.model.dtype, device=ctx.device,

@@ -10,8 +10,11 @@ from tqdm import tqdm
 
 class RunLog:
     def __init__(self, output_dir: str, *, enabled: bool, total: int, start: int, progress: bool,
-                 desc: str = "train"):
+                 desc: str = "train",
+                 show: dict[str, str] | None = None):
         self.enabled = enabled
+        # progress-bar label -> metric key
+        self.show = show or {"reward": "reward/mean", "tok/s": "throughput/tokens_per_s"}
         self.path = os.path.join(output_dir, "metrics.jsonl")
         self.bar = None
         if not enabled:
@@ -40,8 +43,8 @@ class RunLog:
             f.write(json.dumps(clean) + "\n")
         if self.bar is not None:
             self.bar.update(1)
-            post = {"reward": f"{row.get('reward/mean', float('nan')):.3f}",
-                    "tok/s": f"{row.get('throughput/tokens_per_s', 0):.0f}"}
+            post = {label: f"{row[key]:.3f}" if abs(row[key]) < 100 else f"{row[key]:.0f}"
+                    for label, key in self.show.items() if isinstance(row.get(key), float)}
             self.bar.set_postfix(post, refresh=False)
 
     def write(self, msg: str) -> None:
