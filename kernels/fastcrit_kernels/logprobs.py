@@ -47,16 +47,16 @@ def _logprobs_fwd_kernel(
     w_ptr,  # [V, H] lm_head weight, row stride stride_wv, unit column stride
     b_ptr,  # [V] bias (read only when HAS_BIAS)
     labels_ptr,  # [N] int64 labels
-    lp_ptr,  # [N] out: log-prob of the label (0 where ignored)
-    lse_ptr,  # [N] out: log-sum-exp of the scaled logits (saved for the backward)
-    ent_ptr,  # [N] out: entropy (written only when WITH_ENT)
+    part_ptr,  # [4, S, N] fp32 out: per vocab split s, running max m, sum exp(z - m),
+    #            sum exp(z - m) z (when WITH_ENT) and the label's logit (0 if not in the split)
     N,
     V,
     H,
+    S,
+    V_SPLIT,
     stride_hn,
     stride_wv,
     inv_t,
-    ignore_index,
     HAS_BIAS: tl.constexpr,
     WITH_ENT: tl.constexpr,
     DOT_FP32: tl.constexpr,
@@ -64,19 +64,21 @@ def _logprobs_fwd_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    labels = tl.load(labels_ptr + rows, mask=row_ok, other=ignore_index)
-    valid = row_ok & (labels != ignore_index)
+    labels = tl.load(labels_ptr + rows, mask=row_ok, other=-1)
+    v_lo = pid_s * V_SPLIT
+    v_hi = tl.minimum(v_lo + V_SPLIT, V)
 
     m = tl.full([BLOCK_N], float("-inf"), tl.float32)  # running max of z
     s0 = tl.zeros([BLOCK_N], tl.float32)  # running sum exp(z - m)
     s1 = tl.zeros([BLOCK_N], tl.float32)  # running sum exp(z - m) * z   (entropy)
     z_label = tl.zeros([BLOCK_N], tl.float32)
-    for v0 in range(0, V, BLOCK_V):
+    for v0 in range(v_lo, v_hi, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
-        col_ok = cols < V
+        col_ok = cols < v_hi
         acc = tl.zeros([BLOCK_N, BLOCK_V], tl.float32)
         for k0 in range(0, H, BLOCK_H):
             ks = k0 + tl.arange(0, BLOCK_H)
@@ -105,13 +107,11 @@ def _logprobs_fwd_kernel(
         hit = (cols[None, :] == labels[:, None]) & col_ok[None, :]
         z_label += tl.sum(tl.where(hit, z, 0.0), axis=1)
 
-    lse = m + tl.log(s0)
-    lp = tl.minimum(z_label - lse, 0.0)
-    tl.store(lp_ptr + rows, tl.where(valid, lp, 0.0), mask=row_ok)
-    tl.store(lse_ptr + rows, lse, mask=row_ok)
-    if WITH_ENT:
-        ent = tl.maximum(lse - s1 / s0, 0.0)
-        tl.store(ent_ptr + rows, tl.where(valid, ent, 0.0), mask=row_ok)
+    base = part_ptr + pid_s * N + rows
+    tl.store(base, m, mask=row_ok)
+    tl.store(base + S * N, s0, mask=row_ok)
+    tl.store(base + 2 * S * N, s1, mask=row_ok)
+    tl.store(base + 3 * S * N, z_label, mask=row_ok)
 
 
 @triton.jit
@@ -194,22 +194,42 @@ def _triton_forward(h, w, b, labels, inv_t, ignore_index, with_ent):
     N, H = h.shape
     V = w.shape[0]
     dev = h.device
-    lp = torch.empty(N, device=dev, dtype=torch.float32)
-    lse = torch.empty(N, device=dev, dtype=torch.float32)
-    ent = torch.zeros(N, device=dev, dtype=torch.float32)
-    if N == 0:
-        return lp, lse, ent
     interp = triton_interpreting() and not h.is_cuda
     BLOCK_N = 16 if interp else 64
     BLOCK_V = 64 if interp else 128
-    grid = (triton.cdiv(N, BLOCK_N),)
-    _logprobs_fwd_kernel[grid](
-        h, w, b if b is not None else h, labels, lp, lse, ent,
-        N, V, H, h.stride(0), w.stride(0), inv_t, ignore_index,
-        HAS_BIAS=b is not None, WITH_ENT=with_ent,
-        DOT_FP32=interp or h.dtype != w.dtype or h.dtype not in (torch.bfloat16, torch.float16),
-        BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, BLOCK_H=_block_h(H),
-    )
+    n_blocks = triton.cdiv(N, BLOCK_N)
+    v_blocks = triton.cdiv(V, BLOCK_V)
+    # Split the vocabulary over programs so that few tokens still fill the GPU (about 4 programs
+    # per SM); the interpreter uses 2 splits so the tests cover the combine step.
+    if h.is_cuda:
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        splits = max(1, min(v_blocks, triton.cdiv(4 * sms, max(n_blocks, 1))))
+    else:
+        splits = min(2, v_blocks)
+    v_split = triton.cdiv(v_blocks, splits) * BLOCK_V
+    splits = triton.cdiv(V, v_split)
+    part = torch.empty(4, splits, max(N, 1), device=dev, dtype=torch.float32)
+    if N > 0:
+        _logprobs_fwd_kernel[(n_blocks, splits)](
+            h, w, b if b is not None else h, labels, part,
+            N, V, H, splits, v_split, h.stride(0), w.stride(0), inv_t,
+            HAS_BIAS=b is not None, WITH_ENT=with_ent,
+            DOT_FP32=interp or h.dtype != w.dtype or h.dtype not in (torch.bfloat16, torch.float16),
+            BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, BLOCK_H=_block_h(H),
+        )
+    part = part[:, :, :N]
+    m_s, s0_s, s1_s, zl_s = part
+    m = m_s.amax(dim=0)
+    scale = torch.exp(m_s - m)
+    s0 = (s0_s * scale).sum(0)
+    lse = m + s0.log()
+    valid = labels != ignore_index
+    lp = torch.where(valid, (zl_s.sum(0) - lse).clamp_(max=0.0), 0.0)
+    if with_ent:
+        s1 = (s1_s * scale).sum(0)
+        ent = torch.where(valid, (lse - s1 / s0).clamp_(min=0.0), 0.0)
+    else:
+        ent = torch.zeros_like(lse)
     return lp, lse, ent
 
 
