@@ -23,7 +23,11 @@ def main() -> None:
     fixed_mmap_threshold()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small shapes, few repeats")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads (default: torch's choice); 1 is steadier on a loaded machine")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = [(16, 8)] if args.quick else [(64, 8), (256, 16), (1024, 16)]  # (prompts, samples per prompt)
     repeats = 3 if args.quick else 9

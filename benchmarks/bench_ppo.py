@@ -42,7 +42,11 @@ def main() -> None:
     fixed_mmap_threshold()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small shapes, few repeats")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads (default: torch's choice); 1 is steadier on a loaded machine")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = [(8, 512)] if args.quick else [(16, 512), (64, 2048), (256, 4096)]
     repeats = 3 if args.quick else 11
