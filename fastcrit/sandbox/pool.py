@@ -52,8 +52,13 @@ class _WorkerProc:
         self.hello: dict = {}
         self.stderr_tail = b""
         self._stderr_task = None
+        # True from sending a job until its whole answer is read: a call cut short (cancelled
+        # task, timeout) leaves the protocol mid-way, so the worker is restarted before reuse.
+        self.dirty = False
 
     async def start(self, timeout_s: float = 60.0):
+        self.dirty = False
+        self.stderr_tail = b""
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env=self.env, limit=1 << 26)
@@ -78,10 +83,16 @@ class _WorkerProc:
         return json.loads(await self.proc.stdout.readexactly(n))
 
     async def call(self, payload: dict, timeout_s: float) -> dict:
+        if self.dirty:
+            await self.kill()
+            await self.start()
+        self.dirty = True
         body = json.dumps(payload, separators=(",", ":")).encode()
         self.proc.stdin.write(_HDR.pack(len(body)) + body)
         await self.proc.stdin.drain()
-        return await asyncio.wait_for(self._read(), timeout_s)
+        out = await asyncio.wait_for(self._read(), timeout_s)
+        self.dirty = False
+        return out
 
     async def kill(self):
         if self.proc is not None and self.proc.returncode is None:

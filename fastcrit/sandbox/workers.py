@@ -14,6 +14,7 @@ the namespace too (``kill(-1)``), which also catches children that escaped the g
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import math
 import os
@@ -498,7 +499,12 @@ def main(argv=None) -> int:
     failed = harness.prepare_worker(cfg.get("preimport", ()))
     write_frame(fd_out, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "init": worker.is_init,
                          "preimport_failed": failed})
+    # The loop makes little cyclic garbage; automatic collections would walk (and, after each
+    # fork, copy) pages for nothing. Collect explicitly now and then instead.
+    gc.disable()
     while True:
+        if worker.counter % 256 == 255:
+            gc.collect()
         job = read_frame(fd_in)
         if job is None:
             return 0

@@ -80,3 +80,28 @@ def test_invalid_job_in_a_batch_is_reported_not_raised(pool):
                          {"code": "print(1)", "kind": "stdio", "tests": [["", "1"]], "id": "ok"}])
     assert res[0].status == "error" and "invalid job" in res[0].message and "'kind'" in res[0].message
     assert res[1].all_passed
+
+
+def test_cancelled_jobs_leave_workers_usable(jail_probe):
+    """A consumer that stops early cancels jobs mid-call; the workers must still answer the next
+    jobs with their own results (a half-read answer must never be handed to another job)."""
+    import warnings
+
+    async def go():
+        isolation = "jail" if jail_probe.ok else "none"
+        async with SandboxPool(workers=2, isolation=isolation) as pool:
+            slow = [Job(code="import time\ntime.sleep(0.2)\nprint('slow')", kind="stdio",
+                        tests=[["", "no"], ["", "no"], ["", "no"]], id=i) for i in range(4)]
+            async for _ in pool.stream(slow):
+                break  # the other three are cancelled, some while running
+            jobs = [Job(code=f"print({i})", kind="stdio", tests=[["", f"{i}"]], id=i) for i in range(20)]
+            return await pool.run_many(jobs)
+
+    loop = new_event_loop()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = loop.run_until_complete(go())
+    finally:
+        loop.close()
+    assert [r.id for r in res] == list(range(20)) and all(r.all_passed for r in res), res
