@@ -245,8 +245,10 @@ class _PACSLoss(torch.autograd.Function):
             for rows in _row_chunks(B, T):
                 m = mask[rows].float()
                 x = logp[rows].float() - old_logp[rows].float() if ratio else logp[rows].float()
-                # row dot products x . m: one pass (batched BLAS dot), no [rows, T] product buffer
-                rsum[rows] = torch.bmm(x.unsqueeze(1), m.unsqueeze(2)).view(-1)
+                if x.is_cuda:  # a CUDA matmul may run in TF32 (set_float32_matmul_precision): too coarse here
+                    rsum[rows] = (x * m).sum(-1)
+                else:  # row dot products x . m in one pass (batched BLAS dot), no [rows, T] product buffer
+                    rsum[rows] = torch.bmm(x.unsqueeze(1), m.unsqueeze(2)).view(-1)
                 cnt[rows] = m.sum(-1)
         if ratio:
             r, inv_len = beta * rsum, torch.ones_like(cnt)
