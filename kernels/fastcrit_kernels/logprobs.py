@@ -21,6 +21,9 @@ of O(tokens x V). Guarantees and departures:
 - The Triton backward computes d_logits tile by tile in a kernel and leaves the two matmuls
   ``d_hidden += d_logits @ W_chunk`` and ``d_W_chunk = d_logits^T @ hidden`` to torch, one vocab
   chunk at a time.
+- Cost: forward + backward is four [N, H] x [H, V]-sized products (logits, recomputed logits,
+  d_hidden, d_W) against three for the unfused path, which keeps its logits. Where matmuls dominate
+  (CPU) that is the price of the memory saving; see benchmarks/bench_fused_logprobs.py.
 """
 from __future__ import annotations
 

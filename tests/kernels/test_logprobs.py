@@ -170,3 +170,27 @@ def test_parity_with_liger_chunk_forward(backend):
     gb = torch.autograd.grad((theirs * up).sum(), [h2, w2, b2])
     for a, e in zip(ga, gb):
         torch.testing.assert_close(a, e, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cuda_triton_matches_reference(dtype):
+    """The compiled kernels (bf16 tensor-core dot, vocab splits, several backward chunks) on a GPU."""
+    torch.manual_seed(0)
+    N, H, V = 300, 256, 5003
+    hidden = torch.randn(N, H, device="cuda").to(dtype).requires_grad_()
+    weight = (torch.randn(V, H, device="cuda") / 8).to(dtype).requires_grad_()
+    labels = torch.randint(0, V, (N,), device="cuda")
+    labels[::7] = -100
+    lp, ent = fused_logprobs(hidden, weight, labels, temperature=0.9, return_entropy=True,
+                             backend="triton", chunk_bytes=4 * N * 1024)
+    p64 = [hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()]
+    rlp, rent = logprobs_reference(p64[0], p64[1], labels, temperature=0.9, return_entropy=True)
+    torch.testing.assert_close(lp.double(), rlp, atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(ent.double(), rent, atol=1e-3, rtol=1e-4)
+    up = torch.randn(N, device="cuda")
+    got = torch.autograd.grad((lp * up).sum() + ent.sum(), [hidden, weight])
+    want = torch.autograd.grad((rlp * up.double()).sum() + rent.sum(), p64)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a.double(), e, atol=tol * max(1.0, e.abs().max().item()), rtol=tol)
