@@ -124,6 +124,9 @@ _GUARDED_MODULES = ("builtins", "math", "cmath", "operator", "functools", "itert
                     "bisect", "copy", "random", "typing", "numbers")
 _MODULE_SNAPSHOT: dict = {}
 _FASTCRIT_MODULES: list = []
+# Standard-library classes written in Python whose values assert tests may compare, with their
+# class dict as it was before any program ran (a program could patch Counter.__eq__).
+_TRUSTED_CLASSES: dict = {}
 _REFUSED_EVENTS = frozenset({
     "sys.addaudithook", "sys.settrace", "sys.setprofile", "sys._current_frames", "gc.get_objects",
     "gc.get_referrers", "gc.get_referents", "ctypes.dlopen", "ctypes.dlsym", "ctypes.call_function",
@@ -157,6 +160,11 @@ def prepare_worker(preimport) -> list[str]:
         mod = sys.modules.get(name)
         if mod is not None:
             _MODULE_SNAPSHOT[name] = (mod, dict(mod.__dict__))
+    import collections
+
+    for cls in (collections.Counter, collections.ChainMap, collections.UserDict, collections.UserList,
+                collections.UserString):
+        _TRUSTED_CLASSES[cls] = dict(cls.__dict__)
     _FASTCRIT_MODULES[:] = [m for m in sys.modules if m == "fastcrit" or m.startswith("fastcrit.")]
     # Objects alive now are never collected: a forked execution's garbage collector then leaves
     # their pages alone instead of touching (and copying) them all.
@@ -224,28 +232,58 @@ def to_plain(value, depth=0):
 
 
 _GUARD_SOURCE = """
-def _rebuild(value, depth=0):
-    # Rebuild from exact built-in types; keeps tuples, sets, frozensets, bytes, complex.
+def _safe(value, depth=0):
+    # Exact built-in values are rebuilt. Values of C-level types (range, map, deque, OrderedDict,
+    # defaultdict, ...) and of a few unpatched standard-library classes (Counter ...) are kept,
+    # their elements checked (iterators lazily, as a generator). Anything else, e.g. an object
+    # of a class the program defined (whose __eq__ is the program's), is refused.
     if depth > 100:
         raise _Plain("value nested too deeply")
     t = _type(value)
     if value is None:
         return None
     if t is bool or t is int or t is str or t is float or t is bytes or t is complex:
-        return t(value)
+        return value
     if t is list:
-        return [_rebuild(v, depth + 1) for v in value]
+        return [_safe(v, depth + 1) for v in value]
     if t is tuple:
-        return tuple([_rebuild(v, depth + 1) for v in value])
+        return tuple([_safe(v, depth + 1) for v in value])
     if t is set or t is frozenset:
-        return t([_rebuild(v, depth + 1) for v in value])
+        return t([_safe(v, depth + 1) for v in value])
     if t is dict:
-        return {_rebuild(k, depth + 1): _rebuild(v, depth + 1) for k, v in value.items()}
-    raise _Plain(t.__name__ + " returned; only plain built-in values are accepted")
+        return {_safe(k, depth + 1): _safe(v, depth + 1) for k, v in value.items()}
+    for c in t.__mro__:
+        if c.__flags__ & 512 and not _unpatched(c):  # Py_TPFLAGS_HEAPTYPE: defined in Python
+            raise _Plain(t.__name__ + " returned: values of classes defined by the program are not accepted")
+    if _hasattr(t, "__next__"):
+        return _lazy(value, depth + 1)
+    if _isinstance(value, _dict):
+        for k in value:
+            _safe(k, depth + 1)
+            _safe(_dict.__getitem__(value, k), depth + 1)
+    elif _hasattr(t, "__iter__") and not _isinstance(value, (_str, _bytes)):
+        for v in value:
+            _safe(v, depth + 1)
+    d = _getattr(value, "__dict__", None)
+    if _type(d) is _dict:
+        for v in d.values():
+            _safe(v, depth + 1)
+    return value
+
+def _lazy(it, depth):
+    for v in it:
+        yield _safe(v, depth)
+
+def _unpatched(c):
+    snap = _TRUSTED_CLASSES.get(c)
+    if snap is None:
+        return False
+    d = c.__dict__
+    return _len(d) == _len(snap) and all(d.get(k) is v for k, v in snap.items())
 
 def _guard(fn):
     def guarded(*args, **kwargs):
-        return _rebuild(fn(*args, **kwargs))
+        return _safe(fn(*args, **kwargs))
     return guarded
 """
 
@@ -257,7 +295,9 @@ def _guard(fn):
     own tiny namespace, so nothing reachable from the solution's globals leads to the harness."""
     ns = {"__builtins__": {}, "_Plain": _Plain, "_type": _type, "bool": bool, "int": int, "str": str,
           "float": float, "bytes": bytes, "complex": complex, "list": list, "tuple": tuple,
-          "set": set, "frozenset": frozenset, "dict": dict}
+          "set": set, "frozenset": frozenset, "dict": dict, "_dict": dict, "_str": str, "_bytes": bytes,
+          "_hasattr": hasattr, "_getattr": getattr, "_isinstance": _isinstance, "_len": _len, "all": all,
+          "_TRUSTED_CLASSES": _TRUSTED_CLASSES}
     exec(_GUARD_CODE, ns)
     guarded = ns["_guard"](fn)
     for attr in ("__name__", "__qualname__", "__doc__"):

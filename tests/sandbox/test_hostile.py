@@ -188,3 +188,33 @@ def test_pool_healthy_afterwards(pool, hostile_results):
     assert not leftovers, leftovers
     print(f"\nhostile suite took {hostile_results[1]:.1f}s; 200 jobs afterwards took {dt:.2f}s "
           f"({200 / dt:.0f} jobs/s)")
+
+
+def test_standard_library_return_values_still_pass(pool):
+    """The entry-point guard must not fail honest programs that return standard-library values."""
+    cases = [
+        ("from collections import Counter\ndef f(s):\n    return Counter(s)\n", "assert f('aab') == {'a': 2, 'b': 1}"),
+        ("from collections import OrderedDict\ndef f():\n    return OrderedDict(a=1)\n", "assert f() == {'a': 1}"),
+        ("from collections import deque\ndef f():\n    return deque([1, 2])\n", "assert list(f()) == [1, 2]"),
+        ("def f(xs):\n    return map(abs, xs)\n", "assert list(f([-1, 2])) == [1, 2]"),
+        ("def f(n):\n    yield from range(n)\n", "assert list(f(3)) == [0, 1, 2]"),
+        ("def f():\n    return range(3)\n", "assert f() == range(3)"),
+        ("def f():\n    return {(1, 2), (3, 4)}\n", "assert f() == {(3, 4), (1, 2)}"),
+    ]
+    jobs = [Job(code=c, kind="assert", tests=[t], entry_point="f", id=i) for i, (c, t) in enumerate(cases)]
+    bad = [(r.id, r.tests[0]) for r in pool.run_many(jobs) if not r.all_passed]
+    assert not bad, bad
+
+
+def test_patched_or_program_defined_values_are_refused(pool):
+    cases = [
+        "from collections import Counter\nCounter.__eq__ = lambda s, o: True\ndef f():\n    return Counter('x')\n",
+        "from collections import Counter\nclass C(Counter):\n    def __eq__(s, o): return True\ndef f():\n    return C()\n",
+        "class E:\n    def __eq__(s, o): return True\ndef f():\n    return [1, E()]\n",
+        "class E:\n    def __eq__(s, o): return True\ndef f():\n    return iter([E()])\n",
+        "import types\nclass E:\n    def __eq__(s, o): return True\ndef f():\n    return types.SimpleNamespace(a=E())\n",
+    ]
+    tests = ["assert f() == 42", "assert list(f()) == [42]", "import types\nassert f() == types.SimpleNamespace(a=42)"]
+    jobs = [Job(code=c, kind="assert", tests=tests, entry_point="f", id=i) for i, c in enumerate(cases)]
+    for r in pool.run_many(jobs):
+        assert r.passed == 0, (r.id, r.tests)
