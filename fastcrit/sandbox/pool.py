@@ -187,7 +187,11 @@ class SandboxPool:
             else:
                 argv = inner
             self._workers.append(_WorkerProc(i, argv, scratch, env))
-        await asyncio.gather(*(w.start() for w in self._workers))
+        try:
+            await asyncio.gather(*(w.start() for w in self._workers))
+        except BaseException:
+            await self.close()
+            raise
         self._idle = asyncio.Queue()
         for w in self._workers:
             self._idle.put_nowait(w)
