@@ -73,3 +73,27 @@ def test_inside_view(pool, jail_probe):
     r = pool.run(Job(code="", kind="assert", tests=[INSIDE_CHECKS[n] for n in names], memory_mb=300))
     bad = [(n, t.status, t.message) for n, t in zip(names, r.tests) if t.status != "passed"]
     assert not bad, bad
+
+
+def test_process_limit_holds_for_root_too(pool, jail_probe):
+    """RLIMIT_NPROC is ignored for root; the jail drops root to a per-worker uid, so it holds.
+    The uid's count includes the worker and the execution itself: 32 + 1 - 2 = 31 children."""
+    if not jail_probe.ok:
+        pytest.skip(f"no jail here: {jail_probe.describe()}")
+    code = '''
+import os, time
+def f():
+    n = 0
+    for _ in range(200):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+    return n
+'''
+    r = pool.run(Job(code=code, kind="call", tests=[[[], 31]], entry_point="f", timeout_s=5))
+    assert r.all_passed, r.tests
