@@ -40,7 +40,7 @@ def signature(r):
 
 
 def test_concurrent_equals_sequential(pool):
-    jobs = mixed_jobs(1000)
+    jobs = mixed_jobs(2000)
     concurrent = pool.run_many(jobs)  # max_concurrency 256 in flight, 2 workers
     sequential = [pool.run(j) for j in jobs]
     assert [signature(r) for r in concurrent] == [signature(r) for r in sequential]
