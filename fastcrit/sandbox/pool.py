@@ -27,7 +27,9 @@ from typing import AsyncIterator, Iterable
 
 from . import jail as jail_mod
 from .cache import ResultCache, job_key
-from .types import ERROR, Job, JobError, Result, SandboxConfig, TestResult, error_result, summarise
+from .harness import stdout_matches, values_equal
+from .types import (ERROR, FAILED, PASSED, SKIPPED, STATUSES, Job, JobError, Result, SandboxConfig, TestResult,
+                    error_result, summarise)
 
 _HDR = struct.Struct(">I")
 _POOLS_STARTED = 0
@@ -112,6 +114,32 @@ class _WorkerProc:
             except (asyncio.TimeoutError, ConnectionError, BrokenPipeError):
                 pass
         await self.kill()
+
+
+def judge(job: Job, raw: list) -> list[TestResult]:
+    """Final per-test verdicts from a worker's answer. ``stdio``/``call`` tests come back as
+    "returned" with the program's stdout / JSON value and are compared here; with
+    ``run_all_cases`` false everything after the first non-pass becomes "skipped" (the worker
+    only stops early on failures it can see itself: errors, timeouts, limits)."""
+    out = []
+    for t, raw_t in zip(job.tests, raw):
+        st, msg = raw_t.get("status"), str(raw_t.get("message", ""))
+        if st == "returned" and job.kind == "call":
+            v = raw_t.get("value")
+            st, msg = (PASSED, "") if values_equal(v, t["expected"]) else (FAILED, f"returned {json.dumps(v)[:200]}")
+        elif st == "returned" and job.kind == "stdio":
+            st, msg = (PASSED, "") if stdout_matches(raw_t.get("value", ""), t["output"]) else (FAILED, "wrong answer")
+        elif st == PASSED and job.kind != "assert":
+            st, msg = ERROR, "sandbox worker sent an unjudged pass"
+        elif st not in STATUSES:
+            st, msg = ERROR, f"sandbox worker sent status {st!r}"
+        out.append(TestResult(st, msg))
+    if not job.run_all_cases:
+        for i, t in enumerate(out):
+            if t.status != PASSED:
+                out[i + 1:] = [TestResult(SKIPPED) for _ in out[i + 1:]]
+                break
+    return out
 
 
 class SandboxPool:
@@ -266,7 +294,15 @@ class SandboxPool:
         return result
 
     async def _execute(self, worker: _WorkerProc, job: Job) -> Result:
-        payload = {"kind": job.kind, "code": job.code, "tests": job.tests, "entry_point": job.entry_point,
+        # Expected outputs stay here: workers fork executions, and an execution can read its own
+        # memory (/proc/self/mem), so nothing it could compare against may be in the worker.
+        if job.kind == "stdio":
+            tests = [{"input": t["input"]} for t in job.tests]
+        elif job.kind == "call":
+            tests = [{"args": t["args"], "kwargs": t["kwargs"]} for t in job.tests]
+        else:
+            tests = job.tests
+        payload = {"kind": job.kind, "code": job.code, "tests": tests, "entry_point": job.entry_point,
                    "timeout_s": job.timeout_s, "memory_mb": job.memory_mb, "run_all_cases": job.run_all_cases}
         # The worker enforces per-test limits; this guard only catches a stuck worker.
         guard = (len(job.tests) + 1) * (job.timeout_s + 2) + 30
@@ -281,9 +317,9 @@ class SandboxPool:
             except RuntimeError as e:  # keep the slot usable: it will be retried on the next job
                 detail += f"; restart failed: {e}"
             return error_result(job.id, len(job.tests), f"sandbox worker {why}; {detail}".strip())
-        tests = [TestResult(t["status"], t.get("message", "")) for t in out["tests"]]
-        if len(tests) != len(job.tests):
+        if len(out.get("tests", ())) != len(job.tests):
             return error_result(job.id, len(job.tests), "sandbox worker returned a malformed result")
+        tests = judge(job, out["tests"])
         return summarise(job.id, tests, stdout=out.get("stdout", ""), stderr=out.get("stderr", ""))
 
     async def stream(self, jobs: Iterable) -> AsyncIterator[tuple[int, Result]]:

@@ -218,3 +218,55 @@ def test_patched_or_program_defined_values_are_refused(pool):
     jobs = [Job(code=c, kind="assert", tests=tests, entry_point="f", id=i) for i, c in enumerate(cases)]
     for r in pool.run_many(jobs):
         assert r.passed == 0, (r.id, r.tests)
+
+
+def test_expected_values_are_not_in_the_execution_memory():
+    """stdio/call verdicts are unforgeable only if the expected values are nowhere in the
+    execution's memory. In the jail a program cannot even open /proc/self/mem (its worker is not
+    dumpable and runs as another uid); without the jail (root) it can, so scan it there: a job
+    whose expected value contains a marker must show no more copies of it than one whose expected
+    value does not."""
+    import warnings
+
+    from fastcrit.sandbox import SyncSandboxPool
+
+    scan = r'''
+def scan_memory(a, b):
+    needle = (a + b).encode()
+    found = 0
+    try:
+        maps, mem = open('/proc/self/maps'), open('/proc/self/mem', 'rb', 0)
+    except OSError:
+        return -1
+    for line in maps:
+        addr, perms = line.split()[:2]
+        if 'r' not in perms:
+            continue
+        lo, hi = (int(x, 16) for x in addr.split('-'))
+        try:
+            mem.seek(lo)
+            found += mem.read(hi - lo).count(needle)
+        except (OSError, ValueError, OverflowError):
+            pass
+    return found
+'''
+    parts = ["Zq7xW4k9", "expectedvalue"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with SyncSandboxPool(workers=1, isolation="none") as p:
+            counts = {}
+            for kind in ("call", "stdio"):
+                for with_marker in (True, False):
+                    exp = ("".join(parts) if with_marker else "nothing") + "-never"
+                    if kind == "call":
+                        job = Job(code=scan + "def f(a, b):\n    return scan_memory(a, b)\n", kind="call",
+                                  tests=[[parts, exp]], entry_point="f", memory_mb=4096, timeout_s=30)
+                    else:
+                        job = Job(code=scan + f"print(scan_memory({parts[0]!r}, {parts[1]!r}))\n", kind="stdio",
+                                  tests=[["", exp]], memory_mb=4096, timeout_s=30)
+                    r = p.run(job)
+                    assert r.tests[0].status == "failed", r.tests
+                    counts[kind, with_marker] = int(r.tests[0].message.split()[-1]) if kind == "call" else int(r.stdout)
+    if counts["call", False] < 0:
+        pytest.skip("/proc/self/mem cannot be read here, so there is nothing to scan")
+    assert counts["call", True] == counts["call", False] and counts["stdio", True] == counts["stdio", False], counts

@@ -57,34 +57,37 @@ class Handler(BaseHTTPRequestHandler):
             n = srv.requests
             srv.active += 1
             srv.max_active = max(srv.max_active, srv.active)
-        try:
-            if n <= srv.fail_first:
-                return self._answer(503, {"detail": "busy"})
-            time.sleep(0.02)  # let concurrent requests overlap
-            if self.path == "/run_code":
-                if req.get("language") != "python":
-                    return self._answer(200, {"status": "SandboxError", "message": "language"})
-                rr = _run(req["code"], req.get("stdin", ""), req["run_timeout"])
-                ok = rr["status"] == "Finished" and rr["return_code"] == 0
-                return self._answer(200, {"status": "Success" if ok else "Failed", "message": "", "run_result": rr})
-            if self.path == "/submit":
-                cfg = req["config"]
-                assert cfg["dataset_type"] == "CommonOJDataset"
-                code = req["completion"].split("```python\n", 1)[1].rsplit("```", 1)[0]
-                tests, accepted = [], True
-                for t in cfg["provided_data"]["test"]:
-                    if not accepted and not cfg.get("extra", {}).get("run_all_cases", True):
-                        break
-                    rr = _run(code, t["input"]["stdin"], cfg["run_timeout"])
-                    passed = (rr["status"] == "Finished" and rr["return_code"] == 0
-                              and stdout_matches(rr["stdout"], t["output"]["stdout"]))
-                    accepted &= passed
-                    tests.append({"passed": passed, "exec_info": {"status": "Success", "run_result": rr}})
-                return self._answer(200, {"id": req["id"], "accepted": accepted, "tests": tests})
-            return self._answer(404, {"detail": "not found"})
-        finally:
-            with srv.lock:
-                srv.active -= 1
+        code, answer = self._handle(req, n)
+        with srv.lock:  # before answering: the client may send its next request at once
+            srv.active -= 1
+        self._answer(code, answer)
+
+    def _handle(self, req, n):
+        srv = self.server
+        if n <= srv.fail_first:
+            return 503, {"detail": "busy"}
+        time.sleep(0.02)  # let concurrent requests overlap
+        if self.path == "/run_code":
+            if req.get("language") != "python":
+                return 200, {"status": "SandboxError", "message": "language"}
+            rr = _run(req["code"], req.get("stdin", ""), req["run_timeout"])
+            ok = rr["status"] == "Finished" and rr["return_code"] == 0
+            return 200, {"status": "Success" if ok else "Failed", "message": "", "run_result": rr}
+        if self.path == "/submit":
+            cfg = req["config"]
+            assert cfg["dataset_type"] == "CommonOJDataset"
+            code = req["completion"].split("```python\n", 1)[1].rsplit("```", 1)[0]
+            tests, accepted = [], True
+            for t in cfg["provided_data"]["test"]:
+                if not accepted and not cfg.get("extra", {}).get("run_all_cases", True):
+                    break
+                rr = _run(code, t["input"]["stdin"], cfg["run_timeout"])
+                passed = (rr["status"] == "Finished" and rr["return_code"] == 0
+                          and stdout_matches(rr["stdout"], t["output"]["stdout"]))
+                accepted &= passed
+                tests.append({"passed": passed, "exec_info": {"status": "Success", "run_result": rr}})
+            return 200, {"id": req["id"], "accepted": accepted, "tests": tests}
+        return 404, {"detail": "not found"}
 
 
 @pytest.fixture
