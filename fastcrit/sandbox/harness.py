@@ -1,9 +1,9 @@
 """The test harness: what runs inside a forked execution, and the trusted comparisons outside it.
 
 Who decides a pass:
-- ``stdio`` and ``call``: the worker (outside the execution) compares the program's stdout or its
-  JSON-serialised return value with the expected one. The execution never receives expected
-  values, so the only way to a pass is to produce the right output.
+- ``stdio`` and ``call``: the pool process compares the program's stdout or its JSON-serialised
+  return value with the expected one. Expected values never reach the worker, so they are not in
+  the forked execution's memory either: the only way to a pass is to produce the right output.
 - ``assert``: the test runs in the execution's process, after the code. The harness writes one
   record per finished test to a pipe, each signed with a per-run random key (keyed BLAKE2b) and a
   sequence number; the worker accepts records only in order, for tests it asked for, and marks any
@@ -31,7 +31,7 @@ import types
 REL_TOL = 1e-5
 
 # ---------------------------------------------------------------------------------------------
-# Trusted comparisons (run in the worker, never in the execution)
+# Trusted comparisons (run in the pool process, never in a worker or an execution)
 
 
 def _tokens_equal(a: str, b: str) -> bool:
@@ -489,7 +489,7 @@ def run_tests(prep: Prepared, reporter: Reporter) -> None:
                 status = "error"
         else:
             reporter.send(rec)
-        # For call tests the worker decides pass/fail; it stops the run on a wrong value itself.
+        # A returned call value is judged by the pool; only failures seen here stop the run.
         if status != "passed" and not view["run_all_cases"]:
             break
     _os_exit(0)

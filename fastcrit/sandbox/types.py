@@ -41,8 +41,8 @@ class Job:
       whitespace, floats with relative tolerance 1e-5.
     - ``call``: ``tests`` is a list of ``{"args": [...], "kwargs": {...}, "expected": value}`` (or
       ``[args, expected]``); ``entry_point`` names a function, or a method of class ``Solution``.
-      The return value is serialised to JSON inside the sandbox by trusted code and compared outside
-      it: the sandboxed process never sees the expected values.
+      The return value is serialised to JSON inside the sandbox by trusted code and compared in the
+      pool process: neither the worker nor the sandboxed process ever holds the expected values.
 
     ``timeout_s`` is the wall-clock (and CPU) limit per test; ``memory_mb`` the address-space limit.
     """
