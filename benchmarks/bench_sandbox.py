@@ -68,7 +68,10 @@ def main(argv=None) -> int:
                      "exec_per_s_q50": round(q["q50"], 1), "exec_per_s_q20": round(q["q20"], 1),
                      "exec_per_s_q80": round(q["q80"], 1), "passed": min(r["passed"]),
                      "isolation": args.isolation if name == "fastcrit_pool" else "none",
-                     "peak_rss_mb_bench_process": round(peak_mb, 1), "machine": machine, "commit": commit})
+                     "peak_rss_mb_bench_process": round(peak_mb, 1),
+                     "worker_peak_rss_mb": max(ours["pool"].get("worker_peak_rss_mb") or [0])
+                     if name == "fastcrit_pool" else "",
+                     "machine": machine, "commit": commit})
     os.makedirs(os.path.dirname(args.csv), exist_ok=True)
     new = not os.path.exists(args.csv)
     with open(args.csv, "a", newline="") as f:

@@ -249,8 +249,31 @@ class SandboxPool:
     def isolated(self) -> bool:
         return self.cfg.isolation == "jail" and self.probe is not None and self.probe.ok
 
+    def worker_peak_rss_mb(self) -> list[float]:
+        """Peak resident memory of each worker interpreter (VmHWM), from /proc; executions are
+        forks and not included."""
+        out = []
+        for w in self._workers:
+            pid = w.hello.get("pid")
+            if w.proc is None:
+                continue
+            if self.cfg.isolation == "jail":  # hello's pid is 1 (its own namespace): find the jail's child
+                try:
+                    with open(f"/proc/{w.proc.pid}/task/{w.proc.pid}/children") as f:
+                        pid = int(f.read().split()[0])
+                except (OSError, ValueError, IndexError):
+                    continue
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    kb = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
+                out.append(round(kb / 1024, 1))
+            except (OSError, StopIteration, ValueError):
+                pass
+        return out
+
     def stats(self) -> dict:
-        d = {"workers": len(self._workers), "executed": self.executed, "isolation": self.cfg.isolation}
+        d = {"workers": len(self._workers), "executed": self.executed, "isolation": self.cfg.isolation,
+             "worker_peak_rss_mb": self.worker_peak_rss_mb()}
         if self.probe is not None:
             d["jail"] = self.probe.features
         if self.cache is not None:
