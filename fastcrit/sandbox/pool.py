@@ -386,7 +386,11 @@ class SyncSandboxPool:
         self.pool = SandboxPool(config, **kw)
 
     def __enter__(self):
-        self._loop.run_until_complete(self.pool.start())
+        try:
+            self._loop.run_until_complete(self.pool.start())
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc):

@@ -146,8 +146,8 @@ class Worker:
                 os.dup2(res_w, 3)
                 os.closerange(4, 1 << 16)
                 os.chdir(scratch)
-                # The environment was scrubbed once at worker start (see main); the random module
-                # reseeds itself in every forked child.
+                # The environment was scrubbed once at worker start (see main). `random` is not
+                # preloaded, so programs that use it seed it afresh when they import it.
                 self._limits(job, cpu_s)
                 sys.argv = ["solution.py"]
                 target(reporter)
