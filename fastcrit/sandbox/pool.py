@@ -15,6 +15,7 @@ a worker that dies or stops answering is replaced and its job reported as an err
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import shutil
@@ -44,7 +45,25 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
+class WorkerLost(RuntimeError):
+    """The worker died (or was restarted) before answering. ``ran`` is True for the job it was
+    running, False for jobs only queued behind it (those are run again elsewhere)."""
+
+    def __init__(self, message: str, ran: bool):
+        super().__init__(message)
+        self.ran = ran
+
+
 class _WorkerProc:
+    """One warm worker process and its request pipeline.
+
+    Up to ``DEPTH`` jobs are written to a worker ahead of time: it reads the next job from its pipe
+    the moment it finishes one, instead of waiting for this process to be scheduled, read the answer
+    and send more. Answers come back in order; a reader task matches them to the waiting calls.
+    """
+
+    DEPTH = 2
+
     def __init__(self, index: int, argv: list[str], scratch: str, env: dict):
         self.index = index
         self.argv = argv
@@ -54,47 +73,85 @@ class _WorkerProc:
         self.hello: dict = {}
         self.stderr_tail = b""
         self._stderr_task = None
-        # True from sending a job until its whole answer is read: a call cut short (cancelled
-        # task, timeout) leaves the protocol mid-way, so the worker is restarted before reuse.
-        self.dirty = False
+        self._reader = None
+        self.pending: collections.deque = collections.deque()
+        self.generation = 0
+        self._lock: asyncio.Lock | None = None
 
     async def start(self, timeout_s: float = 60.0):
-        self.dirty = False
         self.stderr_tail = b""
+        self.pending = collections.deque()
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env=self.env, limit=1 << 26)
-        self._stderr_task = asyncio.ensure_future(self._drain_stderr())
+        self._stderr_task = asyncio.ensure_future(self._drain_stderr(self.proc))
         try:
-            self.hello = await asyncio.wait_for(self._read(), timeout_s)
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            self.hello = await asyncio.wait_for(self._read(self.proc), timeout_s)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
             await self.kill()
             raise RuntimeError(f"sandbox worker {self.index} did not start: {exc!r}; "
                                f"stderr: {self.stderr_tail.decode(errors='replace')[-800:]}") from None
+        self.generation += 1
+        self._reader = asyncio.ensure_future(self._read_loop(self.proc, self.pending))
 
-    async def _drain_stderr(self):
+    async def _drain_stderr(self, proc):
         while True:
-            b = await self.proc.stderr.read(4096)
+            b = await proc.stderr.read(4096)
             if not b:
                 return
             self.stderr_tail = (self.stderr_tail + b)[-4096:]
 
-    async def _read(self) -> dict:
-        hdr = await self.proc.stdout.readexactly(4)
+    @staticmethod
+    async def _read(proc) -> dict:
+        hdr = await proc.stdout.readexactly(4)
         (n,) = _HDR.unpack(hdr)
-        return json.loads(await self.proc.stdout.readexactly(n))
+        return json.loads(await proc.stdout.readexactly(n))
+
+    async def _read_loop(self, proc, pending):
+        why = "died"
+        try:
+            while True:
+                out = await self._read(proc)
+                fut = pending.popleft()
+                if not fut.done():  # a caller that gave up (cancelled) leaves a done future
+                    fut.set_result(out)
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError, IndexError) as exc:
+            why = f"died ({type(exc).__name__})"
+        except asyncio.CancelledError:
+            why = "was restarted"
+        first = True
+        while pending:
+            fut = pending.popleft()
+            if not fut.done():
+                fut.set_exception(WorkerLost(f"sandbox worker {self.index} {why}", ran=first))
+            first = False
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self._reader is not None and not self._reader.done()
 
     async def call(self, payload: dict, timeout_s: float) -> dict:
-        if self.dirty:
+        if not self.alive:
+            raise WorkerLost(f"sandbox worker {self.index} is not running", ran=False)
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append(fut)
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        try:
+            self.proc.stdin.write(_HDR.pack(len(body)) + body)
+            await self.proc.stdin.drain()
+        except (ConnectionError, BrokenPipeError, RuntimeError):
+            pass  # the reader sees the worker go and fails the pending calls
+        return await asyncio.wait_for(fut, timeout_s)
+
+    async def restart(self, generation: int):
+        """Replace the process once, however many callers saw it fail."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self.generation != generation and self.alive:
+                return  # someone else already restarted it
             await self.kill()
             await self.start()
-        self.dirty = True
-        body = json.dumps(payload, separators=(",", ":")).encode()
-        self.proc.stdin.write(_HDR.pack(len(body)) + body)
-        await self.proc.stdin.drain()
-        out = await asyncio.wait_for(self._read(), timeout_s)
-        self.dirty = False
-        return out
 
     async def kill(self):
         if self.proc is not None and self.proc.returncode is None:
@@ -103,8 +160,13 @@ class _WorkerProc:
             except ProcessLookupError:
                 pass
             await self.proc.wait()
-        if self._stderr_task is not None:
-            self._stderr_task.cancel()
+        for t in (self._reader, self._stderr_task):
+            if t is not None and not t.done():
+                t.cancel()
+                try:
+                    await t
+                except (asyncio.CancelledError, Exception):
+                    pass
 
     async def close(self):
         if self.proc is not None and self.proc.returncode is None:
@@ -169,7 +231,7 @@ class SandboxPool:
         self.cache = ResultCache(cfg.cache_path) if cfg.cache_path else None
         self.probe: jail_mod.Probe | None = None
         self._workers: list[_WorkerProc] = []
-        self._idle: asyncio.Queue | None = None
+        self._slots: asyncio.Queue | None = None
         self._sem: asyncio.Semaphore | None = None
         self._root = None
         self._started = False
@@ -220,9 +282,10 @@ class SandboxPool:
         except BaseException:
             await self.close()
             raise
-        self._idle = asyncio.Queue()
-        for w in self._workers:
-            self._idle.put_nowait(w)
+        self._slots = asyncio.Queue()
+        for _ in range(_WorkerProc.DEPTH):
+            for w in self._workers:
+                self._slots.put_nowait(w)
         self._sem = asyncio.Semaphore(max(1, cfg.max_concurrency))
         self._started = True
         return self
@@ -305,18 +368,21 @@ class SandboxPool:
         if not job.tests:
             return error_result(job.id, 0, "the job has no tests")
         async with self._sem:
-            worker = await self._idle.get()
-            try:
-                result = await self._execute(worker, job)
-            finally:
-                self._idle.put_nowait(worker)
+            for attempt in range(3):
+                worker = await self._slots.get()
+                try:
+                    result = await self._execute(worker, job, last_try=attempt == 2)
+                finally:
+                    self._slots.put_nowait(worker)
+                if result is not None:
+                    break
         result.elapsed_s = time.perf_counter() - t0
         self.executed += 1
         if self.cache is not None:
             self.cache.put(key, result)
         return result
 
-    async def _execute(self, worker: _WorkerProc, job: Job) -> Result:
+    async def _execute(self, worker: _WorkerProc, job: Job, last_try: bool = True) -> Result | None:
         # Expected outputs stay here: workers fork executions, and an execution can read its own
         # memory (/proc/self/mem), so nothing it could compare against may be in the worker.
         if job.kind == "stdio":
@@ -327,19 +393,23 @@ class SandboxPool:
             tests = job.tests
         payload = {"kind": job.kind, "code": job.code, "tests": tests, "entry_point": job.entry_point,
                    "timeout_s": job.timeout_s, "memory_mb": job.memory_mb, "run_all_cases": job.run_all_cases}
-        # The worker enforces per-test limits; this guard only catches a stuck worker.
-        guard = (len(job.tests) + 1) * (job.timeout_s + 2) + 30
+        # The worker enforces per-test limits; this guard only catches a stuck worker (jobs queued
+        # ahead of this one on the same worker get their share too).
+        guard = _WorkerProc.DEPTH * (len(job.tests) + 1) * (job.timeout_s + 2) + 30
+        generation = worker.generation
         try:
             out = await worker.call(payload, guard)
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as exc:
-            why = "did not answer in time" if isinstance(exc, asyncio.TimeoutError) else "died"
+        except (WorkerLost, asyncio.TimeoutError) as exc:
+            ran = isinstance(exc, asyncio.TimeoutError) or exc.ran
+            why = "did not answer in time" if isinstance(exc, asyncio.TimeoutError) else str(exc)
             detail = worker.stderr_tail.decode(errors="replace")[-300:]
-            await worker.kill()
             try:
-                await worker.start()
-            except RuntimeError as e:  # keep the slot usable: it will be retried on the next job
+                await worker.restart(generation)
+            except RuntimeError as e:  # the slot stays; the next job on it tries again
                 detail += f"; restart failed: {e}"
-            return error_result(job.id, len(job.tests), f"sandbox worker {why}; {detail}".strip())
+            if not ran and not last_try:
+                return None  # it never started: run it again
+            return error_result(job.id, len(job.tests), f"{why}; {detail}".strip())
         if len(out.get("tests", ())) != len(job.tests):
             return error_result(job.id, len(job.tests), "sandbox worker returned a malformed result")
         tests = judge(job, out["tests"])

@@ -91,6 +91,11 @@ class Worker:
         self.scratch_root = cfg["scratch"]
         self.is_init = os.getpid() == 1
         self.counter = 0
+        self.pid_tag = os.getpid()
+        # A worker that replaces a dead one finds its predecessor's leftovers (isolation "none":
+        # the scratch area is a host directory, not a fresh tmpfs).
+        for name in os.listdir(self.scratch_root):
+            shutil.rmtree(os.path.join(self.scratch_root, name), ignore_errors=True)
         self.env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                     "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
         if not self.is_init:
@@ -309,7 +314,7 @@ class Worker:
 
     def run_job(self, job: dict) -> dict:
         self.counter += 1
-        scratch = os.path.join(self.scratch_root, f"run{self.counter}")
+        scratch = os.path.join(self.scratch_root, f"run{self.pid_tag}-{self.counter}")
         os.mkdir(scratch, 0o700)
         try:
             if job["kind"] == "stdio":

@@ -105,3 +105,23 @@ def test_cancelled_jobs_leave_workers_usable(jail_probe):
     finally:
         loop.close()
     assert [r.id for r in res] == list(range(20)) and all(r.all_passed for r in res), res
+
+
+def test_worker_death_fails_only_the_running_job():
+    """Without the jail a program can kill its worker. The job it ran is an error; the jobs queued
+    behind it on that worker are run again (on the restarted worker) and pass."""
+    import warnings
+
+    killer = Job(code="import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", kind="stdio",
+                 tests=[["", ""]], id="killer")
+    jobs = [killer] + [Job(code=f"print({i})", kind="stdio", tests=[["", f"{i}"]], id=i) for i in range(6)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        from fastcrit.sandbox import SyncSandboxPool
+
+        with SyncSandboxPool(workers=1, isolation="none") as p:
+            res = p.run_many(jobs)
+            again = p.run(Job(code="print('ok')", kind="stdio", tests=[["", "ok"]]))
+    assert res[0].status == "error" and "worker" in res[0].message, res[0]
+    assert all(r.all_passed for r in res[1:]), [(r.id, r.status, r.message) for r in res[1:]]
+    assert again.all_passed
