@@ -312,20 +312,40 @@ class SandboxPool:
     def isolated(self) -> bool:
         return self.cfg.isolation == "jail" and self.probe is not None and self.probe.ok
 
+    def _worker_pids(self) -> list[int]:
+        pids = []
+        for w in self._workers:
+            if w.proc is None:
+                continue
+            if self.cfg.isolation == "jail":  # the worker is the jail's child (PID 1 inside)
+                try:
+                    with open(f"/proc/{w.proc.pid}/task/{w.proc.pid}/children") as f:
+                        pids.append(int(f.read().split()[0]))
+                except (OSError, ValueError, IndexError):
+                    pass
+            else:
+                pids.append(w.proc.pid)
+        return pids
+
+    def worker_cpu_s(self) -> float:
+        """CPU seconds used so far by the workers and every execution they forked and reaped
+        (utime + stime + cutime + cstime from /proc). The pool process itself is not included."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for pid in self._worker_pids():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += sum(int(x) for x in fields[11:15])
+            except (OSError, ValueError, IndexError):
+                pass
+        return total / tick
+
     def worker_peak_rss_mb(self) -> list[float]:
         """Peak resident memory of each worker interpreter (VmHWM), from /proc; executions are
         forks and not included."""
         out = []
-        for w in self._workers:
-            pid = w.hello.get("pid")
-            if w.proc is None:
-                continue
-            if self.cfg.isolation == "jail":  # hello's pid is 1 (its own namespace): find the jail's child
-                try:
-                    with open(f"/proc/{w.proc.pid}/task/{w.proc.pid}/children") as f:
-                        pid = int(f.read().split()[0])
-                except (OSError, ValueError, IndexError):
-                    continue
+        for pid in self._worker_pids():
             try:
                 with open(f"/proc/{pid}/status") as f:
                     kb = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))

@@ -125,3 +125,12 @@ def test_worker_death_fails_only_the_running_job():
     assert res[0].status == "error" and "worker" in res[0].message, res[0]
     assert all(r.all_passed for r in res[1:]), [(r.id, r.status, r.message) for r in res[1:]]
     assert again.all_passed
+
+
+def test_stats_report_worker_cpu_and_memory(pool):
+    before = pool.pool.worker_cpu_s()
+    pool.run_many([Job(code="s = sum(i * i for i in range(200000))\nprint(s)", kind="stdio",
+                       tests=[["", str(sum(i * i for i in range(200000)))]], id=i) for i in range(20)])
+    assert pool.pool.worker_cpu_s() > before
+    st = pool.stats()
+    assert len(st["worker_peak_rss_mb"]) == st["workers"] and all(0 < m < 500 for m in st["worker_peak_rss_mb"])
