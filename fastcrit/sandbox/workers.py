@@ -267,6 +267,10 @@ class Worker:
         """Kill and reap everything the execution left behind."""
         self._kill_group(pid)
         if self.is_init:
+            # Every process of the namespace descends from PID 1 (orphans are re-parented here), so
+            # no child left means nothing left: skip kill(-1), which walks every task of the host.
+            if not self._reap_all():
+                return
             for _ in range(1000):
                 try:
                     os.kill(-1, signal.SIGKILL)  # all processes of this namespace but PID 1
