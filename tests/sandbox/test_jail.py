@@ -97,5 +97,5 @@ def f():
         n += 1
     return n
 '''
-    r = pool.run(Job(code=code, kind="call", tests=[[[], 31]], entry_point="f", timeout_s=5))
+    r = pool.run(Job(code=code, kind="assert", tests=["n = f()\nassert 0 < n <= 31, n"], timeout_s=5))
     assert r.all_passed, r.tests
