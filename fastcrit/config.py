@@ -15,6 +15,8 @@ from typing import Any, Literal, Optional
 
 import yaml
 
+from fastcrit.sandbox.types import SandboxConfig  # torch-free; the sandbox's own defaults
+
 
 class ConfigError(ValueError):
     pass
@@ -137,6 +139,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # code rewards (CTRL, ...)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
@@ -168,6 +171,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if tp is tuple or origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+        return tuple(value)
     if origin is list:
         (item_tp,) = typing.get_args(tp) or (Any,)
         if not isinstance(value, list):
@@ -288,10 +295,21 @@ def validate(cfg: Config) -> None:
         f"algorithm.clip_c: the dual-clip constant must be > 1, got {cfg.algorithm.clip_c}",
     )
     need(cfg.algorithm.name != "rloo" or cfg.rollout.n > 1, "algorithm.name=rloo needs rollout.n > 1")
+    try:  # the sandbox validates its own fields (names them as sandbox.<key>)
+        SandboxConfig(**dataclasses.asdict(cfg.sandbox))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
+    def plain(v):
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v
+
+    return plain(dataclasses.asdict(cfg))
 
 
 def dump_yaml(cfg: Config, path: str) -> None:

@@ -94,3 +94,16 @@ def test_yaml_exponent_floats_without_a_dot_are_floats(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("optim:\n  lr: 1e-6\n")
     assert load_config(str(p)).optim.lr == 1e-6
+
+
+def test_sandbox_section_is_part_of_the_tree(tmp_path):
+    c = load_config(None, ["sandbox.isolation=none", "sandbox.preimport=[math]", "sandbox.timeout_s=3"])
+    assert c.sandbox.isolation == "none" and c.sandbox.preimport == ("math",)
+    with pytest.raises(ConfigError, match="sandbox.isolation"):
+        load_config(None, ["sandbox.isolation=maybe"])
+    with pytest.raises(ConfigError, match="sandbox.workers"):
+        load_config(None, ["sandbox.workers=x"])
+    from fastcrit.config import dump_yaml
+
+    dump_yaml(c, str(tmp_path / "c.yaml"))
+    assert load_config(str(tmp_path / "c.yaml")).sandbox.preimport == ("math",)
