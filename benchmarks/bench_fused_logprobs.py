@@ -18,9 +18,9 @@ and 0.2/0.8 quantiles over --repeats runs after the memory run, plus process CPU
 may be shared; CPU time is less sensitive to other load).
 CUDA: triton.testing.do_bench (quantiles 0.5/0.2/0.8) and torch.cuda.max_memory_allocated growth.
 
-Writes rows to benchmarks/results/fused_logprobs.csv, a PNG of peak memory vs tokens
-(benchmarks/results/fused_logprobs_memory.png, needs matplotlib), and prints one JSON object as
-its last line. Run: python benchmarks/bench_fused_logprobs.py [--tokens 1024,2048] [--impls ...]
+Appends rows to benchmarks/results/fused_logprobs.csv and the run's summary to fused_logprobs.jsonl, draws peak memory vs tokens from the newest
+CSV row per (impl, tokens) into benchmarks/results/fused_logprobs_memory.png (needs matplotlib),
+and prints one JSON object as its last line. Run: python benchmarks/bench_fused_logprobs.py [--tokens 1024,2048] [--impls ...]
 """
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 CSV_PATH = os.path.join(RESULTS, "fused_logprobs.csv")
 PNG_PATH = os.path.join(RESULTS, "fused_logprobs_memory.png")
+JSONL_PATH = os.path.join(RESULTS, "fused_logprobs.jsonl")  # one summary object per run
 IMPLS = ("naive", "ours", "liger_lp", "ours_grpo", "liger_grpo")
 H, V = 896, 151936
 SEQ = 1024  # tokens per sequence for the [B, T] losses
@@ -207,6 +208,20 @@ def _machine() -> str:
     return f"{cpu}, {os.cpu_count()} cpus, load {load:.1f}"
 
 
+def _latest_csv_rows(device):
+    """The newest CSV row per (impl, tokens) on ``device``: one curve across several runs."""
+    if not os.path.exists(CSV_PATH):
+        return []
+    latest = {}
+    with open(CSV_PATH, newline="") as f:
+        for r in csv.DictReader(f):
+            if r.get("device") != device or r.get("error") or not r.get("peak_mb"):
+                continue
+            latest[(r["impl"], int(r["tokens"]))] = {"impl": r["impl"], "tokens": int(r["tokens"]),
+                                                     "peak_mb": float(r["peak_mb"])}
+    return list(latest.values())
+
+
 def _plot(rows, device):
     try:
         import matplotlib
@@ -241,6 +256,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs after the memory run (CPU)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--no-csv", action="store_true")
+    ap.add_argument("--plot-only", action="store_true",
+                    help="redraw the PNG from the newest CSV row per (impl, tokens) and exit")
     ap.add_argument("--worker", nargs=3, metavar=("IMPL", "TOKENS", "REPEATS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -254,6 +271,9 @@ def main(argv=None) -> dict:
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.plot_only:
+        print(json.dumps({"png": _plot(_latest_csv_rows(device), device)}))
+        return {}
     default_tokens = "1024,2048,4096" if device == "cpu" else "1024,2048,4096,8192"
     tokens_list = [int(t) for t in (args.tokens or default_tokens).split(",")]
     impls = [i for i in args.impls.split(",") if i]
@@ -307,12 +327,15 @@ def main(argv=None) -> dict:
             for r in rows:
                 w.writerow(dict(r, timestamp=stamp, commit=commit, machine=machine, device=device,
                                 dtype="fp32", H=H, V=V))
-    png = _plot(rows, device)
+    png = _plot(rows if args.no_csv else _latest_csv_rows(device), device)
     summary = {"bench": "fused_logprobs", "timestamp": stamp, "commit": commit, "machine": machine,
                "device": device, "H": H, "V": V, "dtype": "fp32",
                "memory_method": ("peak RSS growth (VmHWM after clear_refs) in a fresh subprocess per case"
                                  if device == "cpu" else "torch.cuda.max_memory_allocated growth"),
                "png": png, "rows": rows}
+    if not args.no_csv:
+        with open(JSONL_PATH, "a") as f:
+            f.write(json.dumps(summary) + "\n")
     print(json.dumps(summary))
     return summary
 
