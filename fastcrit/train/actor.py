@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from fastcrit.algos.losses import policy_objective
-from fastcrit.models.hf import load_model
+from fastcrit.models.hf import load_model, parse_dtype
 from fastcrit.train.policy import CausalLMLogprobs, shard
 from fastcrit.types import RolloutBatch
 
@@ -29,13 +29,17 @@ class Actor:
 def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size: int,
                 lr: float = 0.0, weight_decay: float = 0.0, betas=(0.9, 0.999), eps: float = 1e-8,
                 warmup_steps: int = 0, trainable: bool = True) -> Actor:
-    lm = load_model(model_path, dtype=dtype, device="cpu")
+    # A trainable policy keeps fp32 master weights and computes in ``dtype`` (FSDP2 mixed
+    # precision, gradients reduced in fp32); a frozen one is simply stored in ``dtype``.
+    compute = parse_dtype(dtype)
+    lm = load_model(model_path, dtype=torch.float32 if trainable else compute, device="cpu")
     lm.config.use_cache = False
     module = CausalLMLogprobs(lm).to(device)
     module.train(trainable)
     if not trainable:
         module.requires_grad_(False)
-    shard(module, world_size, device)
+    mixed = trainable and compute != torch.float32
+    shard(module, world_size, device, param_dtype=compute if mixed else None)
     if not trainable:
         return Actor(module, None, None, device)
     opt = torch.optim.AdamW(module.parameters(), lr=lr, betas=betas, eps=eps,

@@ -87,3 +87,22 @@ def test_two_fsdp_processes_give_the_one_process_update(tiny_model_path, tmp_pat
         torch.testing.assert_close(p2["params"][n], p1["params"][n], atol=1e-6, rtol=1e-4)
         changed += 1
     assert changed > 10
+
+
+def _bf16_mixed_precision(ctx, path):
+    actor = build_actor(path, dtype="bfloat16", device=ctx.device, world_size=1, lr=1e-3)
+    assert all(p.dtype == torch.float32 for p in actor.module.parameters())  # fp32 masters
+    ref = build_actor(path, dtype="float32", device=ctx.device, world_size=1, trainable=False)
+    b = make_batch(2)
+    lp16 = compute_logprobs(actor, b, 1.0, 8)
+    lp32 = compute_logprobs(ref, b, 1.0, 8)
+    assert lp16.dtype == torch.float32
+    assert not torch.equal(lp16, lp32)  # really computed in bf16 ...
+    torch.testing.assert_close(lp16, lp32, atol=0.1, rtol=0.05)  # ... and close to fp32
+    stats = update_policy(actor, b, micro_batch_size=8, **UPDATE)
+    assert stats["actor/grad_norm"] > 0
+    assert all(p.grad.dtype == torch.float32 for p in actor.module.parameters())
+
+
+def test_bf16_policy_keeps_fp32_master_weights(tiny_model_path):
+    launch(_bf16_mixed_precision, (tiny_model_path,), 1, "cpu")
