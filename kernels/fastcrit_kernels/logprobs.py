@@ -218,7 +218,7 @@ def _triton_forward(h, w, b, labels, inv_t, ignore_index, with_ent):
             N, V, H, splits, v_split, h.stride(0), w.stride(0), inv_t,
             HAS_BIAS=b is not None, WITH_ENT=with_ent,
             DOT_FP32=interp or h.dtype != w.dtype or h.dtype not in (torch.bfloat16, torch.float16),
-            BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, BLOCK_H=_block_h(H),
+            BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, BLOCK_H=_block_h(H), num_warps=4 if interp else 8,
         )
     part = part[:, :, :N]
     m_s, s0_s, s1_s, zl_s = part
@@ -263,7 +263,7 @@ def _triton_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need
             N, H, v0, v1, h.stride(0), w.stride(0), dz.stride(0), inv_t,
             HAS_BIAS=b is not None, WITH_ENT=with_ent,
             DOT_FP32=interp or h.dtype != w.dtype or h.dtype not in (torch.bfloat16, torch.float16),
-            BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, BLOCK_H=_block_h(H),
+            BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, BLOCK_H=_block_h(H), num_warps=4 if interp else 8,
         )
         d = dz[:, : v1 - v0]
         d_h.addmm_(d, w[v0:v1].float())

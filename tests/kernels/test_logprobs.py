@@ -194,3 +194,21 @@ def test_cuda_triton_matches_reference(dtype):
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     for a, e in zip(got, want):
         torch.testing.assert_close(a.double(), e, atol=tol * max(1.0, e.abs().max().item()), rtol=tol)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_everything_ignored_strided_hidden_int32_labels(backend):
+    """A batch where every label is ignored gives zeros and zero gradients; a non-contiguous hidden
+    and int32 labels are accepted and give the reference values."""
+    base = torch.randn(6, 2 * 12)
+    hidden = base[:, ::2].requires_grad_()  # [6, 12], column stride 2
+    weight = torch.randn(50, 12, requires_grad=True)
+    ignored = torch.full((6,), -100, dtype=torch.int32)
+    lp, ent = fused_logprobs(hidden, weight, ignored, return_entropy=True, backend=backend)
+    assert (lp == 0).all() and (ent == 0).all()
+    (lp.sum() + ent.sum()).backward()
+    assert (hidden.grad == 0).all() and (weight.grad == 0).all()
+    labels = torch.tensor([0, 49, 7, 7, 30, 1], dtype=torch.int32)
+    lp = fused_logprobs(hidden, weight, labels, backend=backend)
+    torch.testing.assert_close(lp.double(), logprobs_reference(hidden, weight, labels.long()).detach(),
+                               atol=2e-5, rtol=1e-5)
