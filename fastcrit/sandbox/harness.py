@@ -165,6 +165,7 @@ def prepare_worker(preimport) -> list[str]:
     for cls in (collections.Counter, collections.ChainMap, collections.UserDict, collections.UserList,
                 collections.UserString):
         _TRUSTED_CLASSES[cls] = dict(cls.__dict__)
+    _dict_like()
     _FASTCRIT_MODULES[:] = [m for m in sys.modules if m == "fastcrit" or m.startswith("fastcrit.")]
     # Objects alive now are never collected: a forked execution's garbage collector then leaves
     # their pages alone instead of touching (and copying) them all.
@@ -229,6 +230,82 @@ def to_plain(value, depth=0):
             out[k] = to_plain(v, depth + 1)
         return out
     raise _Plain(f"returned a {t.__name__}, not a plain value (None/bool/int/float/str/list/tuple/dict)")
+
+
+_dict_items = dict.items  # C level: a dict subclass cannot hide its items behind an override
+_DICT_LIKE: tuple = ()  # OrderedDict, defaultdict, Counter: filled by prepare_worker / on first use
+
+
+def to_typed(value, depth=0):
+    """Encode ``value`` as JSON data that keeps its built-in type (split ``assert`` tests: the pool
+    compares with Python's own ``==``, so a tuple must stay a tuple): ``None``/``bool``/``int``/
+    ``float``/``str`` and lists as themselves; ``{"t": [...]}`` tuple, ``{"s": [...]}`` set,
+    ``{"f": [...]}`` frozenset, ``{"d": [[k, v], ...]}`` dict (also ``OrderedDict``, ``defaultdict``,
+    ``Counter``, read through ``dict.items``), ``{"c": [re, im]}`` complex, ``{"b": hex}`` bytes.
+    Anything else (subclasses included) raises _Plain."""
+    if depth > 100:
+        raise _Plain("value nested too deeply")
+    t = _type(value)
+    if value is None or t is bool or t is int or t is str or t is float:
+        return value
+    if t is list:
+        return [to_typed(v, depth + 1) for v in value]
+    if t is tuple:
+        return {"t": [to_typed(v, depth + 1) for v in value]}
+    if t is set or t is frozenset:
+        return {"s" if t is set else "f": [to_typed(v, depth + 1) for v in value]}
+    if t is dict or t in _dict_like():
+        return {"d": [[to_typed(k, depth + 1), to_typed(v, depth + 1)] for k, v in _dict_items(value)]}
+    if t is complex:
+        return {"c": [value.real, value.imag]}
+    if t is bytes:
+        return {"b": value.hex()}
+    raise _Plain(f"returned a {t.__name__}, not a built-in value")
+
+
+def _dict_like():
+    global _DICT_LIKE
+    if not _DICT_LIKE:
+        import collections
+
+        _DICT_LIKE = (collections.OrderedDict, collections.defaultdict, collections.Counter)
+    return _DICT_LIKE
+
+
+_TAGS = {"t": tuple, "s": set, "f": frozenset}
+
+
+def from_typed(obj, depth=0):
+    """Inverse of ``to_typed``: built-in values only; malformed data raises ValueError."""
+    if depth > 100:
+        raise ValueError("value nested too deeply")
+    t = _type(obj)
+    if obj is None or t is bool or t is int or t is str or t is float:
+        return obj
+    if t is list:
+        return [from_typed(v, depth + 1) for v in obj]
+    if t is dict and _len(obj) == 1:
+        (tag, body), = obj.items()
+        if tag in _TAGS and _type(body) is list:
+            try:
+                return _TAGS[tag](from_typed(v, depth + 1) for v in body)
+            except TypeError as exc:  # unhashable set element
+                raise ValueError(str(exc)) from None
+        if tag == "d" and _type(body) is list:
+            out = {}
+            for kv in body:
+                if _type(kv) is not list or _len(kv) != 2:
+                    raise ValueError("malformed dict item")
+                try:
+                    out[from_typed(kv[0], depth + 1)] = from_typed(kv[1], depth + 1)
+                except TypeError as exc:
+                    raise ValueError(str(exc)) from None
+            return out
+        if tag == "c" and _type(body) is list and _len(body) == 2 and all(_type(x) in (int, float) for x in body):
+            return complex(body[0], body[1])
+        if tag == "b" and _type(body) is str:
+            return bytes.fromhex(body)
+    raise ValueError(f"malformed typed value of type {t.__name__}")
 
 
 _GUARD_SOURCE = """
@@ -440,6 +517,7 @@ def run_tests(prep: Prepared, reporter: Reporter) -> None:
     reporter.send({"k": "loaded"})
 
     ep = view.get("entry_point")
+    typed = view.get("typed", False)
     fn = None
     if ep:
         fn = g.get(ep)
@@ -467,7 +545,11 @@ def run_tests(prep: Prepared, reporter: Reporter) -> None:
                 if fn is None or not callable(fn):
                     raise NameError(f"entry point {ep!r} is not defined")
                 t = view["tests"][i]
-                value = to_plain(fn(*t["args"], **t["kwargs"]))
+                if typed:  # a split assert test: arguments and value keep their built-in types
+                    value = to_typed(fn(*[from_typed(a) for a in t["args"]],
+                                        **{k: from_typed(v) for k, v in t["kwargs"].items()}))
+                else:
+                    value = to_plain(fn(*t["args"], **t["kwargs"]))
         except _Plain as exc:
             status, msg = "error", _str(exc)
         except _AssertionError as exc:

@@ -27,6 +27,7 @@ import warnings
 from typing import AsyncIterator, Iterable
 
 from . import jail as jail_mod
+from .assert_split import judge_split, split_test
 from .cache import ResultCache, job_key
 from .harness import stdout_matches, values_equal
 from .types import (ERROR, FAILED, PASSED, SKIPPED, STATUSES, Job, JobError, Result, SandboxConfig, TestResult,
@@ -402,20 +403,17 @@ class SandboxPool:
             self.cache.put(key, result)
         return result
 
-    async def _execute(self, worker: _WorkerProc, job: Job, last_try: bool = True) -> Result | None:
-        # Expected outputs stay here: workers fork executions, and an execution can read its own
-        # memory (/proc/self/mem), so nothing it could compare against may be in the worker.
-        if job.kind == "stdio":
-            tests = [{"input": t["input"]} for t in job.tests]
-        elif job.kind == "call":
-            tests = [{"args": t["args"], "kwargs": t["kwargs"]} for t in job.tests]
-        else:
-            tests = job.tests
-        payload = {"kind": job.kind, "code": job.code, "tests": tests, "entry_point": job.entry_point,
+    async def _call_worker(self, worker: _WorkerProc, job: Job, kind: str, tests: list, last_try: bool,
+                           typed: bool = False):
+        """Send one execution to ``worker``: its raw per-test answers and stdout/stderr tails, None
+        when the worker was lost before it started (run it again), or an error Result."""
+        payload = {"kind": kind, "code": job.code, "tests": tests, "entry_point": job.entry_point,
                    "timeout_s": job.timeout_s, "memory_mb": job.memory_mb, "run_all_cases": job.run_all_cases}
+        if typed:
+            payload["typed"] = True
         # The worker enforces per-test limits; this guard only catches a stuck worker (jobs queued
         # ahead of this one on the same worker get their share too).
-        guard = _WorkerProc.DEPTH * (len(job.tests) + 1) * (job.timeout_s + 2) + 30
+        guard = _WorkerProc.DEPTH * (len(tests) + 1) * (job.timeout_s + 2) + 30
         generation = worker.generation
         try:
             out = await worker.call(payload, guard)
@@ -430,10 +428,58 @@ class SandboxPool:
             if not ran and not last_try:
                 return None  # it never started: run it again
             return error_result(job.id, len(job.tests), f"{why}; {detail}".strip())
-        if len(out.get("tests", ())) != len(job.tests):
+        if len(out.get("tests", ())) != len(tests):
             return error_result(job.id, len(job.tests), "sandbox worker returned a malformed result")
+        return out
+
+    async def _execute(self, worker: _WorkerProc, job: Job, last_try: bool = True) -> Result | None:
+        # Expected outputs stay here: workers fork executions, and an execution can read its own
+        # memory (/proc/self/mem), so nothing it could compare against may be in the worker.
+        if job.kind == "assert":
+            return await self._execute_assert(worker, job, last_try)
+        if job.kind == "stdio":
+            tests = [{"input": t["input"]} for t in job.tests]
+        else:
+            tests = [{"args": t["args"], "kwargs": t["kwargs"]} for t in job.tests]
+        out = await self._call_worker(worker, job, job.kind, tests, last_try)
+        if not isinstance(out, dict):
+            return out
         tests = judge(job, out["tests"])
-        return summarise(job.id, tests, stdout=out.get("stdout", ""), stderr=out.get("stderr", ""))
+        return summarise(job.id, tests, stdout=out.get("stdout", ""), stderr=out.get("stderr", ""),
+                         judged_in="pool")
+
+    async def _execute_assert(self, worker: _WorkerProc, job: Job, last_try: bool) -> Result | None:
+        """Assert tests that ``assert_split`` can rewrite become typed entry-point calls judged here;
+        the others run in the process (two executions when a job has both)."""
+        splits = [split_test(t, job.entry_point) if self.cfg.assert_in_pool else None for t in job.tests]
+        in_process = [i for i, s in enumerate(splits) if s is None]
+        in_pool = [i for i, s in enumerate(splits) if s is not None]
+        verdicts: list = [None] * len(job.tests)
+        tails = {"stdout": "", "stderr": ""}
+        if in_process:
+            out = await self._call_worker(worker, job, "assert", [job.tests[i] for i in in_process], last_try)
+            if not isinstance(out, dict):
+                return out
+            for i, r in zip(in_process, out["tests"]):
+                verdicts[i] = r
+            tails = out
+        if in_pool:
+            calls, spans = [], []
+            for i in in_pool:
+                spans.append((i, len(calls), len(calls) + len(splits[i].calls)))
+                calls += [{"args": a, "kwargs": k} for a, k in splits[i].calls]
+            out = await self._call_worker(worker, job, "call", calls, last_try, typed=True)
+            if not isinstance(out, dict):
+                return out
+            for i, lo, hi in spans:
+                st, msg = judge_split(splits[i], out["tests"][lo:hi])
+                verdicts[i] = {"status": st, "message": msg}
+            if not in_process:
+                tails = out
+        tests = judge(job, verdicts)
+        where = "process" if not in_pool else "pool" if not in_process else "mixed"
+        return summarise(job.id, tests, stdout=tails.get("stdout", ""), stderr=tails.get("stderr", ""),
+                         judged_in=where)
 
     async def stream(self, jobs: Iterable) -> AsyncIterator[tuple[int, Result]]:
         """Yield (index, result) as jobs finish. At most ``max_concurrency`` run at once; a job that

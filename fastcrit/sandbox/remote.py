@@ -124,6 +124,7 @@ class RemoteSandbox:
         except RemoteError as exc:
             r = error_result(job.id, len(job.tests), f"remote sandbox: {exc}")
         r.elapsed_s = time.perf_counter() - t0
+        r.judged_in = "remote"
         return r
 
     def _run_code_payload(self, job: Job, code: str) -> dict:

@@ -155,6 +155,10 @@ class Result:
     cached: bool = False
     elapsed_s: float = 0.0
     message: str = ""  # job-level problem (worker died, refused, remote failure)
+    # Where the verdicts were decided: "pool" (stdio/call, and assert tests split into calls whose
+    # values the pool judges), "process" (assert tests run by the harness inside the execution),
+    # "mixed" (some of each), "remote" (a SandboxFusion server).
+    judged_in: str = ""
 
     @property
     def pass_rate(self) -> float:
@@ -177,6 +181,7 @@ class Result:
             "cached": self.cached,
             "elapsed_s": round(self.elapsed_s, 6),
             "message": self.message,
+            "judged_in": self.judged_in,
         }
 
     @classmethod
@@ -192,6 +197,7 @@ class Result:
             cached=d.get("cached", False),
             elapsed_s=d.get("elapsed_s", 0.0),
             message=d.get("message", ""),
+            judged_in=d.get("judged_in", ""),
         )
 
 
@@ -236,6 +242,9 @@ class SandboxConfig:
         "math", "cmath", "re", "string", "itertools", "functools", "operator", "collections",
         "heapq", "bisect", "typing", "json", "copy", "time", "numbers",
     )
+    # Judge assert tests in the pool where they are data-only (assert_split.py; unforgeable from
+    # inside the execution); False runs every assert test in the process (the harness's verdict).
+    assert_in_pool: bool = True
     remote_url: str = "http://127.0.0.1:8080"
     remote_concurrency: int = 32
     remote_retries: int = 3
@@ -251,6 +260,8 @@ class SandboxConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"sandbox.{name} must be a non-negative integer, got {v!r}")
+        if not isinstance(self.assert_in_pool, bool):
+            raise ValueError(f"sandbox.assert_in_pool must be true or false, got {self.assert_in_pool!r}")
         self.preimport = tuple(self.preimport)
 
     def worker_count(self) -> int:

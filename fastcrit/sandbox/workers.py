@@ -363,7 +363,7 @@ class Worker:
         # Expected values never reach the worker (the pool keeps them and judges "returned"
         # values), so a forked execution cannot find them in its own memory either.
         view = {"kind": kind, "code": job["code"], "entry_point": job.get("entry_point"),
-                "run_all_cases": job["run_all_cases"],
+                "run_all_cases": job["run_all_cases"], "typed": bool(job.get("typed", False)),
                 "tests": job["tests"] if kind == "assert" else
                 [{"args": t["args"], "kwargs": t["kwargs"]} for t in job["tests"]]}
         statuses = [None] * n
