@@ -61,6 +61,9 @@ _PURE_BUILTINS = {
 _MATH = {"isclose": math.isclose, "fabs": math.fabs, "sqrt": math.sqrt, "floor": math.floor,
          "ceil": math.ceil, "inf": math.inf, "pi": math.pi, "e": math.e, "nan": math.nan}
 _NUMBER = (int, float, complex, bool)
+# Functions whose result depends only on the sequence their argument yields: the execution may
+# send list(value) for a call they wrap (a generator, a deque, a map object ...).
+_ITERATING = ("list", "tuple", "set", "frozenset", "sorted", "sum", "min", "max", "all", "any")
 
 
 class NotSplittable(Exception):
@@ -88,7 +91,8 @@ class Check:
 class SplitTest:
     """An assert test rewritten into entry-point calls (sent to the worker) and checks (kept here)."""
 
-    calls: tuple  # ((encoded args list, encoded kwargs dict), ...) in execution order
+    calls: tuple  # ((encoded args, encoded kwargs, iterate), ...) in execution order; iterate:
+    #               the test only iterates over the value, so the execution sends list(value)
     checks: tuple  # Check, in the test's order
 
 
@@ -235,6 +239,9 @@ class _Splitter:
 
         class Rewriter(ast.NodeTransformer):
             def visit_Call(self, call):
+                if (isinstance(call.func, ast.Name) and call.func.id in _ITERATING and len(call.args) == 1
+                        and isinstance(call.args[0], ast.Call)):
+                    call.args[0].fastcrit_iterate = True  # the test only iterates over that value
                 if isinstance(call.func, ast.Name) and call.func.id == callee:
                     for sub in ast.walk(ast.Module(body=[ast.Expr(a) for a in call.args] +
                                                    [ast.Expr(k.value) for k in call.keywords], type_ignores=[])):
@@ -245,7 +252,8 @@ class _Splitter:
                     args = [evaluate(a, names) for a in call.args]
                     kwargs = {k.arg: evaluate(k.value, names) for k in call.keywords}
                     try:
-                        enc = ([to_typed(a) for a in args], {k: to_typed(v) for k, v in kwargs.items()})
+                        enc = ([to_typed(a) for a in args], {k: to_typed(v) for k, v in kwargs.items()},
+                               getattr(call, "fastcrit_iterate", False))
                     except Exception as exc:  # _Plain: a range or another non-data argument
                         raise NotSplittable(f"argument not sendable as data: {exc}") from None
                     if len(outer.calls) >= MAX_CALLS:

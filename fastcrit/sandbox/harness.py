@@ -241,7 +241,7 @@ def to_typed(value, depth=0):
     compares with Python's own ``==``, so a tuple must stay a tuple): ``None``/``bool``/``int``/
     ``float``/``str`` and lists as themselves; ``{"t": [...]}`` tuple, ``{"s": [...]}`` set,
     ``{"f": [...]}`` frozenset, ``{"d": [[k, v], ...]}`` dict (also ``OrderedDict``, ``defaultdict``,
-    ``Counter``, read through ``dict.items``), ``{"c": [re, im]}`` complex, ``{"b": hex}`` bytes.
+    ``Counter``, read through ``dict.items``), ``{"c": [re, im]}`` complex, ``{"b": hex}`` bytes, ``{"r": [start, stop, step]}`` range.
     Anything else (subclasses included) raises _Plain."""
     if depth > 100:
         raise _Plain("value nested too deeply")
@@ -260,6 +260,8 @@ def to_typed(value, depth=0):
         return {"c": [value.real, value.imag]}
     if t is bytes:
         return {"b": value.hex()}
+    if t is range:
+        return {"r": [value.start, value.stop, value.step]}
     raise _Plain(f"returned a {t.__name__}, not a built-in value")
 
 
@@ -305,6 +307,8 @@ def from_typed(obj, depth=0):
             return complex(body[0], body[1])
         if tag == "b" and _type(body) is str:
             return bytes.fromhex(body)
+        if tag == "r" and _type(body) is list and _len(body) == 3 and all(_type(x) is int for x in body):
+            return range(body[0], body[1], body[2])
     raise ValueError(f"malformed typed value of type {t.__name__}")
 
 
@@ -546,8 +550,10 @@ def run_tests(prep: Prepared, reporter: Reporter) -> None:
                     raise NameError(f"entry point {ep!r} is not defined")
                 t = view["tests"][i]
                 if typed:  # a split assert test: arguments and value keep their built-in types
-                    value = to_typed(fn(*[from_typed(a) for a in t["args"]],
-                                        **{k: from_typed(v) for k, v in t["kwargs"].items()}))
+                    value = fn(*[from_typed(a) for a in t["args"]], **{k: from_typed(v) for k, v in t["kwargs"].items()})
+                    if t.get("it"):  # the test only iterates over it (list(f(x)), sorted(f(x)), ...)
+                        value = list(value)
+                    value = to_typed(value)
                 else:
                     value = to_plain(fn(*t["args"], **t["kwargs"]))
         except _Plain as exc:

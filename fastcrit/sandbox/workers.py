@@ -365,7 +365,7 @@ class Worker:
         view = {"kind": kind, "code": job["code"], "entry_point": job.get("entry_point"),
                 "run_all_cases": job["run_all_cases"], "typed": bool(job.get("typed", False)),
                 "tests": job["tests"] if kind == "assert" else
-                [{"args": t["args"], "kwargs": t["kwargs"]} for t in job["tests"]]}
+                [{"args": t["args"], "kwargs": t["kwargs"], "it": bool(t.get("it", False))} for t in job["tests"]]}
         statuses = [None] * n
         stdout = Tail(0, self.cfg["tail_bytes"])
         stderr = Tail(0, self.cfg["tail_bytes"])
