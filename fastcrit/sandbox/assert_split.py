@@ -37,8 +37,9 @@ Differences from running the test in the process, all on the side of refusing a 
 - the test's imports are not run in the execution, so a solution that uses ``math`` without
   importing it, which the in-process run lets through when the test imports ``math``, fails;
 - names like ``abs`` mean the built-ins, even where the solution rebinds them in its globals;
-- ``timeout_s`` applies to each call, not to the whole test; all calls run (in order, in one
-  execution, as in the process), even those after a failing assert.
+- all calls run (in order, in one execution, as in the process), even those after a failing
+  assert; ``timeout_s`` still bounds the whole test (the worker moves the deadline on only when a
+  test's last call has returned), but the calls after a failing assert count towards it.
 """
 from __future__ import annotations
 

@@ -467,7 +467,7 @@ class SandboxPool:
             calls, spans = [], []
             for i in in_pool:
                 spans.append((i, len(calls), len(calls) + len(splits[i].calls)))
-                calls += [{"args": a, "kwargs": k, "it": it} for a, k, it in splits[i].calls]
+                calls += [{"args": a, "kwargs": k, "it": it, "g": j == 0} for j, (a, k, it) in enumerate(splits[i].calls)]
             out = await self._call_worker(worker, job, "call", calls, last_try, typed=True)
             if not isinstance(out, dict):
                 return out

@@ -366,13 +366,16 @@ class Worker:
                 "run_all_cases": job["run_all_cases"], "typed": bool(job.get("typed", False)),
                 "tests": job["tests"] if kind == "assert" else
                 [{"args": t["args"], "kwargs": t["kwargs"], "it": bool(t.get("it", False))} for t in job["tests"]]}
+        # Split assert tests: the calls of one test share its time limit, as they would in the
+        # process; "g" marks the first call of each test (plain call jobs: every call is one).
+        starts = [kind != "call" or bool(t.get("g", True)) for t in job["tests"]]
         statuses = [None] * n
         stdout = Tail(0, self.cfg["tail_bytes"])
         stderr = Tail(0, self.cfg["tail_bytes"])
         start = 0
         while start < n:
             key_box = {}
-            parsed = {"count": 0, "next": start, "code": None, "tampered": False, "loaded": False}
+            parsed = {"count": 0, "next": start, "code": None, "tampered": False, "loaded": False, "group_end": 0.0}
 
             def progress(buf, parsed=parsed, key_box=key_box):
                 """Take in new records; return the time by which the running test must end."""
@@ -388,7 +391,7 @@ class Worker:
                         parsed["code"] = r
                     elif r.get("k") == "loaded":
                         parsed["loaded"] = True
-                        ext = r["t"] + timeout
+                        ext = parsed["group_end"] = r["t"] + timeout
                     elif r.get("k") == "test" and r.get("i") == parsed["next"] and parsed["next"] < n:
                         i = parsed["next"]
                         st, msg, val = r.get("s"), str(r.get("m", ""))[:500], None
@@ -398,7 +401,10 @@ class Worker:
                             st, msg = "error", "bad record"
                         statuses[i] = (st, msg, val)
                         parsed["next"] += 1
-                        ext = r["t"] + timeout
+                        if parsed["next"] >= n or starts[parsed["next"]]:
+                            ext = parsed["group_end"] = r["t"] + timeout
+                        else:
+                            ext = parsed["group_end"]
                     else:
                         parsed["tampered"] = True
                 return ext
