@@ -102,8 +102,11 @@ HOSTILE = {
 }
 
 
-@pytest.fixture(scope="module")
-def hostile_results(pool):
+@pytest.fixture(scope="module", params=["pool", "process"])
+def hostile_results(request):
+    """Every trick against both judges: "pool" (data-only asserts judged in the pool, the default)
+    and "process" (every assert run by the in-process harness)."""
+    pool = request.getfixturevalue("pool" if request.param == "pool" else "process_pool")
     os.makedirs(CANARY_DIR, exist_ok=True)
     with open(CANARY, "w") as fh:
         fh.write("still here")
@@ -190,7 +193,13 @@ def test_pool_healthy_afterwards(pool, hostile_results):
           f"({200 / dt:.0f} jobs/s)")
 
 
-def test_standard_library_return_values_still_pass(pool):
+@pytest.fixture(params=["pool", "process"])
+def either_pool(request):
+    return request.getfixturevalue("pool" if request.param == "pool" else "process_pool")
+
+
+def test_standard_library_return_values_still_pass(either_pool):
+    pool = either_pool
     """The entry-point guard must not fail honest programs that return standard-library values."""
     cases = [
         ("from collections import Counter\ndef f(s):\n    return Counter(s)\n", "assert f('aab') == {'a': 2, 'b': 1}"),
@@ -206,7 +215,8 @@ def test_standard_library_return_values_still_pass(pool):
     assert not bad, bad
 
 
-def test_patched_or_program_defined_values_are_refused(pool):
+def test_patched_or_program_defined_values_are_refused(either_pool):
+    pool = either_pool
     cases = [
         "from collections import Counter\nCounter.__eq__ = lambda s, o: True\ndef f():\n    return Counter('x')\n",
         "from collections import Counter\nclass C(Counter):\n    def __eq__(s, o): return True\ndef f():\n    return C()\n",
