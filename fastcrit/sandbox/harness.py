@@ -489,7 +489,11 @@ class Prepared:
             self.error = _describe(exc)
         guarded = set(_MODULE_SNAPSHOT)
         self.modules = [sorted(guarded & _names(t)) if t is not None else [] for t in (self.tests or [None] * n)]
-        self.builtins = [dict(_PRISTINE_BUILTINS) for _ in range(n - start + 1)]
+        # One fresh builtins dict per test (and one for the code). The calls of a split assert
+        # test ("g" false after its first call) share their test's, as its asserts would in the process.
+        tests = view["tests"]
+        self.fresh = [view["kind"] == "assert" or not _isinstance(t, dict) or t.get("g", True) for t in tests]
+        self.builtins = [dict(_PRISTINE_BUILTINS) for _ in range(2 + sum(self.fresh[start + 1:]))]
 
 
 def _compile(src, name):
@@ -533,14 +537,15 @@ def run_tests(prep: Prepared, reporter: Reporter) -> None:
         if kind == "assert" and _type(fn) is _FunctionType and g.get(ep) is fn:
             g[ep] = _guard(fn)
     for i in range(start, _len(view["tests"])):
-        _reset_process_state(prep.modules[i])
-        if _thread_count is not None and _thread_count() > 0:
-            reporter.send({"k": "test", "i": i, "s": "error",
-                           "m": "background threads are still running; tests are not run beside them"})
-            if not view["run_all_cases"]:
-                break
-            continue
-        g["__builtins__"] = prep.builtins.pop()
+        if prep.fresh[i] or i == start:
+            _reset_process_state(prep.modules[i])
+            if _thread_count is not None and _thread_count() > 0:
+                reporter.send({"k": "test", "i": i, "s": "error",
+                               "m": "background threads are still running; tests are not run beside them"})
+                if not view["run_all_cases"]:
+                    break
+                continue
+            g["__builtins__"] = prep.builtins.pop()
         status, msg, value = "passed", "", None
         try:
             if kind == "assert":

@@ -365,7 +365,8 @@ class Worker:
         view = {"kind": kind, "code": job["code"], "entry_point": job.get("entry_point"),
                 "run_all_cases": job["run_all_cases"], "typed": bool(job.get("typed", False)),
                 "tests": job["tests"] if kind == "assert" else
-                [{"args": t["args"], "kwargs": t["kwargs"], "it": bool(t.get("it", False))} for t in job["tests"]]}
+                [{"args": t["args"], "kwargs": t["kwargs"], "it": bool(t.get("it", False)), "g": bool(t.get("g", True))}
+                 for t in job["tests"]]}
         # Split assert tests: the calls of one test share its time limit, as they would in the
         # process; "g" marks the first call of each test (plain call jobs: every call is one).
         starts = [kind != "call" or bool(t.get("g", True)) for t in job["tests"]]

@@ -207,11 +207,16 @@ def test_split_verdicts_equal_in_process_on_wrong_solutions(pool, process_pool, 
     a = pool.run_many(jobs)
     b = process_pool.run_many(jobs)
     assert {r.judged_in for r in a} == {"pool"}
+    # A mutant that runs close to the time limit may finish in one run and not in the other (the
+    # machine is shared): timing, not the split's semantics. Those are left out, and must be few.
+    timed = [x.id for x, y in zip(a, b) if "timeout" in (x.status, y.status)]
     differ = [(x.id, x.status, x.tests[0].message[:80], y.status, y.tests[0].message[:80])
-              for x, y in zip(a, b) if x.all_passed != y.all_passed]
+              for x, y in zip(a, b) if x.all_passed != y.all_passed and x.id not in timed]
     n_fail = sum(not y.all_passed for y in b)
-    print(f"\n{len(jobs)} mutants of pool-judged problems: {n_fail} fail in the process; verdicts differ on {len(differ)}")
+    print(f"\n{len(jobs)} mutants of pool-judged problems: {n_fail} fail in the process, {len(timed)} time out "
+          f"in either; verdicts differ on {len(differ)}")
     assert n_fail > len(jobs) // 2  # the mutants are really wrong, mostly
+    assert len(timed) < len(jobs) // 10
     assert differ == []
 
 
