@@ -60,7 +60,13 @@ _PURE_BUILTINS = {
     "int": int, "str": str, "bool": bool, "range": range, "all": all, "any": any, "reversed": reversed,
 }
 _MATH = {"isclose": math.isclose, "fabs": math.fabs, "sqrt": math.sqrt, "floor": math.floor,
-         "ceil": math.ceil, "inf": math.inf, "pi": math.pi, "e": math.e, "nan": math.nan}
+         "ceil": math.ceil, "inf": math.inf, "pi": math.pi, "e": math.e, "tau": math.tau, "nan": math.nan}
+# Every node an accepted assert may contain (the evaluator handles exactly these).
+_NODES = (ast.Constant, ast.Name, ast.Load, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.UnaryOp, ast.BinOp,
+          ast.BoolOp, ast.Compare, ast.Subscript, ast.Slice, ast.Call, ast.Attribute, ast.keyword,
+          ast.And, ast.Or, ast.Not, ast.USub, ast.UAdd, ast.Invert, ast.Add, ast.Sub, ast.Mult, ast.Div,
+          ast.FloorDiv, ast.Mod, ast.Pow, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Is,
+          ast.IsNot, ast.In, ast.NotIn)
 _NUMBER = (int, float, complex, bool)
 # Functions whose result depends only on the sequence their argument yields: the execution may
 # send list(value) for a call they wrap (a generator, a deque, a map object ...).
@@ -199,6 +205,11 @@ def evaluate(node: ast.expr, names: dict, slots: dict | None = None):
         if not isinstance(v, (str, bytes, list, tuple, dict)):
             raise TypeError(f"'{type(v).__name__}' object is not subscriptable")
         return v[idx]
+    if isinstance(node, ast.Attribute):
+        if (isinstance(node.value, ast.Name) and node.value.id == "math" and names.get("math") is math
+                and node.attr in _MATH and not callable(_MATH[node.attr])):
+            return _MATH[node.attr]
+        raise NotSplittable(f"attribute {ast.unparse(node)}")
     if isinstance(node, ast.Call):
         fn = _func(node.func, names)
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
@@ -212,8 +223,6 @@ def evaluate(node: ast.expr, names: dict, slots: dict | None = None):
             r = range(*args)
             _size_ok(len(r))
             return r
-        if fn in (str, int, float) and args and not isinstance(args[0], (str, int, float, bool)):
-            raise TypeError(f"{fn.__name__}() of a {type(args[0]).__name__} is not evaluated in the pool")
         if fn in (list, tuple, set, frozenset, sorted, sum, min, max, all, any) and args and isinstance(args[0], range):
             _size_ok(len(args[0]))
         out = fn(*args, **kwargs)
@@ -298,17 +307,21 @@ class _Splitter:
             if isinstance(sub, ast.Call):
                 _func(sub.func, names)
                 funcs.add(id(sub.func))
-                if isinstance(sub.func, ast.Attribute):
-                    funcs.add(id(sub.func.value))
+            if isinstance(sub, ast.Attribute):  # math.<name>; checked below
+                funcs.add(id(sub.value))
         for sub in ast.walk(expr):
             if isinstance(sub, ast.Name) and id(sub) not in funcs and (sub.id not in names or names[sub.id] is math):
                 raise NotSplittable(f"uses the name {sub.id!r}")
-            if isinstance(sub, (ast.Lambda, ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictComp,
-                                ast.IfExp, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom,
-                                ast.JoinedStr, ast.Starred)):
+            if not isinstance(sub, _NODES):
                 raise NotSplittable(f"expression {type(sub).__name__} in an assert")
-            if isinstance(sub, ast.Attribute) and not (isinstance(sub.value, ast.Name) and sub.value.id == "math"):
+            if isinstance(sub, ast.Attribute) and not (
+                    isinstance(sub.value, ast.Name) and sub.value.id == "math" and names.get("math") is math
+                    and sub.attr in _MATH):
                 raise NotSplittable(f"attribute {ast.unparse(sub)}")
+            if isinstance(sub, ast.Dict) and any(k is None for k in sub.keys):
+                raise NotSplittable("** in a dict display")
+            if isinstance(sub, (ast.List, ast.Tuple, ast.Set)) and any(isinstance(e, ast.Starred) for e in sub.elts):
+                raise NotSplittable("starred element")
         consts = {k: v for k, v in names.items() if k != "\0mutable-passed"}
         self.checks.append(Check(expr, slots, ast.unparse(stmt)[:200], consts))
         self._mutable_args_used(stmt, names, callee)

@@ -57,6 +57,10 @@ def test_accepted_forms(test):
     ("def check(candidate):\n    assert candidate(1) == 1\n", "never called"),
     ("def check(candidate):\n    assert candidate(1) == 1\ncheck(g)", "other than check(f)"),
     ("assert f(1).real == 1", "attribute"),
+    ("assert math.pi == f(1)", "attribute math.pi"),  # math never imported by the test
+    ("assert f(1) == (lambda: 1)()", "lambda"),
+    ("assert f(1) == 1 if True else 2", "IfExp"),
+    ("assert f'{f(1)}' == '1'", "JoinedStr"),
     ("assert [x for x in f(1)] == [1]", "ListComp"),
     ("assert f(1) == 1\nprint('done')", "statement Expr"),
     ("assert sorted(f(1), key=len) == []", "name 'len'"),
@@ -244,6 +248,10 @@ EDGE = [  # (code, test): the verdict must be the same in both modes
     ("def f(x):\n    return (i for i in range(x))\n", "assert sorted(f(3), reverse=True) == [2, 1, 0]"),
     ("calls = []\ndef f(x):\n    calls.append(x)\n    return len(calls)\n", "assert f(0) == 1\nassert f(0) == 2"),
     ("def f(x):\n    return 1\n", "def check(candidate):\n    for i in range(3):\n        assert candidate(i) == i\ncheck(f)"),
+    ("def f(x):\n    return 3.141592653589793\n", "import math\nassert abs(f(1) - math.pi) < 1e-12"),
+    ("def f(x):\n    return 3.0\n", "import math\nassert abs(f(1) - math.pi) < 1e-12"),
+    ("def f(x):\n    return [1, (2, 'a')]\n", "assert str(f(1)) == \"[1, (2, 'a')]\""),
+    ("def f(x):\n    return {'b': 1, 'a': 2}\n", "assert list(f(1)) == ['b', 'a'] and max(f(1)) == 'b'"),
 ]
 
 
