@@ -37,9 +37,10 @@ Differences from running the test in the process, all on the side of refusing a 
 - the test's imports are not run in the execution, so a solution that uses ``math`` without
   importing it, which the in-process run lets through when the test imports ``math``, fails;
 - names like ``abs`` mean the built-ins, even where the solution rebinds them in its globals;
-- all calls run (in order, in one execution, as in the process), even those after a failing
-  assert; ``timeout_s`` still bounds the whole test (the worker moves the deadline on only when a
-  test's last call has returned), but the calls after a failing assert count towards it.
+- the calls run in order, in one execution, as in the process, but those after a failing assert
+  run too (only the pool knows the value is wrong; after a call that does not return at all, the
+  worker skips the rest of that test); ``timeout_s`` bounds the whole test (the worker moves the
+  deadline on only when a test's last call has returned), so those extra calls count towards it.
 """
 from __future__ import annotations
 
