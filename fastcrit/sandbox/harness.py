@@ -16,7 +16,8 @@ and an audit hook (which cannot be removed) refusing new audit hooks, trace/prof
 ``gc``/``ctypes`` introspection and frame access (``sys._getframe``, ``tb_frame``, ``gi_frame``).
 NOT covered: a frame reached another way (the frame argument of a signal handler) leads to the
 harness's signing object, so a program written against this harness could forge ``assert`` records;
-``stdio``/``call`` verdicts do not have this weakness (see docs/sandbox.md).
+``stdio``/``call`` verdicts, and assert tests the pool judges itself (assert_split.py: typed calls,
+``to_typed``/``from_typed`` below), do not have this weakness (see docs/sandbox.md).
 """
 from __future__ import annotations
 
