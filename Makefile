@@ -23,9 +23,10 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q -ra tests
 
+# Every benchmark, one after another (each also runs alone: python benchmarks/bench_<thing>.py).
 bench: install
-	$(BIN)/python benchmarks/bench_fused_logprobs.py
-	$(BIN)/python benchmarks/bench_sandbox.py
+	$(BIN)/pip install -q -e '.[bench]'
+	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info runs

