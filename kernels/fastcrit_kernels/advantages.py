@@ -13,7 +13,6 @@ differentiable group step.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -89,12 +88,18 @@ def group_ids(index, batch: int, device: torch.device) -> tuple[torch.Tensor, in
             raise ValueError(f"index must hold integer group ids, got dtype {index.dtype}")
         _, inv = torch.unique(index.to(device), return_inverse=True)
         return inv.long(), int(inv.max().item()) + 1 if batch else 0
-    arr = np.asarray(index)
-    if arr.ndim != 1 or arr.shape[0] != batch:
-        raise ValueError(f"index must have shape [{batch}], got {arr.shape}")
-    _, inv = np.unique(arr, return_inverse=True)
-    inv = torch.as_tensor(inv.reshape(-1), dtype=torch.long, device=device)
-    return inv, int(inv.max().item()) + 1 if batch else 0
+    # Any sequence of hashables (list, tuple, numpy array of uid strings): plain Python, so the
+    # package needs nothing beyond torch and triton. Group numbering is by first appearance.
+    if getattr(index, "ndim", 1) != 1 or len(index) != batch:
+        shape = getattr(index, "shape", (len(index),))
+        raise ValueError(f"index must have shape [{batch}], got {tuple(shape)}")
+    dense: dict = {}
+    try:
+        ids = [dense.setdefault(x, len(dense)) for x in index]
+    except TypeError as e:
+        raise ValueError(f"index entries must be hashable group ids: {e}") from None
+    inv = torch.tensor(ids, dtype=torch.long, device=device)
+    return inv, len(dense)
 
 
 def group_segments(inv: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
