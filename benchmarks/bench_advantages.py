@@ -6,13 +6,12 @@ as in bench_kl.py (CPU: ``backend="torch"``; GPU: ``triton`` too). No gradient i
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 import torch
 
-from bench_kl import fixed_mmap_threshold, machine, measure, write_rows
+from _common import machine, measure, start, write_rows
 from fastcrit_kernels import group_advantages
 from fastcrit_kernels._reference import ref_group_advantages
 
@@ -20,15 +19,7 @@ NAME = "advantages"
 
 
 def main() -> None:
-    fixed_mmap_threshold()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small shapes, few repeats")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch intra-op threads (default: torch's choice); 1 is steadier on a loaded machine")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    args, device = start(__doc__)
     shapes = [(16, 8)] if args.quick else [(64, 8), (256, 16), (1024, 16)]  # (prompts, samples per prompt)
     repeats = 3 if args.quick else 9
     backends = ["torch", "triton"] if device.type == "cuda" else ["torch"]

@@ -7,13 +7,12 @@ bench_kl.py (CPU: ``backend="torch"``, RSS growth; GPU: ``triton`` too, torch pe
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 import torch
 
-from bench_kl import fixed_mmap_threshold, machine, measure, write_rows
+from _common import machine, measure, start, write_rows
 from fastcrit_kernels import ppo_policy_loss, value_loss
 
 NAME = "ppo"
@@ -39,15 +38,7 @@ def eager_value_loss(v, vo, R, mask, clip=0.5):
 
 
 def main() -> None:
-    fixed_mmap_threshold()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small shapes, few repeats")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch intra-op threads (default: torch's choice); 1 is steadier on a loaded machine")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    args, device = start(__doc__)
     shapes = [(8, 512)] if args.quick else [(16, 512), (64, 2048), (256, 4096)]
     repeats = 3 if args.quick else 11
     backends = ["torch", "triton"] if device.type == "cuda" else ["torch"]
