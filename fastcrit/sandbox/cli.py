@@ -5,7 +5,6 @@ The trainer's CLI calls ``register(subparsers)``; ``python -m fastcrit.sandbox.c
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys

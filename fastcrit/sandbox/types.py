@@ -5,7 +5,7 @@ Everything here is plain Python (no torch): the sandbox is a service any trainer
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 KINDS = ("assert", "stdio", "call")

@@ -14,3 +14,12 @@ from fastcrit_kernels.advantages import ESTIMATORS, broadcast_to_tokens, group_a
 from fastcrit_kernels.ppo import AGG_MODES, aggregate_loss, ppo_policy_loss, value_loss
 from fastcrit_kernels.pacs import pacs_loss
 from fastcrit_kernels.fused_linear import fused_linear_pacs_loss, fused_linear_ppo_loss
+
+__all__ = [
+    "BACKENDS", "resolve_backend",
+    "fused_logprobs", "fused_linear_ppo_loss", "fused_linear_pacs_loss",
+    "KL_KINDS", "kl_penalty",
+    "ESTIMATORS", "group_advantages", "broadcast_to_tokens",
+    "AGG_MODES", "aggregate_loss", "ppo_policy_loss", "value_loss",
+    "pacs_loss",
+]

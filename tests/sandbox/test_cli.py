@@ -1,10 +1,8 @@
 import argparse
 import json
-import os
 import subprocess
 import sys
 
-import pytest
 
 from fastcrit.sandbox import cli
 

@@ -1,5 +1,4 @@
 """Thousands of mixed jobs in one concurrent run give the same results as one at a time."""
-import asyncio
 
 from fastcrit.sandbox import Job, SandboxPool
 from fastcrit.sandbox.pool import new_event_loop

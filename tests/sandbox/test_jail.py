@@ -1,6 +1,5 @@
 """What the jail does on this machine, checked from inside a running worker."""
 import os
-import warnings
 
 import pytest
 

@@ -1,6 +1,5 @@
 """The FSDP2 actor: log-probs equal a plain Hugging Face forward; micro-batching and 2 processes
 change nothing but the schedule."""
-import os
 
 import pytest
 import torch
