@@ -45,6 +45,44 @@ GPU_CHUNK_BYTES = 512 * 1024 * 1024
 # Triton kernels
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _scaled_logits_tile(
+    h_ptr,  # [N, H] hidden states, row stride stride_hn, unit column stride
+    w_ptr,  # [V, H] lm_head weight, row stride stride_wv, unit column stride
+    b_ptr,  # [V] bias (read only when HAS_BIAS)
+    rows,  # [BLOCK_N] token rows of this tile, row_ok masks them
+    row_ok,
+    cols,  # [BLOCK_V] vocab columns of this tile, col_ok masks them
+    col_ok,
+    H,
+    stride_hn,
+    stride_wv,
+    inv_t,
+    HAS_BIAS: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """(h[rows] @ w[cols].T + b[cols]) / T for one [BLOCK_N, BLOCK_V] tile, fp32 accumulation."""
+    acc = tl.zeros([BLOCK_N, BLOCK_V], tl.float32)
+    for k0 in range(0, H, BLOCK_H):
+        ks = k0 + tl.arange(0, BLOCK_H)
+        k_ok = ks < H
+        h = tl.load(h_ptr + rows[:, None] * stride_hn + ks[None, :],
+                    mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptr + cols[:, None] * stride_wv + ks[None, :],
+                    mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if DOT_FP32:
+            acc = tl.dot(h.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(h, tl.trans(w), acc)
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        acc += b[None, :]
+    return acc * inv_t
+
+
+@triton.jit
 def _logprobs_fwd_kernel(
     h_ptr,  # [N, H] hidden states, row stride stride_hn, unit column stride
     w_ptr,  # [V, H] lm_head weight, row stride stride_wv, unit column stride
@@ -82,22 +120,8 @@ def _logprobs_fwd_kernel(
     for v0 in range(v_lo, v_hi, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
         col_ok = cols < v_hi
-        acc = tl.zeros([BLOCK_N, BLOCK_V], tl.float32)
-        for k0 in range(0, H, BLOCK_H):
-            ks = k0 + tl.arange(0, BLOCK_H)
-            k_ok = ks < H
-            h = tl.load(h_ptr + rows[:, None] * stride_hn + ks[None, :],
-                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_ptr + cols[:, None] * stride_wv + ks[None, :],
-                        mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            if DOT_FP32:
-                acc = tl.dot(h.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(h, tl.trans(w), acc)
-        if HAS_BIAS:
-            b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            acc += b[None, :]
-        z = acc * inv_t
+        z = _scaled_logits_tile(h_ptr, w_ptr, b_ptr, rows, row_ok, cols, col_ok, H, stride_hn,
+                                stride_wv, inv_t, HAS_BIAS, DOT_FP32, BLOCK_N, BLOCK_V, BLOCK_H)
         # padded columns must not count: -inf, not 0
         z = tl.where(col_ok[None, :], z, float("-inf"))
         m_new = tl.maximum(m, tl.max(z, axis=1))
@@ -151,22 +175,8 @@ def _logprobs_bwd_dlogits_kernel(
     cols = v_start + local
     col_ok = cols < v_end
 
-    acc = tl.zeros([BLOCK_N, BLOCK_V], tl.float32)
-    for k0 in range(0, H, BLOCK_H):
-        ks = k0 + tl.arange(0, BLOCK_H)
-        k_ok = ks < H
-        h = tl.load(h_ptr + rows[:, None] * stride_hn + ks[None, :],
-                    mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptr + cols[:, None] * stride_wv + ks[None, :],
-                    mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if DOT_FP32:
-            acc = tl.dot(h.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(h, tl.trans(w), acc)
-    if HAS_BIAS:
-        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        acc += b[None, :]
-    z = acc * inv_t
+    z = _scaled_logits_tile(h_ptr, w_ptr, b_ptr, rows, row_ok, cols, col_ok, H, stride_hn,
+                            stride_wv, inv_t, HAS_BIAS, DOT_FP32, BLOCK_N, BLOCK_V, BLOCK_H)
 
     labels = tl.load(labels_ptr + rows, mask=row_ok, other=-1)
     lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
