@@ -30,8 +30,21 @@ from . import jail as jail_mod
 from .assert_split import judge_split, split_test
 from .cache import ResultCache, job_key
 from .harness import stdout_matches, values_equal
-from .types import (ERROR, FAILED, PASSED, SKIPPED, STATUSES, Job, JobError, Result, SandboxConfig, TestResult,
-                    error_result, summarise)
+from .streaming import run_all, stream_results
+from .types import (
+    ERROR,
+    FAILED,
+    PASSED,
+    SKIPPED,
+    STATUSES,
+    Job,
+    JobError,
+    Result,
+    SandboxConfig,
+    TestResult,
+    error_result,
+    summarise,
+)
 
 _HDR = struct.Struct(">I")
 _POOLS_STARTED = 0
@@ -481,37 +494,12 @@ class SandboxPool:
         return summarise(job.id, tests, stdout=tails.get("stdout", ""), stderr=tails.get("stderr", ""),
                          judged_in=where)
 
-    async def stream(self, jobs: Iterable) -> AsyncIterator[tuple[int, Result]]:
-        """Yield (index, result) as jobs finish. At most ``max_concurrency`` run at once; a job that
-        is not valid yields an error result naming the problem."""
-        queue: asyncio.Queue = asyncio.Queue()
-
-        async def one(i, job):
-            try:
-                r = await self.run(job)
-            except JobError as exc:
-                r = error_result(getattr(job, "id", None) if not isinstance(job, dict) else job.get("id"),
-                                 0, f"invalid job: {exc}")
-            await queue.put((i, r))
-
-        tasks = []
-        count = 0
-        for i, job in enumerate(jobs):
-            tasks.append(asyncio.ensure_future(one(i, job)))
-            count += 1
-        try:
-            for _ in range(count):
-                yield await queue.get()
-        finally:
-            for t in tasks:
-                t.cancel()
+    def stream(self, jobs: Iterable) -> AsyncIterator[tuple[int, Result]]:
+        """Yield (index, result) as jobs finish (see streaming.stream_results)."""
+        return stream_results(self.run, jobs)
 
     async def run_many(self, jobs: Iterable) -> list[Result]:
-        jobs = list(jobs)
-        out: list = [None] * len(jobs)
-        async for i, r in self.stream(jobs):
-            out[i] = r
-        return out
+        return await run_all(self.run, jobs)
 
 
 class SyncSandboxPool:

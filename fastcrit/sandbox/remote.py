@@ -28,8 +28,20 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Iterable
 
 from .harness import values_equal
-from .types import (ERROR, FAILED, PASSED, SKIPPED, TIMEOUT, Job, JobError, Result, SandboxConfig, TestResult,
-                    error_result, summarise)
+from .streaming import run_all, stream_results
+from .types import (
+    ERROR,
+    FAILED,
+    PASSED,
+    SKIPPED,
+    TIMEOUT,
+    Job,
+    Result,
+    SandboxConfig,
+    TestResult,
+    error_result,
+    summarise,
+)
 
 
 class RemoteError(RuntimeError):
@@ -205,27 +217,9 @@ class RemoteSandbox:
             tests.append(TestResult(SKIPPED))
         return summarise(job.id, tests)
 
-    async def stream(self, jobs: Iterable) -> AsyncIterator[tuple[int, Result]]:
-        queue: asyncio.Queue = asyncio.Queue()
-
-        async def one(i, job):
-            try:
-                r = await self.run(job)
-            except JobError as exc:
-                r = error_result(job.get("id") if isinstance(job, dict) else None, 0, f"invalid job: {exc}")
-            await queue.put((i, r))
-
-        tasks = [asyncio.ensure_future(one(i, j)) for i, j in enumerate(jobs)]
-        try:
-            for _ in tasks:
-                yield await queue.get()
-        finally:
-            for t in tasks:
-                t.cancel()
+    def stream(self, jobs: Iterable) -> AsyncIterator[tuple[int, Result]]:
+        """Yield (index, result) as jobs finish (see streaming.stream_results)."""
+        return stream_results(self.run, jobs)
 
     async def run_many(self, jobs: Iterable) -> list[Result]:
-        jobs = list(jobs)
-        out: list = [None] * len(jobs)
-        async for i, r in self.stream(jobs):
-            out[i] = r
-        return out
+        return await run_all(self.run, jobs)
