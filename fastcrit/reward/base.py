@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from fastcrit.data.problems import Problem
+
 
 @dataclass
 class RewardItem:
@@ -11,6 +13,7 @@ class RewardItem:
     response: str  # decoded response text, special tokens removed
     answer: str  # the reference answer ("" when the task has none)
     meta: dict = field(default_factory=dict)
+    problem: Problem | None = None  # code tasks: the tests the response's program must pass
 
 
 @dataclass
