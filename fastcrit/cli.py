@@ -10,10 +10,19 @@ from fastcrit.data.datasets import DatasetError
 RECIPES = ("grpo", "rloo")  # algorithm.name values `fastcrit train` knows
 
 
-def _train_entry(ctx, cfg):
-    from fastcrit.recipes.grpo import run_grpo
+def _recipe(name: str):
+    """algorithm.name -> the recipe class (imported only when used)."""
+    if name in ("grpo", "rloo"):
+        from fastcrit.recipes.grpo import GRPO
 
-    run_grpo(ctx, cfg)
+        return GRPO
+    raise ConfigError(f"algorithm.name={name!r} has no recipe (available: {', '.join(RECIPES)})")
+
+
+def _train_entry(ctx, cfg):
+    from fastcrit.recipes.scaffold import run_recipe
+
+    run_recipe(ctx, cfg, _recipe(cfg.algorithm.name))
 
 
 def _sft_entry(ctx, cfg):

@@ -15,6 +15,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 
+from fastcrit.models.tiny import TinySettings  # torch-free at import; the tiny model's own defaults
 from fastcrit.sandbox.types import SandboxConfig  # torch-free; the sandbox's own defaults
 
 
@@ -23,25 +24,10 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class TinyModelConfig:
-    """The tiny Qwen2-architecture model built locally when `model.path: tiny`."""
-
-    hidden: int = 128
-    layers: int = 4
-    heads: int = 4
-    kv_heads: int = 2
-    intermediate: int = 512
-    vocab_size: int = 512  # BPE vocabulary trained locally (byte-level, so any text encodes)
-    max_positions: int = 2048
-    tie_word_embeddings: bool = False
-    seed: int = 0
-
-
-@dataclass
 class ModelConfig:
     path: str = "tiny"  # a local Hugging Face directory, or "tiny" (built once, cached on disk)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)  # cached under $FASTCRIT_CACHE
+    tiny: TinySettings = field(default_factory=TinySettings)  # built once, cached under $FASTCRIT_CACHE
 
 
 @dataclass

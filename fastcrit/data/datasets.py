@@ -1,5 +1,9 @@
 """Datasets of (prompt, answer) examples from shipped tasks, .jsonl or .parquet files.
 
+A row is either ``{prompt_key: str, answer_key: str, ...}`` or a chat ``{"messages": [{"role",
+"content"}, ...]}`` whose last message is the assistant's answer (what SFT trains on) and whose
+earlier turns (ending with a user turn) are the prompt.
+
 Bad rows never crash a run deep inside and are never lost silently: each is counted and reported
 (file, line, reason) in `Dataset.skipped`, and the loader raises if nothing usable is left.
 """
@@ -18,9 +22,10 @@ class DatasetError(ValueError):
 
 @dataclass
 class Example:
-    prompt: str
+    prompt: str  # the (last) user message
     answer: str
     meta: dict = field(default_factory=dict)  # every other column of the row
+    messages: list[dict] | None = None  # a chat row: the turns before the answer (last is "user")
 
 
 @dataclass
@@ -75,12 +80,35 @@ def _rows(path: str):
             yield i, row, None
 
 
+ROLES = ("system", "user", "assistant")
+
+
+def parse_messages(messages) -> tuple[list[dict] | None, str]:
+    """Check a chat row's ``messages``; returns (turns before the answer, answer) or (None, reason)."""
+    if not isinstance(messages, list) or len(messages) < 2:
+        return None, "'messages' must be a list of at least a user turn and the assistant's answer"
+    for j, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            return None, f"messages[{j}] must be {{role: system|user|assistant, content: str}}"
+    if messages[-1]["role"] != "assistant" or messages[-2]["role"] != "user":
+        return None, "'messages' must end with a user turn followed by the assistant's answer"
+    return [dict(role=m["role"], content=m["content"]) for m in messages[:-1]], messages[-1]["content"]
+
+
 def load_dataset(spec: str, prompt_key: str = "prompt", answer_key: str = "answer",
                  default_split: str = "train") -> Dataset:
     path = resolve_source(spec, default_split)
     examples: list[Example] = []
     skipped: list[str] = []
     for line_no, row, err in _rows(path):
+        if err is None and "messages" in row:
+            turns, answer = parse_messages(row["messages"])
+            if turns is None:
+                skipped.append(f"{path}:{line_no}: {answer}")
+                continue
+            meta = {k: v for k, v in row.items() if k != "messages"}
+            examples.append(Example(prompt=turns[-1]["content"], answer=answer, meta=meta, messages=turns))
+            continue
         if err is None:
             prompt, answer = row.get(prompt_key), row.get(answer_key)
             if not isinstance(prompt, str) or not prompt:

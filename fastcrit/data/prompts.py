@@ -12,9 +12,11 @@ class EncodedPrompt:
     example: Example
 
 
-def render_chat(tokenizer, user: str, system: str = "") -> str:
-    messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": user}]
+def render_chat(tokenizer, user: str | list[dict], system: str = "") -> str:
+    """A user message (or a whole conversation) in the chat template, ready for the answer."""
+    messages = [{"role": "user", "content": user}] if isinstance(user, str) else list(user)
+    if system and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": system}] + messages
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
@@ -28,7 +30,8 @@ def encode_prompts(tokenizer, examples: list[Example], *, system: str = "",
     out: list[EncodedPrompt] = []
     skipped: list[str] = []
     for i, ex in enumerate(examples):
-        ids = tokenizer.encode(render_chat(tokenizer, ex.prompt, system), add_special_tokens=False)
+        ids = tokenizer.encode(render_chat(tokenizer, ex.messages or ex.prompt, system),
+                               add_special_tokens=False)
         if len(ids) > max_len:
             skipped.append(f"example {i}: prompt has {len(ids)} tokens > data.max_prompt_len={max_len}")
             continue

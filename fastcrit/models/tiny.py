@@ -19,16 +19,17 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 
-import torch
-
 from fastcrit.models.tokenizer import corpus_hash, default_corpus, train_tokenizer
 
 # Bump when the build recipe changes in a way that changes the files it writes.
 _FORMAT_VERSION = 1
 
 
-@dataclass(frozen=True)
+@dataclass
 class TinySettings:
+    """The tiny model's size and seed; every default lives here (the config's ``model.tiny`` is
+    this class)."""
+
     hidden: int = 128
     layers: int = 4
     heads: int = 4
@@ -52,45 +53,36 @@ class TinySettings:
                              "even (rotary embeddings)")
 
 
-def build_tiny_model(
-    directory: str,
-    *,
-    hidden: int = 128,
-    layers: int = 4,
-    heads: int = 4,
-    kv_heads: int = 2,
-    intermediate: int = 512,
-    vocab_size: int = 512,
-    max_positions: int = 2048,
-    tie_word_embeddings: bool = False,
-    seed: int = 0,
-    corpus: list[str] | None = None,
-) -> str:
-    """Build the tiny model and its tokenizer and save them to ``directory``; return the path."""
+def build_tiny_model(directory: str, *, corpus: list[str] | None = None, **settings) -> str:
+    """Build the tiny model and its tokenizer and save them to ``directory``; return the path.
+
+    ``settings`` are TinySettings fields (their defaults apply to the ones left out).
+    """
+    import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    s = TinySettings(hidden, layers, heads, kv_heads, intermediate, vocab_size, max_positions,
-                     tie_word_embeddings, seed)
+    s = TinySettings(**settings)
     s.validate()
+    hidden, vocab_size = s.hidden, s.vocab_size
     tokenizer = train_tokenizer(vocab_size, corpus)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=max_positions,
+        intermediate_size=s.intermediate,
+        num_hidden_layers=s.layers,
+        num_attention_heads=s.heads,
+        num_key_value_heads=s.kv_heads,
+        max_position_embeddings=s.max_positions,
         rope_theta=10000.0,
         rms_norm_eps=1e-6,
-        tie_word_embeddings=tie_word_embeddings,
+        tie_word_embeddings=s.tie_word_embeddings,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         use_cache=True,
     )
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.manual_seed(s.seed)
         model = Qwen2ForCausalLM(config).to(torch.float32)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False)

@@ -16,13 +16,23 @@ def check_hardware(cfg: Config, config_path: str | None) -> None:
     """Fail at once, with the way out, when the config asks for hardware this machine lacks."""
     where = config_path or "the config"
     if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
+        twin = cpu_twin(config_path)
         raise ConfigError(
             f"{where} is a GPU setup (trainer.device: cuda, rollout.engine: {cfg.rollout.engine}) "
             "and this machine has no CUDA device. For the embedded CPU default run: "
-            "fastcrit train configs/cpu/grpo.yaml")
+            f"fastcrit train {twin}")
     if cfg.rollout.engine == "sglang" and cfg.trainer.device != "cuda":
         raise ConfigError(f"{where}: rollout.engine=sglang needs trainer.device=cuda; "
                           "use rollout.engine=native on CPU")
+
+
+def cpu_twin(config_path: str | None) -> str:
+    """configs/<algo>.yaml -> configs/cpu/<algo>.yaml (the GRPO one when there is no twin)."""
+    if config_path:
+        twin = os.path.join(os.path.dirname(config_path), "cpu", os.path.basename(config_path))
+        if os.path.isfile(twin):
+            return os.path.relpath(twin) if not os.path.isabs(config_path) else twin
+    return "configs/cpu/grpo.yaml"
 
 
 def model_spec(cfg: Config) -> str:

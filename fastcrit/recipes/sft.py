@@ -5,6 +5,7 @@ policy and fused log-prob kernel as RL. The result is a Hugging Face directory `
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -55,10 +56,9 @@ def run_sft(ctx: DistContext, cfg: Config, model_path: str | None = None) -> str
                  show={"nll": "sft/nll", "tok/s": "throughput/tokens_per_s"})
     for msg in data.skipped + too_long:
         log.write(f"sft: skipped {msg}")
+    optim = dataclasses.replace(cfg.optim, lr=cfg.sft.lr, warmup_steps=cfg.sft.warmup_steps)
     actor = build_actor(model_path, dtype=cfg.model.dtype, device=ctx.device,
-                        world_size=ctx.world_size, lr=cfg.sft.lr, weight_decay=cfg.optim.weight_decay,
-                        betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
-                        warmup_steps=cfg.sft.warmup_steps)
+                        world_size=ctx.world_size, optim=optim)
     answers = [encode_answer(tok, p.example.answer) for p in prompts]
     for step in range(1, cfg.sft.steps + 1):
         t0 = time.perf_counter()

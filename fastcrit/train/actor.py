@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from fastcrit.algos.losses import policy_objective
+from fastcrit.config import AlgorithmConfig, OptimConfig
 from fastcrit.models.hf import load_model, parse_dtype
 from fastcrit.train.policy import CausalLMLogprobs, shard
 from fastcrit.types import RolloutBatch
@@ -27,10 +28,13 @@ class Actor:
 
 
 def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size: int,
-                lr: float = 0.0, weight_decay: float = 0.0, betas=(0.9, 0.999), eps: float = 1e-8,
-                warmup_steps: int = 0, trainable: bool = True) -> Actor:
-    # A trainable policy keeps fp32 master weights and computes in ``dtype`` (FSDP2 mixed
-    # precision, gradients reduced in fp32); a frozen one is simply stored in ``dtype``.
+                optim: OptimConfig | None = None) -> Actor:
+    """The FSDP2 policy with AdamW by ``optim``, or a frozen model (a reference) when it is None.
+
+    A trainable policy keeps fp32 master weights and computes in ``dtype`` (FSDP2 mixed precision,
+    gradients reduced in fp32); a frozen one is simply stored in ``dtype``.
+    """
+    trainable = optim is not None
     compute = parse_dtype(dtype)
     lm = load_model(model_path, dtype=torch.float32 if trainable else compute, device="cpu")
     lm.config.use_cache = False
@@ -42,9 +46,9 @@ def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size
     shard(module, world_size, device, param_dtype=compute if mixed else None)
     if not trainable:
         return Actor(module, None, None, device)
-    opt = torch.optim.AdamW(module.parameters(), lr=lr, betas=betas, eps=eps,
-                            weight_decay=weight_decay, foreach=True)
-    warm = max(0, warmup_steps)
+    opt = torch.optim.AdamW(module.parameters(), lr=optim.lr, betas=(optim.beta1, optim.beta2),
+                            eps=optim.eps, weight_decay=optim.weight_decay, foreach=True)
+    warm = max(0, optim.warmup_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
     return Actor(module, opt, sched, device)
 
@@ -79,42 +83,44 @@ def _weight(mb_mask: torch.Tensor, full_mask: torch.Tensor, agg: str) -> float:
     return valid(mb_mask) / max(valid(full_mask), 1)
 
 
-def update_policy(actor: Actor, batch: RolloutBatch, *, temperature: float, micro_batch_size: int,
-                  grad_clip: float, clip_low: float, clip_high: float, clip_c: float | None,
-                  agg: str, kl_coef: float, kl_kind: str, entropy_coef: float,
-                  ppo_epochs: int = 1, mini_batches: int = 1,
+def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, temperature: float,
+                  micro_batch_size: int, grad_clip: float,
                   generator: torch.Generator | None = None) -> dict[str, float]:
-    """PPO-style update on a batch with ``advantages`` (and ``ref_logprobs`` when kl_coef != 0).
+    """PPO-style update on a batch with ``advantages`` (and ``ref_logprobs`` when algo.kl_coef != 0).
 
-    Returns metrics averaged over optimizer steps (loss terms, clip fractions, grad norm, lr).
+    ``algo`` gives the clip range, dual clip, loss aggregation, KL and entropy terms, and how many
+    optimizer steps one batch makes (ppo_epochs x mini_batches). Returns metrics averaged over
+    optimizer steps (loss terms, clip fractions, grad norm, lr).
     """
     assert actor.optimizer is not None, "update_policy needs a trainable actor"
     if batch.advantages is None:
         raise ValueError("update_policy: batch.advantages is not set")
-    if kl_coef != 0.0 and batch.ref_logprobs is None:
+    if algo.kl_coef != 0.0 and batch.ref_logprobs is None:
         raise ValueError("update_policy: kl_coef != 0 needs batch.ref_logprobs")
     B = len(batch)
     sums: dict[str, float] = {}
     n_steps = 0
-    for _ in range(ppo_epochs):
-        order = torch.randperm(B, generator=generator) if mini_batches > 1 else torch.arange(B)
-        for mini_idx in order.chunk(mini_batches):
+    for _ in range(algo.ppo_epochs):
+        order = torch.randperm(B, generator=generator) if algo.mini_batches > 1 else torch.arange(B)
+        for mini_idx in order.chunk(algo.mini_batches):
             mini = batch.select(mini_idx)
             actor.optimizer.zero_grad(set_to_none=True)
             step_stats: dict[str, float] = {}
             for sl in _micro_slices(len(mini), micro_batch_size):
                 mb = mini.select(torch.arange(len(mini))[sl])
                 # No skipping of empty micro-batches: every rank must run the same collectives.
-                w = _weight(mb.response_mask, mini.response_mask, agg)
-                need_ent = entropy_coef != 0.0
+                w = _weight(mb.response_mask, mini.response_mask, algo.loss_agg)
+                need_ent = algo.entropy_coef != 0.0
                 out = _forward(actor, mb, temperature, need_ent)
                 logp, ent = out if need_ent else (out, None)
                 d = actor.device
                 loss, stats = policy_objective(
                     logp, mb.old_logprobs.to(d), mb.advantages.to(d), mb.response_mask.to(d),
-                    clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, agg=agg,
+                    clip_low=algo.clip_low, clip_high=algo.clip_high, clip_c=algo.clip_c,
+                    agg=algo.loss_agg,
                     ref_logp=None if mb.ref_logprobs is None else mb.ref_logprobs.to(d),
-                    kl_coef=kl_coef, kl_kind=kl_kind, entropy=ent, entropy_coef=entropy_coef)
+                    kl_coef=algo.kl_coef, kl_kind=algo.kl_kind, entropy=ent,
+                    entropy_coef=algo.entropy_coef)
                 (loss * w).backward()
                 for k, v in stats.items():
                     step_stats[k] = step_stats.get(k, 0.0) + v * w

@@ -52,7 +52,9 @@ def save_hf(actor: Actor, tokenizer, directory: str, ctx: DistContext) -> None:
 
 
 def save_checkpoint(actor: Actor, tokenizer, ctx: DistContext, output_dir: str, step: int,
-                    trainer_state: dict) -> str:
+                    trainer_state: dict, extra_files: dict | None = None) -> str:
+    """``extra_files``: {file name: object} this rank saves with torch.save (e.g. a recipe's own
+    state, such as a replay buffer), written before the COMPLETE marker."""
     path = checkpoint_dir(output_dir, step)
     if ctx.is_main and os.path.exists(path):
         shutil.rmtree(path)  # an incomplete leftover of the same step
@@ -62,6 +64,8 @@ def save_checkpoint(actor: Actor, tokenizer, ctx: DistContext, output_dir: str, 
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(path, "dcp"))
     torch.save({"python": random.getstate(), "torch": torch.get_rng_state()},
                os.path.join(path, f"rng_rank{ctx.rank}.pt"))
+    for name, obj in (extra_files or {}).items():
+        torch.save(obj, os.path.join(path, name))
     if ctx.is_main:
         state = dict(trainer_state, step=step, world_size=ctx.world_size,
                      scheduler=actor.scheduler.state_dict())

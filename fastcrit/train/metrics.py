@@ -9,20 +9,28 @@ from tqdm import tqdm
 
 
 class RunLog:
-    def __init__(self, output_dir: str, *, enabled: bool, total: int, start: int, progress: bool,
-                 desc: str = "train",
-                 show: dict[str, str] | None = None):
+    """``start`` is the step the run continues from (lines after it are dropped); None defers that
+    to ``restart_at`` (a run that learns its step from a checkpoint loaded later)."""
+
+    def __init__(self, output_dir: str, *, enabled: bool, total: int, start: int | None,
+                 progress: bool, desc: str = "train", show: dict[str, str] | None = None):
         self.enabled = enabled
         # progress-bar label -> metric key
         self.show = show or {"reward": "reward/mean", "tok/s": "throughput/tokens_per_s"}
         self.path = os.path.join(output_dir, "metrics.jsonl")
         self.bar = None
-        if not enabled:
+        self.total, self.progress, self.desc = total, progress, desc
+        if enabled:
+            os.makedirs(output_dir, exist_ok=True)
+        if start is not None:
+            self.restart_at(start)
+
+    def restart_at(self, step: int) -> None:
+        if not self.enabled:
             return
-        os.makedirs(output_dir, exist_ok=True)
-        self._truncate_after(start)
-        if progress:
-            self.bar = tqdm(total=total, initial=start, desc=desc, dynamic_ncols=True)
+        self._truncate_after(step)
+        if self.progress and self.bar is None:
+            self.bar = tqdm(total=self.total, initial=step, desc=self.desc, dynamic_ncols=True)
 
     def _truncate_after(self, step: int) -> None:
         """On resume, drop lines of steps after the checkpoint (written before a crash)."""

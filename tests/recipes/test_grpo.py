@@ -40,7 +40,8 @@ def test_run_writes_config_metrics_checkpoints_and_summary(tmp_path):
     r = rows(out)
     assert [x["step"] for x in r] == [1, 2]
     for key in ("reward/mean", "loss/policy", "kl/mean", "response_len/mean", "time/rollout_s",
-                "time/reward_s", "time/train_s", "throughput/tokens_per_s"):
+                "time/reward_s", "time/ref_s", "time/update_s", "time/sync_s",
+                "throughput/tokens_per_s"):
         assert all(isinstance(x[key], float) for x in r), key
     assert os.path.exists(os.path.join(out, "config.yaml"))
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_1", "step_2"]

@@ -4,13 +4,15 @@ change nothing but the schedule."""
 import pytest
 import torch
 
+from fastcrit.config import AlgorithmConfig, OptimConfig
 from fastcrit.rollout.batch import collate
 from fastcrit.train.actor import build_actor, compute_logprobs, update_policy
 from fastcrit.train.dist import launch
 from fastcrit.types import Rollout
 
-UPDATE = dict(temperature=0.7, grad_clip=1.0, clip_low=0.2, clip_high=0.28, clip_c=3.0,
-              agg="token-mean", kl_coef=0.1, kl_kind="low_var_kl", entropy_coef=0.01)
+ALGO = AlgorithmConfig(clip_low=0.2, clip_high=0.28, clip_c=3.0, loss_agg="token-mean", kl_coef=0.1,
+                       kl_kind="low_var_kl", entropy_coef=0.01)
+UPDATE = dict(temperature=0.7, grad_clip=1.0)
 
 
 def make_batch(seed: int, B: int = 8, equal_halves: bool = False):
@@ -31,7 +33,7 @@ def make_batch(seed: int, B: int = 8, equal_halves: bool = False):
 def _logprobs_match_hf(ctx, path):
     from fastcrit.models.hf import load_model
 
-    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=1, trainable=False)
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=1)
     b = make_batch(0)
     got = compute_logprobs(actor, b, temperature=0.7, micro_batch_size=3)
     lm = load_model(path)
@@ -49,12 +51,13 @@ def test_actor_logprobs_equal_a_plain_forward(tiny_model_path):
 
 def _grads_after_update(ctx, path, micro, out_file, rank_slice):
     torch.manual_seed(0)
-    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size, lr=1e-2)
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
+                        optim=OptimConfig(lr=1e-2))
     b = make_batch(1, equal_halves=True)
     if rank_slice:
         half = len(b) // ctx.world_size
         b = b.select(torch.arange(ctx.rank * half, (ctx.rank + 1) * half))
-    stats = update_policy(actor, b, micro_batch_size=micro, **UPDATE)
+    stats = update_policy(actor, b, ALGO, micro_batch_size=micro, **UPDATE)
     # Compare gradients, not Adam's first step: that is ~lr * sign(grad), which turns rounding
     # noise in a near-zero gradient into a full lr-sized difference.
     full = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
@@ -89,16 +92,16 @@ def test_two_fsdp_processes_give_the_one_process_update(tiny_model_path, tmp_pat
 
 
 def _bf16_mixed_precision(ctx, path):
-    actor = build_actor(path, dtype="bfloat16", device=ctx.device, world_size=1, lr=1e-3)
+    actor = build_actor(path, dtype="bfloat16", device=ctx.device, world_size=1, optim=OptimConfig(lr=1e-3))
     assert all(p.dtype == torch.float32 for p in actor.module.parameters())  # fp32 masters
-    ref = build_actor(path, dtype="float32", device=ctx.device, world_size=1, trainable=False)
+    ref = build_actor(path, dtype="float32", device=ctx.device, world_size=1)
     b = make_batch(2)
     lp16 = compute_logprobs(actor, b, 1.0, 8)
     lp32 = compute_logprobs(ref, b, 1.0, 8)
     assert lp16.dtype == torch.float32
     assert not torch.equal(lp16, lp32)  # really computed in bf16 ...
     torch.testing.assert_close(lp16, lp32, atol=0.1, rtol=0.05)  # ... and close to fp32
-    stats = update_policy(actor, b, micro_batch_size=8, **UPDATE)
+    stats = update_policy(actor, b, ALGO, micro_batch_size=8, **UPDATE)
     assert stats["actor/grad_norm"] > 0
     assert all(p.grad.dtype == torch.float32 for p in actor.module.parameters())
 

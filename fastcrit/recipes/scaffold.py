@@ -1,0 +1,256 @@
+"""The scaffold every RL recipe shares: set-up, resume, the step loop, metrics, evaluation, summary
+and checkpoints. A recipe file holds only what is its own (its data, its step, its evaluation):
+
+    class MyRecipe:
+        def __init__(self, run: Run): ...            # data, reward managers, extra engines
+        def step(self, step: int) -> dict: ...       # one RL step; returns its metrics
+        def evaluate(self) -> dict: ...              # "val/..." metrics (at start, every eval_every, end)
+        # optional: summary(first, last) -> dict, summary_lines(summary) -> list[str],
+        #           state_dict() / load_state_dict(d) (saved in checkpoints), close()
+
+    run_recipe(ctx, cfg, MyRecipe)
+
+``Run`` carries the pieces one step composes (policy, reference, engine, timers) and the small
+operations every recipe repeats, each named for what it does in the paper's pseudocode:
+``generate`` (engine rollout), ``batch`` (rollouts -> padded batch; the engine sleeps),
+``reference`` (frozen-reference log-probs), ``update`` (the PPO-style policy update) and ``sync``
+(wake the engine, load the new weights).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from fastcrit.config import Config
+from fastcrit.models.hf import load_tokenizer
+from fastcrit.recipes.common import prepare_output_dir, resolve_model, step_indices
+from fastcrit.recipes.sft import run_sft
+from fastcrit.reward import RewardItem
+from fastcrit.rollout import make_engine
+from fastcrit.rollout.base import Engine
+from fastcrit.rollout.batch import collate
+from fastcrit.train.actor import Actor, build_actor, compute_logprobs, update_policy
+from fastcrit.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from fastcrit.train.colocate import sync_weights
+from fastcrit.train.dist import DistContext, all_reduce_mean
+from fastcrit.train.metrics import RunLog
+from fastcrit.types import Rollout, RolloutBatch, SamplingParams
+
+
+@dataclass
+class Run:
+    ctx: DistContext
+    cfg: Config
+    out: str  # trainer.output_dir
+    model_path: str  # what the policy started from (after the SFT warm start, if any)
+    tok: Any
+    actor: Actor
+    ref: Actor | None  # frozen reference; None when algorithm.kl_coef == 0
+    engine: Engine
+    log: RunLog
+    times: dict[str, float] = field(default_factory=dict)  # "time/<name>_s" of the current step
+    tokens: int = 0  # tokens (prompt + response) trained on in the current step, this rank
+
+    # -- the pieces of a step -------------------------------------------------------------------
+
+    @property
+    def temperature(self) -> float:
+        """The temperature log-probs are scored at (greedy rollouts are scored at 1)."""
+        return self.cfg.rollout.temperature or 1.0
+
+    @contextmanager
+    def timer(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            key = f"time/{name}_s"
+            self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - t0
+
+    def share(self, items: list, step: int) -> list:
+        """This rank's part of the ``data.prompts_per_step`` items of 1-based ``step``."""
+        c = self.cfg
+        idx = step_indices(len(items), c.data.prompts_per_step, step, c.trainer.seed,
+                           self.ctx.rank, self.ctx.world_size)
+        return [items[i] for i in idx]
+
+    def sampling(self, step: int) -> SamplingParams:
+        """``rollout.*`` sampling, seeded by (seed, step, rank) so a resumed run draws the same."""
+        r = self.cfg.rollout
+        return SamplingParams(n=r.n, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                              top_p=r.top_p, top_k=r.top_k,
+                              seed=self.cfg.trainer.seed * 1_000_003 + step * 1009 + self.ctx.rank)
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Rollout]:
+        with self.timer("rollout"):
+            return self.engine.generate(prompt_ids, params)
+
+    def batch(self, rollouts: list[Rollout], scores: torch.Tensor) -> RolloutBatch:
+        """The engine sleeps (training takes the memory); rollouts become a padded batch whose
+        group ids are unique across ranks (each rank rolls out whole groups)."""
+        self.engine.sleep()
+        per_rank = self.cfg.data.prompts_per_step // self.ctx.world_size
+        batch = collate(rollouts, self.tok.pad_token_id, group_offset=self.ctx.rank * per_rank)
+        batch.scores = scores
+        self.tokens += int(batch.attention_mask.sum())
+        return batch
+
+    def reference(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """[B, R] log-probs under the frozen reference (None when there is no KL term)."""
+        if self.ref is None:
+            return None
+        with self.timer("ref"):
+            return compute_logprobs(self.ref, batch, self.temperature, self.cfg.trainer.micro_batch_size)
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        with self.timer("update"):
+            return update_policy(self.actor, batch, self.cfg.algorithm, temperature=self.temperature,
+                                 micro_batch_size=self.cfg.trainer.micro_batch_size,
+                                 grad_clip=self.cfg.optim.grad_clip)
+
+    def sync(self) -> None:
+        """Wake the engine and load the policy's weights into it, bucket by bucket."""
+        with self.timer("sync"):
+            self.engine.wake()
+            sync_weights(self.actor, self.engine, self.cfg.rollout.weight_bucket_mb)
+
+
+def reward_items(rollouts: list[Rollout], texts: list[str], examples: list) -> list[RewardItem]:
+    """One RewardItem per rollout; ``examples[r.prompt_index]`` is its prompt's data.Example."""
+    return [RewardItem(examples[r.prompt_index].prompt, t, examples[r.prompt_index].answer,
+                       examples[r.prompt_index].meta) for r, t in zip(rollouts, texts)]
+
+
+def info_means(results, prefix: str) -> dict[str, float]:
+    """Means of the numeric / boolean ``info`` fields that every result carries (e.g. ``exact``)."""
+    if not results:
+        return {}
+    keys = set.intersection(*(set(r.info) for r in results))
+    out = {}
+    for k in sorted(keys):
+        vals = [r.info[k] for r in results]
+        if all(isinstance(v, (bool, int, float)) for v in vals):
+            out[f"{prefix}{k}"] = sum(float(v) for v in vals) / len(vals)
+    return out
+
+
+def setup_run(ctx: DistContext, cfg: Config) -> Run:
+    """Seeds, output directory, model (after the SFT warm start when sft.steps > 0), tokenizer,
+    policy, frozen reference, rollout engine, metrics log."""
+    torch.manual_seed(cfg.trainer.seed + ctx.rank)
+    out = cfg.trainer.output_dir
+    prepare_output_dir(cfg, ctx, out)
+    model_path = resolve_model(cfg, ctx)
+    if cfg.sft.steps > 0:  # warm start (reused once done)
+        model_path = run_sft(ctx, cfg, model_path)
+    tok = load_tokenizer(model_path)
+    build = dict(dtype=cfg.model.dtype, device=ctx.device, world_size=ctx.world_size)
+    actor = build_actor(model_path, optim=cfg.optim, **build)
+    ref = build_actor(model_path, **build) if cfg.algorithm.kl_coef != 0.0 else None
+    engine = make_engine(cfg.rollout, model_path, dtype=cfg.model.dtype, device=ctx.device,
+                         seed=cfg.trainer.seed + ctx.rank)
+    log = RunLog(out, enabled=ctx.is_main, total=cfg.trainer.total_steps, start=None,
+                 progress=cfg.trainer.progress)
+    return Run(ctx, cfg, out, model_path, tok, actor, ref, engine, log)
+
+
+def _resume(run: Run, recipe) -> int:
+    ckpt = latest_checkpoint(run.out) if run.cfg.trainer.resume else None
+    if not ckpt:
+        run.log.restart_at(0)
+        return 0
+    state = load_checkpoint(run.actor, run.ctx, ckpt)
+    if hasattr(recipe, "load_state_dict"):
+        path = os.path.join(ckpt, f"recipe_rank{run.ctx.rank}.pt")
+        recipe.load_state_dict(torch.load(path, weights_only=False))
+    run.log.restart_at(state["step"])
+    run.log.write(f"resumed from {ckpt} at step {state['step']}")
+    return state["step"]
+
+
+def _save(run: Run, recipe, step: int) -> None:
+    extra = {}
+    if hasattr(recipe, "state_dict"):
+        extra[f"recipe_rank{run.ctx.rank}.pt"] = recipe.state_dict()
+    save_checkpoint(run.actor, run.tok, run.ctx, run.out, step, {"model_path": run.model_path},
+                    extra_files=extra)
+
+
+def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any]) -> dict:
+    """Set up, resume, loop over steps (metrics, evaluation, checkpoints), evaluate, summarise."""
+    run = setup_run(ctx, cfg)
+    recipe = make_recipe(run)
+    t = cfg.trainer
+    try:
+        start = _resume(run, recipe)
+        run.sync()  # the engine starts from the policy's weights
+        first = recipe.evaluate()
+        if first:
+            run.log.write(f"step {start}: " + _fmt(first))
+        history: list[float] = []
+        last = first if start == t.total_steps else {}
+        for step in range(start + 1, t.total_steps + 1):
+            run.times, run.tokens = {}, 0
+            t0 = time.perf_counter()
+            metrics = recipe.step(step)
+            dt = time.perf_counter() - t0
+            row = all_reduce_mean({**metrics, **run.times, "time/step_s": dt,
+                                   "throughput/tokens_per_s": run.tokens / dt})
+            row["throughput/tokens_per_s"] *= ctx.world_size  # all processes together
+            # The final evaluation goes to the summary; it joins the row only on the eval_every
+            # schedule (so a run stopped early and resumed logs the same rows as a straight one).
+            if t.eval_every and step % t.eval_every == 0:
+                row.update(recipe.evaluate())
+                last = {k: row[k] for k in row if k.startswith("val/")}
+            elif step == t.total_steps:
+                last = recipe.evaluate()
+            run.log.log({"step": step, **row})
+            history.append(row.get("reward/mean", float("nan")))
+            if step == t.total_steps or (t.save_every and step % t.save_every == 0):
+                _save(run, recipe, step)
+    finally:
+        if hasattr(recipe, "close"):
+            recipe.close()
+        run.engine.close()
+    run.log.close()
+    return _summarise(run, recipe, start, history, first, last)
+
+
+def _fmt(metrics: dict) -> str:
+    return ", ".join(f"{k} {v:.3f}" for k, v in metrics.items() if isinstance(v, float))
+
+
+def _summarise(run: Run, recipe, start: int, history: list[float], first: dict, last: dict) -> dict:
+    k = max(1, min(10, len(history) // 4)) if history else 0
+    summary = {
+        "steps": run.cfg.trainer.total_steps, "resumed_from": start,
+        "train_reward_first": sum(history[:k]) / k if k else None,
+        "train_reward_last": sum(history[-k:]) / k if k else None,
+    }
+    for key in sorted(set(first) | set(last)):
+        name = key.split("/", 1)[-1]
+        summary[f"val_{name}_start"] = first.get(key)
+        summary[f"val_{name}_end"] = last.get(key)
+    if hasattr(recipe, "summary"):
+        summary.update(recipe.summary(first, last))
+    summary["checkpoint"] = latest_checkpoint(run.out)
+    if run.ctx.is_main:
+        with open(os.path.join(run.out, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        lines = [f"done: {summary['steps']} steps, output in {run.out}"]
+        if k:
+            lines.append(f"  train reward (mean of first/last {k} steps): "
+                         f"{summary['train_reward_first']:.3f} -> {summary['train_reward_last']:.3f}")
+        for key in sorted(set(first) & set(last)):
+            lines.append(f"  {key} (start -> end): {first[key]:.3f} -> {last[key]:.3f}")
+        if hasattr(recipe, "summary_lines"):
+            lines += recipe.summary_lines(summary)
+        lines.append(f"  checkpoint: {summary['checkpoint']}")
+        print("\n".join(lines), flush=True)
+    return summary
