@@ -98,10 +98,13 @@ def load_tokenizer(spec: str | os.PathLike):
     return tok
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
-    # A DTensor (FSDP2 parameter) is gathered to a full tensor; everything ends contiguous on CPU.
+def _full(name: str, t: torch.Tensor) -> torch.Tensor:
+    # Gathering a DTensor is a collective, which stays in train/; here it is refused, told apart
+    # without importing torch.distributed. Everything else ends contiguous on CPU.
     if hasattr(t, "full_tensor"):
-        t = t.full_tensor()
+        raise TypeError(f"save_pretrained_safetensors: {name!r} is a sharded DTensor; pass full tensors "
+                        "(gather them in train/, e.g. with fastcrit.train.policy.full_named_tensors, "
+                        "on every rank, and let rank 0 write)")
     return t.detach().to("cpu").contiguous()
 
 
@@ -111,9 +114,10 @@ def save_pretrained_safetensors(model_or_state_dict, tokenizer, directory: str, 
     ``AutoModelForCausalLM.from_pretrained(directory)`` loads.
 
     ``model_or_state_dict`` is either a ``PreTrainedModel`` or a state dict with Hugging Face names
-    (full tensors or DTensors, which are gathered here; on several processes every rank must call
-    this for the gather, and the caller should let only rank 0 write). With a state dict, ``config``
-    (a ``PretrainedConfig``) is required. Tied weights are written once, as transformers does.
+    holding full tensors. A sharded DTensor (FSDP2) is refused with a TypeError naming it, before
+    anything is written: the gather is a collective, done in train/ (fastcrit.train.checkpoint
+    gathers on every rank and lets rank 0 call this). With a state dict, ``config`` (a
+    ``PretrainedConfig``) is required. Tied weights are written once, as transformers does.
     """
     from safetensors.torch import save_file
 
@@ -132,7 +136,7 @@ def save_pretrained_safetensors(model_or_state_dict, tokenizer, directory: str, 
             continue
         if getattr(config, "tie_word_embeddings", False) and name == "lm_head.weight":
             continue
-        full = _full(t)
+        full = _full(name, t)
         # safetensors refuses tensors that share storage; clone any alias.
         ptr = full.untyped_storage().data_ptr()
         if ptr in seen:

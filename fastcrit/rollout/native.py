@@ -122,11 +122,14 @@ class NativeEngine:
         self._asleep = False
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy tensors into the model by Hugging Face name (any subset; call once per bucket).
+        """Copy full tensors into the model by Hugging Face name (any subset; call once per bucket).
 
-        DTensors (FSDP2) are gathered with ``full_tensor()``; values are cast to the engine's dtype.
-        Tied weights share storage, so either name updates both. An unknown name or a wrong shape
-        raises before anything of that tensor is copied.
+        Values are cast to the engine's dtype. Tied weights share storage, so either name updates
+        both. A sharded DTensor (FSDP2) is refused with a TypeError: gathering it is a collective,
+        which stays in train/ (fastcrit.train.policy.full_named_tensors hands full tensors, and
+        fastcrit.train.colocate.sync_weights feeds them here). A DTensor, an unknown name or a wrong
+        shape raises before anything of that tensor is copied; tensors earlier in the same call
+        are already loaded by then.
         """
         self._check_open("load_weights")
         targets = self.model.state_dict(keep_vars=True)
@@ -136,8 +139,10 @@ class NativeEngine:
                 if key not in targets:
                     raise KeyError(f"load_weights: the model has no weight named {name!r}")
                 dst = targets[key]
-                if hasattr(tensor, "full_tensor"):
-                    tensor = tensor.full_tensor()
+                if hasattr(tensor, "full_tensor"):  # a DTensor, told apart without torch.distributed
+                    raise TypeError(f"load_weights: {name!r} is a sharded DTensor; the engine takes full "
+                                    "tensors (gather them in train/, e.g. with "
+                                    "fastcrit.train.policy.full_named_tensors, on every rank)")
                 if tuple(tensor.shape) != tuple(dst.shape):
                     raise ValueError(f"load_weights: {name!r} has shape {tuple(tensor.shape)}, "
                                      f"the model expects {tuple(dst.shape)}")

@@ -149,8 +149,10 @@ class SGLangEngine:
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         for name, t in named_tensors:
-            if hasattr(t, "full_tensor"):
-                t = t.full_tensor()
+            if hasattr(t, "full_tensor"):  # a DTensor: gathering it is a collective, which stays in train/
+                raise TypeError(f"SGLangEngine.load_weights: {name!r} is a sharded DTensor; the engine takes "
+                                "full tensors (gather them in train/, e.g. with "
+                                "fastcrit.train.policy.full_named_tensors, on every rank)")
             t = t.detach()
             if t.device.type != "cuda":  # CUDA IPC hands the tensor over without a copy
                 t = t.to(self.device, non_blocking=True)

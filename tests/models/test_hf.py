@@ -75,3 +75,23 @@ def test_save_model_object(tiny, tmp_path):
         assert k == k2 and torch.equal(a, b)
     with pytest.raises(ValueError, match="needs the model's config"):
         save_pretrained_safetensors(model.state_dict(), None, str(tmp_path / "d"))
+
+
+def _save_with_a_dtensor(ctx, tiny, directory):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    model = load_model(tiny)
+    state = dict(model.state_dict())
+    state["model.norm.weight"] = distribute_tensor(state["model.norm.weight"], init_device_mesh("cpu", (1,)),
+                                                   [Shard(0)])
+    with pytest.raises(TypeError, match="'model.norm.weight' is a sharded DTensor"):
+        save_pretrained_safetensors(state, None, directory, config=model.config)
+    assert not os.path.exists(directory)  # refused before anything was written
+
+
+def test_save_refuses_a_dtensor(tiny, tmp_path):
+    """Gathering is a collective, which stays in train/ (fastcrit.train.checkpoint gathers first)."""
+    from fastcrit.train.dist import launch
+
+    launch(_save_with_a_dtensor, (tiny, str(tmp_path / "ckpt")), 1, "cpu")

@@ -187,6 +187,26 @@ def test_load_weights(engine, model_dir, tok, prompts):
         engine.load_weights([("lm_head.weight", head[:3])])
 
 
+def _load_weights_with_a_dtensor(ctx, engine):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    before = engine.model.lm_head.weight.detach().clone()
+    sharded = distribute_tensor(before + 1.0, init_device_mesh("cpu", (1,)), [Shard(0)])
+    with pytest.raises(TypeError, match="'lm_head.weight' is a sharded DTensor"):
+        engine.load_weights([("lm_head.weight", sharded)])
+    assert torch.equal(engine.model.lm_head.weight, before)
+    engine.load_weights([("lm_head.weight", sharded.full_tensor())])  # what train/ hands over
+    assert torch.equal(engine.model.lm_head.weight, before + 1.0)
+
+
+def test_load_weights_refuses_a_dtensor(engine):
+    """Gathering is a collective, which stays in train/: the engine names a DTensor and copies nothing."""
+    from fastcrit.train.dist import launch
+
+    launch(_load_weights_with_a_dtensor, (engine,), 1, "cpu")
+
+
 def test_sleep_wake_close(engine, prompts):
     engine.sleep()
     with pytest.raises(RuntimeError, match="asleep"):

@@ -15,6 +15,28 @@ def test_module_imports_without_sglang():
         assert "sglang" not in sys.modules
 
 
+def _refuse_dtensor(ctx):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from fastcrit.rollout.sglang import SGLangEngine
+
+    # The refusal comes before anything reaches SGLang, so it is checked on an engine object that
+    # was never started (no GPU, no sglang needed): only the state load_weights reads is set.
+    eng = object.__new__(SGLangEngine)
+    eng._closed, eng._asleep = False, False
+    sharded = distribute_tensor(torch.ones(4, 2), init_device_mesh("cpu", (1,)), [Shard(0)])
+    with pytest.raises(TypeError, match="'lm_head.weight' is a sharded DTensor"):
+        eng.load_weights([("lm_head.weight", sharded)])
+
+
+def test_load_weights_refuses_a_dtensor():
+    """Gathering is a collective, which stays in train/ (full_named_tensors hands full tensors)."""
+    from fastcrit.train.dist import launch
+
+    launch(_refuse_dtensor, (), 1, "cpu")
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     pytest.importorskip("sglang")
