@@ -442,6 +442,11 @@ def why_not(source: str, entry_point: str | None) -> str:
     return _split_cached(source, entry_point)[1]
 
 
+def _short_repr(value, width: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 def judge_split(split: SplitTest, raw: list) -> tuple[str, str]:
     """(status, message) of one split test from the worker's answers for its calls (``raw[k]``:
     ``{"status", "message", "value"}``, in ``split.calls`` order). Asserts are taken in order, as the
@@ -468,6 +473,7 @@ def judge_split(split: SplitTest, raw: list) -> tuple[str, str]:
             return "error", f"pool evaluator: {exc}"
         except Exception as exc:  # as the process would raise it: the test errs
             return "error", f"{type(exc).__name__}: {exc}"[:500]
-        if not ok:
-            return "failed", f"AssertionError: {check.source}"[:500]
+        if not ok:  # the values the program returned, for feedback (expected is in the source)
+            got = ", ".join(_short_repr(decoded[k]) for k in check.slots)
+            return "failed", f"AssertionError: {check.source[:400]} (returned {got})"[:500]
     return "passed", ""

@@ -64,6 +64,16 @@ def stdout_matches(actual: str, expected: str) -> bool:
     return True
 
 
+def stdout_difference(actual: str, expected: str, width: int = 80) -> str:
+    """Where a wrong stdout first departs from the expected one, for feedback messages."""
+    a = [ln.rstrip() for ln in actual.rstrip().split("\n")]
+    e = [ln.rstrip() for ln in expected.rstrip().split("\n")]
+    for i, (la, le) in enumerate(zip(a, e), start=1):
+        if la != le and not stdout_matches(la, le):
+            return f"line {i}: expected {le[:width]!r}, got {la[:width]!r}"
+    return f"expected {len(e)} lines, got {len(a)}"
+
+
 def values_equal(actual, expected) -> bool:
     """Typed comparison of JSON values: bool is not int, tuples arrive as lists, floats within a
     relative tolerance of 1e-5, ints exactly."""

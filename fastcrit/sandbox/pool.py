@@ -29,7 +29,7 @@ from typing import AsyncIterator, Iterable
 from . import jail as jail_mod
 from .assert_split import judge_split, split_test
 from .cache import ResultCache, job_key
-from .harness import stdout_matches, values_equal
+from .harness import stdout_difference, stdout_matches, values_equal
 from .streaming import run_all, stream_results
 from .types import (
     ERROR,
@@ -202,9 +202,12 @@ def judge(job: Job, raw: list) -> list[TestResult]:
         st, msg = raw_t.get("status"), str(raw_t.get("message", ""))
         if st == "returned" and job.kind == "call":
             v = raw_t.get("value")
-            st, msg = (PASSED, "") if values_equal(v, t["expected"]) else (FAILED, f"returned {json.dumps(v)[:200]}")
+            st, msg = (PASSED, "") if values_equal(v, t["expected"]) else (
+                FAILED, f"returned {json.dumps(v)[:200]}, expected {json.dumps(t['expected'])[:200]}")
         elif st == "returned" and job.kind == "stdio":
-            st, msg = (PASSED, "") if stdout_matches(raw_t.get("value", ""), t["output"]) else (FAILED, "wrong answer")
+            got = raw_t.get("value", "")
+            st, msg = (PASSED, "") if stdout_matches(got, t["output"]) else (
+                FAILED, f"wrong answer: {stdout_difference(str(got), t['output'])}")
         elif st == PASSED and job.kind != "assert":
             st, msg = ERROR, "sandbox worker sent an unjudged pass"
         elif st not in STATUSES:

@@ -276,7 +276,8 @@ def scan_memory(a, b):
                                   tests=[["", exp]], memory_mb=4096, timeout_s=30)
                     r = p.run(job)
                     assert r.tests[0].status == "failed", r.tests
-                    counts[kind, with_marker] = int(r.tests[0].message.split()[-1]) if kind == "call" else int(r.stdout)
+                    counts[kind, with_marker] = (int(r.tests[0].message.split()[1].rstrip(",")) if kind == "call"
+                                                  else int(r.stdout))
     if counts["call", False] < 0:
         pytest.skip("/proc/self/mem cannot be read here, so there is nothing to scan")
     assert counts["call", True] == counts["call", False] and counts["stdio", True] == counts["stdio", False], counts
