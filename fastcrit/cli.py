@@ -104,8 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(func=cmd_gen)
 
-    from fastcrit.sandbox.cli import register as register_sandbox  # torch-free, cheap to import
+    from fastcrit.rollout.serve import register as register_serve  # torch-free, cheap to import
+    from fastcrit.sandbox.cli import register as register_sandbox
 
+    register_serve(sub)
     register_sandbox(sub)
     return p
 

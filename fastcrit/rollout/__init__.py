@@ -1,13 +1,16 @@
 """Rollout engines behind one protocol (base.Engine): native torch, and SGLang on GPUs."""
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from fastcrit.rollout.base import Engine
+if TYPE_CHECKING:  # the package stays light to import (the CLI registers `fastcrit serve` from it)
+    import torch
+
+    from fastcrit.rollout.base import Engine
 
 
-def make_engine(rollout_cfg, model_path: str, *, dtype: str, device: torch.device,
-                seed: int = 0) -> Engine:
+def make_engine(rollout_cfg, model_path: str, *, dtype: str, device: "torch.device",
+                seed: int = 0) -> "Engine":
     """Build the engine named by ``rollout.engine`` for ``model_path``."""
     if rollout_cfg.engine == "native":
         from fastcrit.rollout.native import NativeEngine
