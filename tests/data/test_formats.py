@@ -137,6 +137,11 @@ def test_mbpp_layouts_convert_and_run(tmp_path, pool):
     assert all(t.startswith("import math\nassert ") for t in area.tests) and len(area.tests) == 3
     with_challenge = from_mbpp(MBPP_ROWS[1], challenge_tests=True)
     assert len(with_challenge.tests) == 4
+    shadow = {**MBPP_ROWS[0], "code": "def filter(xs):\n    return [x for x in xs if x % 2]",
+              "test_list": ["assert filter([1, 2, 3]) == [1, 3]", "assert len(filter([2])) == 0"]}
+    assert from_mbpp(shadow).entry_point == "filter"  # a builtin's name the reference redefines
+    with pytest.raises(ProblemError, match="test 1 is not valid Python"):
+        from_mbpp({**MBPP_ROWS[0], "test_list": ["assert count_vowels('a') == 1", "assert count_vowels("]})
     # sanitized-mbpp.json is one JSON array; `set` and `sorted` are builtins, not the entry point
     (tmp_path / "sanitized-mbpp.json").write_text(json.dumps([MBPP_SANITIZED]))
     san = load_problems(str(tmp_path / "sanitized-mbpp.json"))
@@ -184,7 +189,8 @@ APPS_LEETCODE = {  # class Solution, `List` used without an import, list outputs
     "problem_id": 310,
     "question": "Given an array nums, return the running sum: runningSum[i] = sum(nums[0]...nums[i]).",
     "solutions": json.dumps(["class Solution:\n    def runningSum(self, nums: List[int]) -> List[int]:\n"
-                             "        out = []\n        for x in nums:\n            out.append(x + (out[-1] if out else 0))\n"
+                             "        out = []\n        for x in nums:\n"
+                             "            out.append(x + (out[-1] if out else 0))\n"
                              "        return out\n"]),
     "input_output": json.dumps({"fn_name": "runningSum", "inputs": [[[1, 2, 3, 4]], [[5]], [[3, 1]]],
                                 "outputs": [[1, 3, 6, 10], [5], [3, 4]]}),
@@ -208,7 +214,8 @@ TACO_CALL = {  # scalars, some wrapped and some not
     "difficulty": "EASY", "url": "https://www.codewars.com/kata/1", **TACO_EXTRA}
 TACO_PAIRS = {  # list answers, every one wrapped
     "question": "Split a string into pairs of two characters, padding the last with '_'.",
-    "solutions": json.dumps(["def split_pairs(s):\n    s += '_' * (len(s) % 2)\n    return [s[i:i + 2] for i in range(0, len(s), 2)]"]),
+    "solutions": json.dumps(["def split_pairs(s):\n    s += '_' * (len(s) % 2)\n"
+                             "    return [s[i:i + 2] for i in range(0, len(s), 2)]"]),
     "starter_code": "def split_pairs(s):\n\t",
     "input_output": json.dumps({"fn_name": "split_pairs", "inputs": [["abcd"], ["abc"], [""]],
                                 "outputs": [[["ab", "cd"]], [["ab", "c_"]], [[]]]}),
@@ -266,9 +273,11 @@ CC_ROW = {
     "solutions": {"language": [2, 3, 1, 3],
                   "solution": ["#include <cstdio>\nint main(){int t;long long a,b;scanf(\"%d\",&t);"
                                "while(t--){scanf(\"%lld%lld\",&a,&b);printf(\"%lld\\n\",a+b);}}",
-                               "t = int(input())\nfor _ in range(t):\n    a, b = map(int, input().split())\n    print(a + b)\n",
+                               "t = int(input())\nfor _ in range(t):\n"
+                               "    a, b = map(int, input().split())\n    print(a + b)\n",
                                "t = input()\nfor _ in range(t):\n    print sum(map(int, raw_input().split()))\n",
-                               "import sys\nd = sys.stdin.read().split()\nprint('\\n'.join(str(int(d[i]) + int(d[i + 1])) "
+                               "import sys\nd = sys.stdin.read().split()\n"
+                               "print('\\n'.join(str(int(d[i]) + int(d[i + 1])) "
                                "for i in range(1, len(d), 2)))\n"]},
     "incorrect_solutions": {"language": [3], "solution": ["t = int(input())\nfor _ in range(t):\n"
                                                           "    a, b = input().split()\n    print(a + b)\n"]},
@@ -309,7 +318,8 @@ LCB_FUNCTIONAL = {
     "contest_id": "biweekly-contest-111", "contest_date": "2023-08-19T00:00:00", "difficulty": "easy",
     "starter_code": "class Solution:\n    def countPairs(self, nums: List[int], target: int) -> int:\n        ",
     "public_test_cases": json.dumps([{"input": "[-1, 1, 2, 3, 1]\n2", "output": "3", "testtype": "functional"},
-                                     {"input": "[-6, 2, 5, -2, -7, -1, 3]\n-2", "output": "10", "testtype": "functional"}]),
+                                     {"input": "[-6, 2, 5, -2, -7, -1, 3]\n-2", "output": "10",
+                                      "testtype": "functional"}]),
     "private_test_cases": lcb_compress([{"input": "[1]\n5", "output": "0", "testtype": "functional"},
                                         {"input": "[0, 0, 0]\n1", "output": "3", "testtype": "functional"}]),
     "metadata": json.dumps({"func_name": "countPairs"})}
@@ -337,7 +347,8 @@ def test_livecodebench_functional_and_stdin(tmp_path, pool):
     good = fn.meta["prelude"] + fn.starter_code + "n = len(nums)\n        return sum(nums[i] + nums[j] < target " \
         "for i in range(n) for j in range(i + 1, n))\n"
     bad = fn.meta["prelude"] + fn.starter_code + "return len(nums)\n"
-    r_good, r_bad, r_std = pool.run_many([fn.job(good), fn.job(bad), std.job("a, b = map(int, input().split())\nprint(a + b)\n")])
+    add = "a, b = map(int, input().split())\nprint(a + b)\n"
+    r_good, r_bad, r_std = pool.run_many([fn.job(good), fn.job(bad), std.job(add)])
     assert r_good.all_passed and r_std.all_passed, (r_good.to_dict(), r_std.to_dict())
     assert r_bad.passed < r_bad.total
 
@@ -383,17 +394,19 @@ def test_bad_rows_are_skipped_with_file_and_row(tmp_path):
             "{not json",
             {**APPS_CODEWARS, "input_output": '{"fn_name": "digits_sum", "inputs": [[1]'},
             {k: v for k, v in APPS_CODEWARS.items() if k != "question"},
-            {**APPS_CODEWARS, "problem_id": 7, "input_output": json.dumps({"fn_name": "f", "inputs": [1], "outputs": [1]})},
+            {**APPS_CODEWARS, "problem_id": 7,
+             "input_output": json.dumps({"fn_name": "f", "inputs": [1], "outputs": [1]})},
             {**APPS_STDIO, "problem_id": 8, "input_output": json.dumps({"inputs": ["1"], "outputs": [["1", 2]]})},
             {**APPS_STDIO, "problem_id": 9, "solutions": 42},
             {**APPS_STDIO, "problem_id": 10, "input_output": json.dumps({"inputs": ["1", "2"], "outputs": ["1"]})},
             "",
+            {**APPS_STDIO, "problem_id": 11, "input_output": ""},
             [1, 2],
             APPS_STDIO,  # same id again
             APPS_CODEWARS]
     path = write_jsonl(tmp_path / "apps.jsonl", rows)
     ps = load_problems(path)
-    assert [p.id for p in ps.problems] == ["apps/4001", "apps/2401"] and len(ps.skipped) == 9
+    assert [p.id for p in ps.problems] == ["apps/4001", "apps/2401"] and len(ps.skipped) == 10
     reasons = dict(s[len(path) + 1:].split(": ", 1) for s in ps.skipped)
     assert reasons["2"].startswith("not valid JSON")
     assert reasons["3"].startswith("'input_output' is not valid JSON")
@@ -402,8 +415,9 @@ def test_bad_rows_are_skipped_with_file_and_row(tmp_path):
     assert reasons["6"] == "'input_output'.outputs[0] must be a string or a list of strings, got list"
     assert reasons["7"] == "'solutions' must be a list of strings, got int"
     assert reasons["8"] == "'input_output' has 2 inputs but 1 outputs"
-    assert reasons["10"] == "expected a JSON object, got list"
-    assert reasons["11"] == "duplicate id 'apps/4001' (first at row 1)"
+    assert reasons["10"] == "'input_output' is empty (no tests)"
+    assert reasons["11"] == "expected a JSON object, got list"
+    assert reasons["12"] == "duplicate id 'apps/4001' (first at row 1)"
     # limit counts problems; max_tests trims each problem
     assert [p.id for p in load_problems(path, limit=1).problems] == ["apps/4001"]
     assert {len(p.tests) for p in load_problems(path, max_tests=2).problems} == {2}
