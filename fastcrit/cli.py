@@ -7,7 +7,7 @@ import sys
 from fastcrit.config import ConfigError, load_config
 from fastcrit.data.datasets import DatasetError
 
-RECIPES = ("grpo", "rloo")  # algorithm.name values `fastcrit train` knows
+RECIPES = ("grpo", "rloo", "ctrl")  # algorithm.name values `fastcrit train` knows
 
 
 def _recipe(name: str):
@@ -16,19 +16,44 @@ def _recipe(name: str):
         from fastcrit.recipes.grpo import GRPO
 
         return GRPO
+    if name == "ctrl":
+        from fastcrit.recipes.ctrl import CTRL
+
+        return CTRL
     raise ConfigError(f"algorithm.name={name!r} has no recipe (available: {', '.join(RECIPES)})")
+
+
+def _with_synthesis(ctx, cfg):
+    """CTRL: stage 1 first (kept once complete); an empty sft.data means its critiques."""
+    if cfg.algorithm.name != "ctrl":
+        return cfg
+    import dataclasses
+
+    from fastcrit.recipes.ctrl_common import critic_sft_path
+    from fastcrit.recipes.ctrl_synth import run_synth
+
+    out = run_synth(ctx, cfg)
+    if cfg.sft.data:
+        return cfg
+    return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, data=critic_sft_path(out)))
 
 
 def _train_entry(ctx, cfg):
     from fastcrit.recipes.scaffold import run_recipe
 
-    run_recipe(ctx, cfg, _recipe(cfg.algorithm.name))
+    run_recipe(ctx, _with_synthesis(ctx, cfg), _recipe(cfg.algorithm.name))
 
 
 def _sft_entry(ctx, cfg):
     from fastcrit.recipes.sft import run_sft
 
-    run_sft(ctx, cfg)
+    run_sft(ctx, _with_synthesis(ctx, cfg))
+
+
+def _synth_entry(ctx, cfg):
+    from fastcrit.recipes.ctrl_synth import run_synth
+
+    run_synth(ctx, cfg)
 
 
 def _load(args):
@@ -64,6 +89,22 @@ def cmd_sft(args) -> int:
     return 0
 
 
+def cmd_ctrl_synth(args) -> int:
+    cfg = _load(args)
+    from fastcrit.train.dist import launch
+
+    launch(_synth_entry, (cfg,), 1, cfg.trainer.device)
+    return 0
+
+
+def cmd_critique(args) -> int:
+    cfg = _load(args)
+    from fastcrit.recipes.critique import run_critique
+
+    run_critique(cfg)
+    return 0
+
+
 def cmd_gen(args) -> int:
     """Generate from a model directory (or `tiny`) with the native engine, for a quick look."""
     from fastcrit.data.prompts import render_chat
@@ -87,8 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastcrit", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    for name, fn, text in (("train", cmd_train, "RL training (GRPO, RLOO) from a YAML config"),
-                           ("sft", cmd_sft, "supervised fine-tuning (the warm start) from a config")):
+    for name, fn, text in (("train", cmd_train, "RL training (GRPO, RLOO, CTRL) from a YAML config"),
+                           ("sft", cmd_sft, "supervised fine-tuning (the warm start) from a config"),
+                           ("ctrl-synth", cmd_ctrl_synth,
+                            "CTRL stage 1: sample solutions, run them, write synthetic critiques"),
+                           ("critique", cmd_critique,
+                            "CTRL at test time: generator solutions, then rounds of critique -> revision")):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("config", help="YAML file overriding the defaults (see configs/)")
         sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -104,9 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(func=cmd_gen)
 
-    from fastcrit.rollout.serve import register as register_serve  # torch-free, cheap to import
+    from fastcrit.data.cli import register as register_data  # torch-free, cheap to import
+    from fastcrit.rollout.serve import register as register_serve
     from fastcrit.sandbox.cli import register as register_sandbox
 
+    register_data(sub)
     register_serve(sub)
     register_sandbox(sub)
     return p

@@ -34,6 +34,9 @@ class ModelConfig:
 class DataConfig:
     train: str = "reverse"  # a shipped task name ("reverse") or a .jsonl / .parquet path
     val: str = "reverse:test"  # "<task>:<split>" or a path; "" = no validation
+    # Programming problems (CTRL): the file's layout; "auto" detects fastcrit / humaneval / mbpp /
+    # mbppplus / apps / taco / codecontests / livecodebench from the first row.
+    format: str = "auto"
     prompt_key: str = "prompt"
     answer_key: str = "answer"
     system_prompt: str = ""
@@ -58,7 +61,7 @@ class RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Literal["grpo", "rloo"] = "grpo"
+    name: Literal["grpo", "rloo", "ctrl"] = "grpo"  # ctrl: GRPO on critiques (advantages as grpo)
     norm_adv_by_std: bool = True
     kl_coef: float = 0.0  # coefficient of the KL loss to the frozen reference (0 = no reference)
     kl_kind: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"] = "low_var_kl"
@@ -76,6 +79,40 @@ class AlgorithmConfig:
 @dataclass
 class RewardConfig:
     name: str = "reverse"  # a reward manager by name (see fastcrit.reward)
+    score: Literal["pass_rate", "all_pass"] = "pass_rate"  # code: fraction of tests, or 1 if all pass
+
+
+@dataclass
+class ProxyConfig:
+    """CTRL's frozen generator ("proxy"): writes the initial solutions and revises them after a
+    critique. A local model on its own engine, or an OpenAI-compatible endpoint (how a large
+    generator is usually served: vLLM / SGLang / TGI / `fastcrit serve`)."""
+
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(path=""))  # "" = model.path
+    # Its own engine and lengths; revisions decode greedily (temperature 0), as in the paper.
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(
+        n=1, temperature=0.0, max_new_tokens=768, mem_fraction_static=0.2))
+    max_prompt_len: int = 2048  # longer revision prompts are not sent; the critique scores 0
+    endpoint: str = ""  # e.g. http://127.0.0.1:8000/v1; when set, used instead of proxy.model
+    api_model: str = ""  # the model name the endpoint serves
+    api_key_env: str = ""  # environment variable holding the endpoint's API key ("" = none)
+    concurrency: int = 64  # HTTP requests in flight
+    timeout_s: float = 120.0
+    retries: int = 3
+
+
+@dataclass
+class CTRLConfig:
+    """Critique RL (CTRL): stage 1 synthesis, stage 2 RL, and test-time critique rounds."""
+
+    synth_dir: str = ""  # stage 1 output (solutions, SFT critiques); "" = <trainer.output_dir>/synth
+    solutions_per_problem: int = 1  # initial solutions sampled from the generator per problem
+    solution_temperature: float = 1.0  # sampling temperature of the initial solutions
+    rounds: int = 1  # critique -> revision rounds at test time (`fastcrit critique`)
+    critic: str = ""  # test time: critic model dir; "" = newest checkpoint of trainer.output_dir
+    critic_endpoint: str = ""  # test time: an OpenAI-compatible critic instead of a local one
+    critic_api_model: str = ""  # the model name that critic endpoint serves
+    output: str = ""  # test-time JSONL of every round; "" = <trainer.output_dir>/critique.jsonl
 
 
 @dataclass
@@ -126,6 +163,8 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # code rewards (CTRL, ...)
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)  # CTRL's generator / reviser
+    ctrl: CTRLConfig = field(default_factory=CTRLConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
@@ -281,6 +320,13 @@ def validate(cfg: Config) -> None:
         f"algorithm.clip_c: the dual-clip constant must be > 1, got {cfg.algorithm.clip_c}",
     )
     need(cfg.algorithm.name != "rloo" or cfg.rollout.n > 1, "algorithm.name=rloo needs rollout.n > 1")
+    need(cfg.ctrl.rounds >= 1, f"ctrl.rounds: must be >= 1, got {cfg.ctrl.rounds}")
+    need(cfg.ctrl.solutions_per_problem >= 1, "ctrl.solutions_per_problem: must be >= 1")
+    need(cfg.proxy.rollout.n == 1, "proxy.rollout.n: the proxy writes one revision per critique (n=1)")
+    need(cfg.proxy.max_prompt_len >= 1, "proxy.max_prompt_len: must be >= 1")
+    need(cfg.algorithm.name != "ctrl" or cfg.reward.name == "code",
+         f"algorithm.name=ctrl scores revisions in the sandbox: set reward.name=code "
+         f"(got {cfg.reward.name!r})")
     try:  # the sandbox validates its own fields (names them as sandbox.<key>)
         SandboxConfig(**dataclasses.asdict(cfg.sandbox))
     except ValueError as e:

@@ -46,10 +46,9 @@ Where this departs from the reference harnesses (what a converted problem does N
   float tokens within 1e-5 (APPS / TACO also strip leading whitespace and retry several looser
   splits; LiveCodeBench compares Decimal tokens exactly); ``call`` compares JSON values with bool
   distinct from int and floats within 1e-5 (the references use Python ``==``).
-- The references run solutions after a block of imports (``List``, ``Counter``, ``math`` ...). A
-  ``Problem`` has no field for that, so APPS / TACO reference solutions get ``APPS_PRELUDE``
-  prepended (``prelude=False`` turns this off) and the block is kept in ``meta["prelude"]``
-  (LiveCodeBench's in ``meta["prelude"]`` too) for a recipe to prepend to model answers. numpy,
+- The references run solutions after a block of imports (``List``, ``Counter``, ``math`` ...): it
+  is the problem's ``prelude`` (``APPS_PRELUDE`` for APPS / TACO, ``prelude=False`` turns it off;
+  ``LCB_PRELUDE`` for LiveCodeBench), which ``Problem.job`` runs before every program. numpy,
   which APPS / TACO also import, is left out: importing it costs ~0.1 s per execution.
 - CodeContests problems with several correct outputs (special judges) are compared against the one
   stored output, and problems that read a named file instead of stdin are refused.
@@ -388,11 +387,8 @@ def _apps_like(row: dict, source: str, index, prelude: bool, meta_keys: tuple) -
                  for i, (a, e) in enumerate(zip(ins, outs))]
         kind = "stdio"
     meta = _meta(row, meta_keys)
-    if prelude:
-        solutions = [APPS_PRELUDE + s for s in solutions]
-        meta["prelude"] = APPS_PRELUDE
     return Problem(id=pid, question=question, test_kind=kind, tests=tests, entry_point=fn, starter_code=starter,
-                   solutions=solutions, source=source, meta=meta)
+                   solutions=solutions, source=source, meta=meta, prelude=APPS_PRELUDE if prelude else "")
 
 
 def from_apps(row: dict, *, index: int | None = None, prelude: bool = True) -> Problem:
@@ -588,9 +584,8 @@ def from_livecodebench(row: dict, *, index: int | None = None, test_sets: tuple 
         tests = [{"input": c["input"], "output": c["output"]} for _, c in cases]
         kind = "stdio"
     meta = _meta(row, ("question_title", "platform", "contest_id", "contest_date", "difficulty"))
-    meta["prelude"] = LCB_PRELUDE
     return Problem(id=pid, question=question, test_kind=kind, tests=tests, entry_point=fn, starter_code=starter,
-                   source="livecodebench", meta=meta)
+                   source="livecodebench", meta=meta, prelude=LCB_PRELUDE)
 
 
 # ---------------------------------------------------------------------------------------------

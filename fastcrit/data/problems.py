@@ -35,6 +35,7 @@ class Problem:
     starter_code: str = ""  # code an answer completes (HumanEval's prompt, LiveCodeBench's stub)
     solutions: list[str] = field(default_factory=list)  # reference solutions, when known
     source: str = ""  # where it came from, e.g. "humaneval", "taco", "minicode"
+    prelude: str = ""  # code run before every program (the imports APPS / TACO / LiveCodeBench give)
     meta: dict = field(default_factory=dict)  # anything else worth keeping (difficulty, tags)
 
     def __post_init__(self):
@@ -48,8 +49,8 @@ class Problem:
             raise ProblemError(f"{self.id}: 'tests' must be a non-empty list")
         if not isinstance(self.solutions, list) or not all(isinstance(s, str) for s in self.solutions):
             raise ProblemError(f"{self.id}: 'solutions' must be a list of strings")
-        if not isinstance(self.starter_code, str):
-            raise ProblemError(f"{self.id}: 'starter_code' must be a string")
+        if not isinstance(self.starter_code, str) or not isinstance(self.prelude, str):
+            raise ProblemError(f"{self.id}: 'starter_code' and 'prelude' must be strings")
         try:  # the sandbox's own validation normalises the tests (and names a bad one)
             self.tests = self.job("").tests
         except JobError as e:
@@ -57,7 +58,9 @@ class Problem:
 
     def job(self, code: str, *, timeout_s: float = 10.0, memory_mb: int = 1024,
             run_all_cases: bool = True, job_id=None) -> Job:
-        """A sandbox job that runs ``code`` against every test of this problem."""
+        """A sandbox job that runs ``prelude`` + ``code`` against every test of this problem."""
+        if self.prelude:
+            code = self.prelude.rstrip("\n") + "\n" + code
         return Job(code=code, kind=self.test_kind, tests=list(self.tests), entry_point=self.entry_point,
                    timeout_s=timeout_s, memory_mb=memory_mb, run_all_cases=run_all_cases,
                    id=self.id if job_id is None else job_id)

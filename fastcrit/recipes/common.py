@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from fastcrit.config import Config, ConfigError, dump_yaml
+from fastcrit.config import Config, ConfigError, ModelConfig, dump_yaml
 from fastcrit.models.hf import resolve_model_path
 from fastcrit.train.dist import DistContext, barrier
 
@@ -35,17 +35,18 @@ def cpu_twin(config_path: str | None) -> str:
     return "configs/cpu/grpo.yaml"
 
 
-def model_spec(cfg: Config) -> str:
-    if cfg.model.path == "tiny":
+def model_spec(model: ModelConfig) -> str:
+    """``model.path``, or the full ``tiny:...`` spec of ``model.tiny`` when the path is ``tiny``."""
+    if model.path == "tiny":
         opts = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-                        for k, v in dataclasses.asdict(cfg.model.tiny).items())
+                        for k, v in dataclasses.asdict(model.tiny).items())
         return f"tiny:{opts}"
-    return cfg.model.path
+    return model.path
 
 
 def resolve_model(cfg: Config, ctx: DistContext) -> str:
     """Rank 0 builds the tiny model first (if asked for); the others then find it cached."""
-    spec = model_spec(cfg)
+    spec = model_spec(cfg.model)
     path = resolve_model_path(spec) if ctx.is_main else None
     barrier()
     return path if path is not None else resolve_model_path(spec)

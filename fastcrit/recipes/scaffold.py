@@ -190,9 +190,7 @@ def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any])
     try:
         start = _resume(run, recipe)
         run.sync()  # the engine starts from the policy's weights
-        first = recipe.evaluate()
-        if first:
-            run.log.write(f"step {start}: " + _fmt(first))
+        first = _first_evaluation(run, recipe, start)
         history: list[float] = []
         last = first if start == t.total_steps else {}
         for step in range(start + 1, t.total_steps + 1):
@@ -220,6 +218,22 @@ def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any])
         run.engine.close()
     run.log.close()
     return _summarise(run, recipe, start, history, first, last)
+
+
+def _first_evaluation(run: Run, recipe, start: int) -> dict:
+    """The evaluation of the model training started from: run at step 0 and kept in
+    ``eval_start.json``, so a resumed run's summary still compares with the true start."""
+    path = os.path.join(run.out, "eval_start.json")
+    if start > 0 and os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    first = recipe.evaluate()
+    if first:
+        run.log.write(f"step {start}: " + _fmt(first))
+        if start == 0 and run.ctx.is_main:
+            with open(path, "w") as f:
+                json.dump(first, f)
+    return first
 
 
 def _fmt(metrics: dict) -> str:

@@ -217,6 +217,9 @@ class _Runner:
             self.tmpdir = None
 
 
+MAX_FAILURES = 3  # failed tests whose messages (execution feedback) an item's info keeps
+
+
 @register("code")
 class CodeReward:
     """Sandbox pass rate of the response's program (see the module docstring).
@@ -309,11 +312,13 @@ class CodeReward:
     def _result(self, info: dict, r: Result | None, n_tests: int) -> RewardResult:
         if r is None:
             info.update(passed=0, total=n_tests, pass_rate=0.0, status="not_run", statuses=[], judged_in="",
-                        cached=False, elapsed_s=0.0, message="")
+                        cached=False, elapsed_s=0.0, message="", failures=[info["reason"]])
             return RewardResult(0.0, info)
         info.update(passed=r.passed, total=r.total, pass_rate=r.pass_rate, status=r.status,
                     statuses=[t.status for t in r.tests], judged_in=r.judged_in, cached=r.cached,
-                    elapsed_s=round(r.elapsed_s, 4), message=r.message[:500])
+                    elapsed_s=round(r.elapsed_s, 4), message=r.message[:500],
+                    failures=[(t.message or t.status)[:300]
+                              for t in r.tests if t.status != "passed"][:MAX_FAILURES])
         score = r.pass_rate if self.score == "pass_rate" else float(r.all_passed)
         return RewardResult(score, info)
 

@@ -232,14 +232,14 @@ def test_apps_stdio_and_call_based(tmp_path, pool):
     assert [t["expected"] for t in codewars.tests] == [0, 6, 36]  # unwrapped
     assert [t["expected"] for t in leet.tests] == [[1, 3, 6, 10], [5], [3, 4]]  # real lists stay
     assert leet.tests[0]["args"] == [[1, 2, 3, 4]] and leet.starter_code.startswith("class Solution:")
-    assert all(s.startswith(APPS_PRELUDE) for p in ps.problems for s in p.solutions)
+    assert all(p.prelude == APPS_PRELUDE and not s.startswith(APPS_PRELUDE) for p in ps.problems for s in p.solutions)
     wrong = {"apps/4001": "n = int(input())\nprint(n)\n",
              "apps/2401": "def digits_sum(n):\n    return [sum(int(d) for d in str(n))]\n",  # still wrapped
              "apps/310": "class Solution:\n    def runningSum(self, nums):\n        return nums\n"}
     check_in_sandbox(pool, ps.problems, wrong)
     # without the harness's imports, the LeetCode reference's `List` annotation is a NameError
     bare = from_apps(APPS_LEETCODE, prelude=False)
-    assert "prelude" not in bare.meta and not bare.solutions[0].startswith("import")
+    assert bare.prelude == "" and not bare.solutions[0].startswith("import")
     r = pool.run(bare.job(bare.solutions[0]))
     assert not r.all_passed and "NameError" in r.tests[0].message
 
@@ -339,14 +339,14 @@ def test_livecodebench_functional_and_stdin(tmp_path, pool):
     assert fn.id == "livecodebench/2824" and fn.test_kind == "call" and fn.entry_point == "countPairs"
     assert fn.tests[0] == {"args": [[-1, 1, 2, 3, 1], 2], "kwargs": {}, "expected": 3}
     assert len(fn.tests) == 4 and fn.tests[3] == {"args": [[0, 0, 0], 1], "kwargs": {}, "expected": 3}
-    assert fn.meta["platform"] == "leetcode" and fn.meta["prelude"] == LCB_PRELUDE and not fn.solutions
+    assert fn.meta["platform"] == "leetcode" and fn.prelude == LCB_PRELUDE and not fn.solutions
     assert std.test_kind == "stdio" and std.tests[1] == {"input": "100 -100\n", "output": "0\n"}
     assert len(from_livecodebench(LCB_FUNCTIONAL, test_sets=("public",)).tests) == 2
     # LiveCodeBench ships no references: an answer completing the starter code, run after the
     # harness's imports (which give it `List`), must pass; a wrong one must fail.
-    good = fn.meta["prelude"] + fn.starter_code + "n = len(nums)\n        return sum(nums[i] + nums[j] < target " \
+    good = fn.starter_code + "n = len(nums)\n        return sum(nums[i] + nums[j] < target " \
         "for i in range(n) for j in range(i + 1, n))\n"
-    bad = fn.meta["prelude"] + fn.starter_code + "return len(nums)\n"
+    bad = fn.starter_code + "return len(nums)\n"
     add = "a, b = map(int, input().split())\nprint(a + b)\n"
     r_good, r_bad, r_std = pool.run_many([fn.job(good), fn.job(bad), std.job(add)])
     assert r_good.all_passed and r_std.all_passed, (r_good.to_dict(), r_std.to_dict())

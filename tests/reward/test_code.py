@@ -418,12 +418,12 @@ def test_hostile_statuses_say_why(hostile):
 def test_submit_then_close_leaves_no_running_thread():
     import threading
 
-    before = {t.ident for t in threading.enumerate()}
+    before = set(threading.enumerate())  # thread objects: idents are reused once a thread ends
     r = make()
     r([item(add_prog(100), ADD)])
     r.close()
     r.close()  # twice is fine
-    assert {t.ident for t in threading.enumerate() if t.name == "fastcrit-code-reward"} - before == set()
+    assert {t for t in threading.enumerate() if t.name == "fastcrit-code-reward"} - before == set()
     with pytest.raises(RuntimeError, match="closed"):
         r([item(add_prog(100), ADD)])
 
@@ -431,11 +431,11 @@ def test_submit_then_close_leaves_no_running_thread():
 def test_a_dropped_manager_finishes_its_batch_and_cleans_up():
     import threading
 
-    before = {t.ident for t in threading.enumerate()}
+    before = set(threading.enumerate())  # thread objects: idents are reused once a thread ends
     r = make()
     fut = r.submit([item("import time\ndef inc(x):\n    time.sleep(0.3)\n    return x + 1\n", INC)])
     cache_file = r.cache_file
-    [thread] = [t for t in threading.enumerate() if t.name == "fastcrit-code-reward" and t.ident not in before]
+    [thread] = [t for t in threading.enumerate() if t.name == "fastcrit-code-reward" and t not in before]
     del r  # the batch's coroutine holds the last reference: it closes the manager from the loop thread
     assert fut.result(timeout=60)[0].score == 1.0
     thread.join(30)

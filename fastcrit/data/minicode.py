@@ -1,0 +1,179 @@
+"""`minicode`: small programming problems where tiny models can show CTRL's mechanism on a CPU.
+
+Each problem asks, in words, for a one-line Python function ("Write a Python function calc(xs) that
+returns the largest item of xs times 3 plus 2.") and is checked by five real assert tests in the
+sandbox. Problems come from twelve templates with two constants each; the held-out split uses
+(template, constants) combinations that never occur in the training split, so no test problem is a
+renamed training problem.
+
+Two shipped files are problems (``minicode_train.jsonl``, ``minicode_test.jsonl``, the
+``fastcrit.data.problems`` layout). The third, ``minicode_coder.jsonl``, is chat SFT data for the
+tiny *coder* that plays CTRL's generator and proxy:
+- solve rows (problem -> solution) whose answer is wrong in 40% of the rows, in ways a critique
+  can name (a constant off by one, a swapped operator or function, dropped parentheses), so the
+  generator's sampled solutions are sometimes wrong;
+- revise rows [problem, solution, critique + "Please finalize..."] -> the solution with the
+  critique applied literally: the line it suggests ("use `return ...`") replaces the return line,
+  and a critique that judges the code correct, or suggests nothing concrete, leaves it unchanged.
+  The suggested line is the right one only half the time, so the proxy learns to follow the critique,
+  not to fix the code by itself: a good critique helps, a bad one does not.
+
+`python -m fastcrit.data.tasks` writes the files (deterministic, seed 0).
+"""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from fastcrit.data.critique import FINALIZE, NO_SUGGESTION, format_critique
+
+# (arg, phrase, expression): the expression is what the function returns.
+TEMPLATES = (
+    ("x", "x times {a} plus {b}", "x * {a} + {b}"),
+    ("x", "x times {a} minus {b}", "x * {a} - {b}"),
+    ("x", "x plus {a}, all times {b}", "(x + {a}) * {b}"),
+    ("x", "x minus {a}, all times {b}", "(x - {a}) * {b}"),
+    ("x", "x modulo {a} plus {b}", "x % {a} + {b}"),
+    ("x", "x divided by {a}, rounded down, plus {b}", "x // {a} + {b}"),
+    ("x", "the larger of x and {a}, plus {b}", "max(x, {a}) + {b}"),
+    ("x", "the smaller of x and {a}, times {b}", "min(x, {a}) * {b}"),
+    ("xs", "the sum of xs times {a} plus {b}", "sum(xs) * {a} + {b}"),
+    ("xs", "the largest item of xs times {a} plus {b}", "max(xs) * {a} + {b}"),
+    ("xs", "the smallest item of xs times {a} minus {b}", "min(xs) * {a} - {b}"),
+    ("xs", "the length of xs times {a} plus {b}", "len(xs) * {a} + {b}"),
+)
+NAMES = ("f", "g", "calc", "solve", "compute", "value")
+INPUTS = {"x": [0, 1, 2, 5, -3], "xs": [[1, 2, 3], [5], [4, -2, 7], [0, 0], [9, 1]]}
+A_RANGE, B_RANGE = range(2, 10), range(1, 10)
+BUG_RATE = 0.4
+_SWAPS = {"+": "-", "-": "+", "*": "+", "%": "//", "//": "%", "max": "min", "min": "max",
+          "sum": "len", "len": "sum"}
+_OPERATOR = re.compile(r"(?<= )(//|[-+*%])(?= )|\b(max|min|sum|len)(?=\()")
+
+
+@dataclass(frozen=True)
+class Spec:
+    template: int
+    a: int
+    b: int
+    name: str
+
+    @property
+    def arg(self) -> str:
+        return TEMPLATES[self.template][0]
+
+    @property
+    def expr(self) -> str:
+        return TEMPLATES[self.template][2].format(a=self.a, b=self.b)
+
+    @property
+    def question(self) -> str:
+        phrase = TEMPLATES[self.template][1].format(a=self.a, b=self.b)
+        return f"Write a Python function {self.name}({self.arg}) that returns {phrase}."
+
+    def code(self, expr: str | None = None) -> str:
+        return f"def {self.name}({self.arg}):\n    return {expr or self.expr}\n"
+
+    def answer(self, expr: str | None = None) -> str:
+        """The solution as the coder writes it: one fenced Python block."""
+        return f"```python\n{self.code(expr)}```"
+
+
+def evaluate(expr: str, arg: str, value):
+    """The expression's value for one input (trusted: expressions are ours, not a model's)."""
+    try:
+        return eval(expr, {"__builtins__": {}, "max": max, "min": min, "sum": sum, "len": len},  # noqa: S307
+                    {arg: value})
+    except (ZeroDivisionError, TypeError, ValueError):
+        return None
+
+
+def tests_for(spec: Spec) -> list[str]:
+    out = []
+    for v in INPUTS[spec.arg]:
+        out.append(f"assert {spec.name}({v!r}) == {evaluate(spec.expr, spec.arg, v)!r}")
+    return out
+
+
+def bugs(spec: Spec) -> list[str]:
+    """Wrong expressions a generator might write: each fails at least one of the problem's tests."""
+    template = TEMPLATES[spec.template][2]
+    cands = []
+    for key in ("a", "b"):  # a constant off by one
+        for d in (-1, 1):
+            vals = {"a": spec.a, "b": spec.b}
+            vals[key] += d
+            if vals[key] >= 1 and "{" + key + "}" in template:
+                cands.append(template.format(**vals))
+    expr = spec.expr
+    for m in _OPERATOR.finditer(expr):  # one operator or function swapped
+        cands.append(expr[:m.start()] + _SWAPS[m.group()] + expr[m.end():])
+    if expr.startswith("("):  # dropped parentheses: (x + a) * b -> x + a * b
+        cands.append(expr.replace("(", "").replace(")", ""))
+    good = [evaluate(expr, spec.arg, v) for v in INPUTS[spec.arg]]
+    out = []
+    for e in cands:
+        if e not in out and [evaluate(e, spec.arg, v) for v in INPUTS[spec.arg]] != good:
+            out.append(e)
+    return out
+
+
+def problem_row(spec: Spec, pid: str) -> dict:
+    return {"id": pid, "question": spec.question, "test_kind": "assert", "tests": tests_for(spec),
+            "entry_point": spec.name, "starter_code": "", "solutions": [spec.code()],
+            "source": "minicode", "meta": {"template": spec.template, "a": spec.a, "b": spec.b}}
+
+
+def _specs(n_train: int, n_test: int, rng: random.Random) -> tuple[list[Spec], list[Spec]]:
+    combos = [(t, a, b) for t in range(len(TEMPLATES)) for a in A_RANGE for b in B_RANGE]
+    rng.shuffle(combos)
+    n_test_combos = n_test  # one name per held-out combination
+    test = [Spec(t, a, b, rng.choice(NAMES)) for t, a, b in combos[:n_test_combos]]
+    pool = [Spec(t, a, b, name) for t, a, b in combos[n_test_combos:] for name in NAMES]
+    rng.shuffle(pool)
+    return pool[:n_train], test
+
+
+def _revise_row(spec: Spec, rng: random.Random) -> dict:
+    """A revision example: the critique is applied literally (see the module docstring)."""
+    wrong = bugs(spec)
+    start = rng.choice(wrong) if rng.random() < 0.5 else spec.expr
+    v = rng.choice(INPUTS[spec.arg])
+    got, want = evaluate(start, spec.arg, v), evaluate(spec.expr, spec.arg, v)
+    analysis = f"AssertionError: assert {spec.name}({v!r}) == {want!r} (returned {got!r})."
+    kind = rng.random()
+    if kind < 0.3:  # judged correct: keep the code (right or not)
+        critique = format_critique("the code does what the problem asks; every test passes.",
+                                   NO_SUGGESTION, True)
+        final = start
+    elif kind < 0.85:  # a concrete line: the right one or a wrong one, applied either way
+        line = spec.expr if rng.random() < 0.5 else rng.choice(wrong)
+        critique = format_critique(analysis, f"use `return {line}`.", False)
+        final = line
+    else:  # incorrect but nothing concrete to apply
+        critique = format_critique(
+            analysis, "change the code so that the failing case gives the expected result.", False)
+        final = start
+    return {"messages": [{"role": "user", "content": spec.question},
+                         {"role": "assistant", "content": spec.answer(start)},
+                         {"role": "user", "content": f"{critique}\n\n{FINALIZE}"},
+                         {"role": "assistant", "content": spec.answer(final)}],
+            "kind": "revise"}
+
+
+def make_minicode(n_train: int = 1600, n_test: int = 300, revise_per_problem: int = 2,
+                  seed: int = 0) -> dict[str, list[dict]]:
+    rng = random.Random(seed)
+    train, test = _specs(n_train, n_test, rng)
+    coder = []
+    for spec in train:
+        expr = rng.choice(bugs(spec)) if rng.random() < BUG_RATE else spec.expr
+        coder.append({"messages": [{"role": "user", "content": spec.question},
+                                   {"role": "assistant", "content": spec.answer(expr)}],
+                      "kind": "solve"})
+        coder.extend(_revise_row(spec, rng) for _ in range(revise_per_problem))
+    rng.shuffle(coder)
+    return {"train": [problem_row(s, f"minicode/train/{i}") for i, s in enumerate(train)],
+            "test": [problem_row(s, f"minicode/test/{i}") for i, s in enumerate(test)],
+            "coder": coder}

@@ -1,0 +1,180 @@
+"""CTRL at test time: generator solutions, then rounds of critique -> revision -> sandbox.
+
+``critique_rounds`` is shared by `fastcrit critique` and by the CTRL recipe's evaluation (the
+paper's table: generator alone, then one round with the critic). Both critic and generator are
+``ChatModel``s, so either may be a local model or an OpenAI-compatible endpoint.
+
+Per round, every problem's current solution is critiqued (greedy). A critique without an overall
+judgment (or whose prompt is too long for the critic) leaves the solution as it is and counts as
+invalid; otherwise the generator revises it greedily and the revision, run in the sandbox, becomes
+the current solution (a revision prompt too long for the generator also leaves it as it is).
+Reported after each round: pass@1 (every test passes), the critic's judgment accuracy against the
+real outcome of the solution it judged (an invalid critique counts as wrong), and how many
+revisions went fail -> pass (fixed) and pass -> fail (broken).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+from fastcrit.config import Config
+from fastcrit.data.critique import critique_messages, parse_judgment, revision_messages
+from fastcrit.data.problems import Problem
+from fastcrit.reward import RewardItem, make_reward
+from fastcrit.rollout.chat import ChatModel
+
+
+@dataclass
+class Attempt:
+    """A problem and its current solution, with the solution's real outcome in the sandbox."""
+
+    problem: Problem
+    solution: str  # the generator's answer text (code fenced or raw)
+    passed: bool  # every test passes
+    pass_rate: float
+    failures: list[str]  # messages of the tests that did not pass (execution feedback)
+
+
+@dataclass
+class RoundReport:
+    round: int  # 0 = the generator alone
+    pass_at_1: float  # after this round
+    judgment_acc: float | None = None  # None for round 0
+    valid_rate: float | None = None
+    fixed: int = 0  # fail -> pass
+    broken: int = 0  # pass -> fail
+    failing_before: int = 0
+    passing_before: int = 0
+    too_long: int = 0  # critiques or revisions whose prompt did not fit
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        out = {f"{prefix}pass@1": self.pass_at_1}
+        if self.round:
+            out.update({f"{prefix}judgment_acc": self.judgment_acc, f"{prefix}valid_rate": self.valid_rate,
+                        f"{prefix}fixed": self.fixed / max(self.failing_before, 1),
+                        f"{prefix}broken": self.broken / max(self.passing_before, 1)})
+        return out
+
+
+def execute(reward, problems: list[Problem], texts: list[str]) -> list[Attempt]:
+    """Run each text's program against its problem's tests (all concurrently)."""
+    results = reward([RewardItem(p.question, t, "", problem=p) for p, t in zip(problems, texts)])
+    out = []
+    for p, t, r in zip(problems, texts, results):
+        total = r.info.get("total", 0)
+        passed = total > 0 and r.info.get("passed", 0) == total
+        out.append(Attempt(p, t, passed, float(r.info.get("pass_rate", 0.0)), list(r.info["failures"])))
+    return out
+
+
+def sample_solutions(generator: ChatModel, problems: list[Problem], *, k: int, temperature: float,
+                     max_new_tokens: int, seed: int) -> list[tuple[Problem, str]]:
+    """``k`` answers per problem from the generator (problem-major order)."""
+    convs = [[{"role": "user", "content": p.question}] for p in problems for _ in range(k)]
+    outs = generator.chat(convs, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    return [(problems[i // k], o.text) for i, o in enumerate(outs)]
+
+
+def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: list[Attempt], *,
+                   critic_tokens: int, generator_tokens: int, round_no: int = 1
+                   ) -> tuple[list[Attempt], RoundReport, list[dict]]:
+    """One critique -> revision round over every attempt. Returns the new attempts, the report and
+    one record per problem (texts and verdicts, for the JSONL file)."""
+    crits = critic.chat([critique_messages(a.problem.question, a.solution) for a in attempts],
+                        max_new_tokens=critic_tokens, temperature=0.0)
+    judged = [parse_judgment(c.text) if c.finish_reason != "prompt_too_long" else None for c in crits]
+    todo = [i for i, j in enumerate(judged) if j is not None]
+    revs = generator.chat([revision_messages(attempts[i].problem.question, attempts[i].solution,
+                                             crits[i].text) for i in todo],
+                          max_new_tokens=generator_tokens, temperature=0.0)
+    sent = [(i, r.text) for i, r in zip(todo, revs) if r.finish_reason != "prompt_too_long"]
+    ran = dict(zip((i for i, _ in sent),
+                   execute(reward, [attempts[i].problem for i, _ in sent], [t for _, t in sent])))
+    new, records = [], []
+    report = RoundReport(round_no, 0.0, too_long=sum(c.finish_reason == "prompt_too_long" for c in crits)
+                         + len(todo) - len(sent))
+    right = 0
+    for i, a in enumerate(attempts):
+        b = ran.get(i, a)  # no valid critique, or no revision sent: the solution stays
+        right += judged[i] is not None and judged[i] == a.passed
+        report.failing_before += not a.passed
+        report.passing_before += a.passed
+        report.fixed += (not a.passed) and b.passed
+        report.broken += a.passed and not b.passed
+        new.append(b)
+        records.append({"problem_id": a.problem.id, "round": round_no, "solution": a.solution,
+                        "passed_before": a.passed, "critique": crits[i].text,
+                        "judgment": None if judged[i] is None else ("Correct" if judged[i] else "Incorrect"),
+                        "revised": i in ran, "revision": b.solution if i in ran else None,
+                        "passed_after": b.passed, "pass_rate_after": b.pass_rate})
+    n = max(len(attempts), 1)
+    report.pass_at_1 = sum(b.passed for b in new) / n
+    report.judgment_acc = right / n
+    report.valid_rate = len(todo) / n
+    return new, report, records
+
+
+def critique_rounds(critic: ChatModel, generator: ChatModel, reward, attempts: list[Attempt], *,
+                    rounds: int, critic_tokens: int, generator_tokens: int
+                    ) -> tuple[list[RoundReport], list[dict]]:
+    """Round 0 (the generator alone) and ``rounds`` critique -> revision rounds."""
+    reports = [RoundReport(0, sum(a.passed for a in attempts) / max(len(attempts), 1))]
+    records: list[dict] = []
+    for r in range(1, rounds + 1):
+        attempts, rep, recs = critique_round(critic, generator, reward, attempts, round_no=r,
+                                             critic_tokens=critic_tokens, generator_tokens=generator_tokens)
+        reports.append(rep)
+        records += recs
+    return reports, records
+
+
+def format_reports(reports: list[RoundReport]) -> list[str]:
+    lines = ["  round  pass@1  judgment_acc  valid  fixed (fail->pass)  broken (pass->fail)"]
+    for r in reports:
+        if r.round == 0:
+            lines.append(f"  {0:5d}  {r.pass_at_1:6.3f}  (generator alone)")
+        else:
+            lines.append(f"  {r.round:5d}  {r.pass_at_1:6.3f}  {r.judgment_acc:12.3f}  {r.valid_rate:5.3f}"
+                         f"  {r.fixed:5d} / {r.failing_before:<5d}       {r.broken:5d} / {r.passing_before}")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# `fastcrit critique CONFIG`
+
+
+def run_critique(cfg: Config) -> dict:
+    """Test time on ``data.val`` (e.g. minicode:test or humaneval): fresh generator solutions, then
+    ``ctrl.rounds`` rounds with the critic; prints and returns the per-round reports and writes
+    every round's texts and verdicts to ``ctrl.output`` (JSONL). Runs in one process."""
+    from fastcrit.recipes.ctrl_common import critic_chat, load_problem_set, make_proxy
+
+    out_dir = cfg.trainer.output_dir
+    os.makedirs(out_dir, exist_ok=True)
+    problems = load_problem_set(cfg.data.val, cfg.data.format, limit=cfg.data.val_size, what="data.val")
+    generator = make_proxy(cfg, "cpu" if cfg.trainer.device == "cpu" else "cuda")
+    critic, critic_name = critic_chat(cfg)
+    reward = make_reward(cfg, out_dir)
+    try:
+        sols = sample_solutions(generator, problems, k=1, temperature=cfg.ctrl.solution_temperature,
+                                max_new_tokens=cfg.proxy.rollout.max_new_tokens, seed=cfg.trainer.seed)
+        attempts = execute(reward, [p for p, _ in sols], [t for _, t in sols])
+        reports, records = critique_rounds(critic, generator, reward, attempts, rounds=cfg.ctrl.rounds,
+                                           critic_tokens=cfg.rollout.max_new_tokens,
+                                           generator_tokens=cfg.proxy.rollout.max_new_tokens)
+    finally:
+        reward.close()
+        generator.close()
+        critic.close()
+    path = cfg.ctrl.output or os.path.join(out_dir, "critique.jsonl")
+    with open(path, "w") as f:
+        for rec in records:
+            f.write(json.dumps(rec) + "\n")
+    summary = {"problems": len(problems), "source": cfg.data.val, "critic": critic_name,
+               "rounds": [asdict(r) for r in reports], "records": path}
+    with open(os.path.join(out_dir, "critique_summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print("\n".join([f"critique: {len(problems)} problems from {cfg.data.val}, critic {critic_name}",
+                     *format_reports(reports), f"  every round's texts and verdicts: {path}"]), flush=True)
+    return summary

@@ -1,0 +1,154 @@
+"""CTRL stage 2 (Xie et al., 2025): the critic learns by GRPO to write critiques that make a frozen
+generator fix its code.
+
+    for each (problem, initial solution):      # from stage 1 (ctrl_synth.py)
+        critiques ~ critic(problem, solution)   x n
+        revision  = proxy(problem, solution, critique)      greedy; skipped if no judgment
+        reward    = sandbox pass rate of the revision        0 if the critique has no judgment
+    GRPO advantages over the n critiques; KL loss to the reference; PPO clipped update; sync.
+
+Departure from verl's pipeline, on purpose: the sandbox runs while the reference log-probs are
+computed (``time/sandbox_s`` wall, ``time/sandbox_wait_s`` what was left after the reference pass,
+``time/ref_s``), not before them. The reward sits on the critique's last token (an outcome reward:
+GRPO broadcasts the sequence advantage over the critique's tokens).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from fastcrit.algos.advantages import outcome_advantages
+from fastcrit.data.critique import critique_messages, parse_judgment, revision_messages
+from fastcrit.data.prompts import render_chat
+from fastcrit.recipes.critique import Attempt, RoundReport, critique_round
+from fastcrit.recipes.ctrl_common import load_attempts, make_proxy, synth_dir
+from fastcrit.recipes.scaffold import Run
+from fastcrit.reward import RewardItem, make_reward
+from fastcrit.rollout.chat import LocalChat
+from fastcrit.train.dist import all_reduce_mean
+
+
+class CTRL:
+    def __init__(self, run: Run):
+        c = run.cfg
+        self.run = run
+        self.reward = make_reward(c, run.out, run.ctx.rank)
+        self.proxy = make_proxy(c, run.ctx.device)
+        d = synth_dir(c)
+        self.pairs = self._encode(load_attempts(d, "train"))
+        self.val = load_attempts(d, "val")[:c.data.val_size] if c.data.val else []
+        self.critic = LocalChat(run.engine, run.tok, max_prompt_len=c.data.max_prompt_len)
+
+    def _encode(self, attempts: list[Attempt]) -> list[tuple[list[int], Attempt]]:
+        tok, limit, out, skipped = self.run.tok, self.run.cfg.data.max_prompt_len, [], 0
+        for a in attempts:
+            ids = tok.encode(render_chat(tok, critique_messages(a.problem.question, a.solution)),
+                             add_special_tokens=False)
+            if len(ids) > limit:
+                skipped += 1
+                continue
+            out.append((ids, a))
+        if skipped:
+            self.run.log.write(f"data: skipped {skipped} critique prompts longer than "
+                               f"data.max_prompt_len={limit}")
+        return out
+
+    def step(self, step: int) -> dict[str, float]:
+        run, c = self.run, self.run.cfg
+        pairs = run.share(self.pairs, step)
+        rollouts = run.generate([ids for ids, _ in pairs], run.sampling(step))  # n critiques each
+        attempts = [pairs[r.prompt_index][1] for r in rollouts]
+        critiques = [run.tok.decode(r.output_ids, skip_special_tokens=True) for r in rollouts]
+        judged = [parse_judgment(t) for t in critiques]
+        valid = [i for i, j in enumerate(judged) if j is not None]
+        with run.timer("revise"):
+            revisions = self.proxy.chat(
+                [revision_messages(attempts[i].problem.question, attempts[i].solution, critiques[i])
+                 for i in valid],
+                max_new_tokens=c.proxy.rollout.max_new_tokens, temperature=c.proxy.rollout.temperature)
+        sent = [(i, r.text) for i, r in zip(valid, revisions) if r.finish_reason != "prompt_too_long"]
+        t0, finished = time.perf_counter(), []
+        pending = self.reward.submit([RewardItem(attempts[i].problem.question, text, "",
+                                                 problem=attempts[i].problem) for i, text in sent])
+        pending.add_done_callback(lambda _: finished.append(time.perf_counter()))  # the sandbox runs ...
+        batch = run.batch(rollouts, None)
+        batch.ref_logprobs = run.reference(batch)  # ... while the reference scores the critiques
+        with run.timer("sandbox_wait"):
+            results = pending.result()
+        run.times["time/sandbox_s"] = (finished[0] if finished else time.perf_counter()) - t0
+        scores = torch.zeros(len(rollouts))
+        for (i, _), r in zip(sent, results):
+            scores[i] = r.score
+        batch.scores = scores
+        batch.advantages = outcome_advantages("grpo", scores, batch.group_ids, batch.response_mask,
+                                              norm_by_std=c.algorithm.norm_adv_by_std)
+        stats = run.update(batch)
+        run.sync()
+        return {**self._metrics(attempts, judged, sent, results, scores),
+                "response_len/mean": batch.response_mask.sum(-1).mean().item(), **stats}
+
+    def _metrics(self, attempts, judged, sent, results, scores) -> dict[str, float]:
+        n = max(len(attempts), 1)
+        after = {i: r.info.get("total", 0) > 0 and r.info.get("passed") == r.info.get("total")
+                 for (i, _), r in zip(sent, results)}
+        failing = [i for i in after if not attempts[i].passed]
+        passing = [i for i in after if attempts[i].passed]
+        sb = self.reward.stats()
+        return {
+            "reward/mean": scores.mean().item(),
+            "reward/std": scores.std().item() if len(scores) > 1 else 0.0,
+            "critique/valid_rate": sum(j is not None for j in judged) / n,
+            "critique/judgment_acc": sum(j is not None and j == a.passed
+                                         for j, a in zip(judged, attempts)) / n,
+            "revision/pass_rate": sum(after.values()) / max(len(after), 1),
+            "revision/fixed": sum(after[i] for i in failing) / max(len(failing), 1),
+            "revision/broken": sum(not after[i] for i in passing) / max(len(passing), 1),
+            "initial/pass_rate": sum(a.passed for a in attempts) / n,
+            "sandbox/cache_hit_rate": sb["hit_rate"],
+            "sandbox/executions": float(sb["executions"]),
+        }
+
+    def evaluate(self) -> dict[str, float]:
+        """One greedy critique -> revision round on this rank's share of the held-out solutions
+        (the paper's table in miniature); means over ranks."""
+        if not self.val:
+            return {}
+        run, c = self.run, self.run.cfg
+        share = self.val[run.ctx.rank::run.ctx.world_size]
+        _, rep, _ = critique_round(self.critic, self.proxy, self.reward, share,
+                                   critic_tokens=c.rollout.max_new_tokens,
+                                   generator_tokens=c.proxy.rollout.max_new_tokens)
+        gen = RoundReport(0, sum(a.passed for a in share) / len(share))
+        return all_reduce_mean({**gen.metrics("val/generator_"), **rep.metrics("val/")})
+
+    def summary(self, first: dict, last: dict) -> dict:
+        """The paper's table in miniature. "sft_critic" is the critic RL started from (the SFT warm
+        start when sft.steps > 0), "rl_critic" the one it ended with."""
+        if not first:
+            return {}
+        return {"eval": {
+            "problems": len(self.val),
+            "generator": first["val/generator_pass@1"],
+            "sft_critic": first["val/pass@1"], "rl_critic": last["val/pass@1"],
+            "sft_critic_judgment_acc": first["val/judgment_acc"],
+            "rl_critic_judgment_acc": last["val/judgment_acc"],
+            "sft_critic_fixed": first["val/fixed"], "rl_critic_fixed": last["val/fixed"],
+            "sft_critic_broken": first["val/broken"], "rl_critic_broken": last["val/broken"]}}
+
+    def summary_lines(self, summary: dict) -> list[str]:
+        e = summary.get("eval")
+        if not e:
+            return []
+        return [f"  held-out problems ({e['problems']}), one critique -> revision round:",
+                "    critic        pass@1  judgment_acc  fixed  broken",
+                f"    (generator)   {e['generator']:.3f}",
+                f"    SFT critic    {e['sft_critic']:.3f}   {e['sft_critic_judgment_acc']:.3f}"
+                f"         {e['sft_critic_fixed']:.3f}  {e['sft_critic_broken']:.3f}",
+                f"    RL critic     {e['rl_critic']:.3f}   {e['rl_critic_judgment_acc']:.3f}"
+                f"         {e['rl_critic_fixed']:.3f}  {e['rl_critic_broken']:.3f}"]
+
+    def close(self) -> None:
+        self.reward.close()
+        self.proxy.close()
+
