@@ -108,6 +108,7 @@ class CTRLConfig:
     synth_dir: str = ""  # stage 1 output (solutions, SFT critiques); "" = <trainer.output_dir>/synth
     solutions_per_problem: int = 1  # initial solutions sampled from the generator per problem
     solution_temperature: float = 1.0  # sampling temperature of the initial solutions
+    sft_balance: bool = True  # repeat the rarer judgment's critiques until both are as many
     rounds: int = 1  # critique -> revision rounds at test time (`fastcrit critique`)
     critic: str = ""  # test time: critic model dir; "" = newest checkpoint of trainer.output_dir
     critic_endpoint: str = ""  # test time: an OpenAI-compatible critic instead of a local one

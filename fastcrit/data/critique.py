@@ -55,41 +55,83 @@ def _lines(code: str) -> list[str]:
     return [ln.rstrip() for ln in code.strip("\n").split("\n")]
 
 
-def one_line_fix(solution_code: str, reference_code: str) -> str | None:
-    """When the solution differs from the reference in exactly one line (same number of lines),
-    that line of the reference, stripped; else None."""
+def key_lines(solution_code: str, reference_code: str | None) -> tuple[str, str] | None:
+    """(line the reference has, line the solution has) where the two differ in exactly one line;
+    (last line, last line) where they are the same; None otherwise (or without a reference)."""
+    if not reference_code:
+        return None
     a, b = _lines(solution_code), _lines(reference_code)
     if len(a) != len(b):
         return None
-    diff = [(x, y) for x, y in zip(a, b) if x != y]
-    if len(diff) != 1:
+    diff = [(x.strip(), y.strip()) for x, y in zip(a, b) if x.strip() != y.strip()]
+    if not diff:
+        return a[-1].strip(), a[-1].strip()
+    if len(diff) == 1:
+        return diff[0][1], diff[0][0]
+    return None
+
+
+def parts(line: str) -> list[str]:
+    """A code line cut at spaces, each operator kept with the operand after it:
+    ``return max(xs) * 6 + 4`` -> [``return max(xs)``, ``* 6``, ``+ 4``]."""
+    out: list[str] = []
+    for word in line.split():
+        if out and (out[-1] in OPERATORS or out[-1] == "return"):
+            out[-1] += " " + word
+        else:
+            out.append(word)
+    return out
+
+
+OPERATORS = {"+", "-", "*", "/", "//", "%", "**", "==", "!=", "<", ">", "<=", ">=", "and", "or", "=",
+             "+=", "-=", "in", "not", "is", "if", "else"}
+
+
+def part_review(needed: str, has: str) -> str | None:
+    """The code line reviewed part by part against the needed one ("`* 6` ok; `+ 5` is wrong, the
+    problem needs `+ 4`"), when both cut into as many parts; else None."""
+    a, b = parts(has), parts(needed)
+    if len(a) != len(b):
         return None
-    return diff[0][1].strip()
+    return "; ".join(f"`{x}` ok" if x == y else f"`{x}` is wrong, the problem needs `{y}`"
+                     for x, y in zip(a, b))
+
+
+def feedback_sentence(passed: bool, failures: list[str]) -> str:
+    if passed:
+        return "Every test passes."
+    first = failures[0].strip() if failures else "the code does not pass the tests"
+    return first if first.endswith(".") else first + "."
 
 
 def synthetic_critique(passed: bool, failures: list[str], solution_code: str,
                        reference_code: str | None) -> str:
     """A critique grounded in execution feedback, whose judgment is the real outcome.
 
-    ``failures``: messages of the failed tests (the sandbox's, which carry the failing assertion or
-    input with expected and actual values, or the error); the first one is the analysis. The
-    suggestion is the reference solution's line when the solution differs from it in one line,
-    otherwise a request to make the failing case hold. Departure from the paper: CTRL has a strong
-    model write the critique from this feedback; here the writer is this function.
+    Where the solution and a reference solution differ in one line (or not at all), the analysis
+    reviews the code's line part by part against the reference's ("`* 6` ok; `+ 5` is wrong, the
+    problem needs `+ 4`"), or names both lines when they do not cut alike; then it says what the
+    execution showed: the first failing test with expected and actual values, or the error (the
+    sandbox's message), or that every test passes. The suggestion is the needed line when there is
+    one, else a request to make the failing case hold. Departure from the paper: CTRL has a strong
+    model write the critique from the execution feedback; here the writer is this function, and it
+    also reads the reference solution.
     """
+    lines = key_lines(solution_code, reference_code)
+    analysis = feedback_sentence(passed, failures)
+    if lines:
+        review = part_review(*lines) or f"the problem needs `{lines[0]}` and the code has `{lines[1]}`"
+        analysis = f"{review}. {analysis}"
     if passed:
-        return format_critique("the code does what the problem asks; every test passes.",
-                               NO_SUGGESTION, True)
-    first = failures[0].strip() if failures else "the code does not pass the tests."
-    analysis = first if first.endswith(".") else first + "."
-    fix = one_line_fix(solution_code, reference_code) if reference_code else None
-    if fix:
-        suggestion = f"use `{fix}`."
+        return format_critique(analysis, NO_SUGGESTION, True)
+    if lines and lines[0] != lines[1]:
+        suggestion = f"use `{lines[0]}`."
     else:
-        suggestion = "change the code so that the failing case gives the expected result."
+        suggestion = VAGUE_SUGGESTION
     return format_critique(analysis, suggestion, False)
 
 
+VAGUE_SUGGESTION = "change the code so that the failing case gives the expected result."
 SUGGESTION_RE = re.compile(r"Improvement suggestions:\s*use `([^`\n]+)`")
 
 

@@ -9,14 +9,16 @@ renamed training problem.
 Two shipped files are problems (``minicode_train.jsonl``, ``minicode_test.jsonl``, the
 ``fastcrit.data.problems`` layout). The third, ``minicode_coder.jsonl``, is chat SFT data for the
 tiny *coder* that plays CTRL's generator and proxy:
-- solve rows (problem -> solution) whose answer is wrong in 40% of the rows, in ways a critique
+- solve rows (problem -> solution) whose answer is wrong in 60% of the rows, in ways a critique
   can name (a constant off by one, a swapped operator or function, dropped parentheses), so the
-  generator's sampled solutions are sometimes wrong;
+  generator's sampled solutions are often wrong;
 - revise rows [problem, solution, critique + "Please finalize..."] -> the solution with the
-  critique applied literally: the line it suggests ("use `return ...`") replaces the return line,
-  and a critique that judges the code correct, or suggests nothing concrete, leaves it unchanged.
-  The suggested line is the right one only half the time, so the proxy learns to follow the critique,
-  not to fix the code by itself: a good critique helps, a bad one does not.
+  critique applied literally: a critique that judges the code correct leaves it unchanged; the line
+  an "Incorrect" critique suggests ("use `return ...`") replaces the return line; and an
+  "Incorrect" critique with nothing new to apply (no line, or the same line again) makes the proxy
+  change something anyway, as a generator told that its code is wrong does. The suggested line is
+  the right one only half the time, so the proxy learns to follow the critique, not to fix the code
+  by itself: a good critique helps, a bad one does not, and calling correct code incorrect breaks it.
 
 `python -m fastcrit.data.tasks` writes the files (deterministic, seed 0).
 """
@@ -26,7 +28,8 @@ import random
 import re
 from dataclasses import dataclass
 
-from fastcrit.data.critique import FINALIZE, NO_SUGGESTION, format_critique
+from fastcrit.data.critique import (FINALIZE, NO_SUGGESTION, VAGUE_SUGGESTION, feedback_sentence,
+                                   format_critique, part_review)
 
 # (arg, phrase, expression): the expression is what the function returns.
 TEMPLATES = (
@@ -46,7 +49,7 @@ TEMPLATES = (
 NAMES = ("f", "g", "calc", "solve", "compute", "value")
 INPUTS = {"x": [0, 1, 2, 5, -3], "xs": [[1, 2, 3], [5], [4, -2, 7], [0, 0], [9, 1]]}
 A_RANGE, B_RANGE = range(2, 10), range(1, 10)
-BUG_RATE = 0.4
+BUG_RATE = 0.6
 _SWAPS = {"+": "-", "-": "+", "*": "+", "%": "//", "//": "%", "max": "min", "min": "max",
           "sum": "len", "len": "sum"}
 _OPERATOR = re.compile(r"(?<= )(//|[-+*%])(?= )|\b(max|min|sum|len)(?=\()")
@@ -136,25 +139,29 @@ def _specs(n_train: int, n_test: int, rng: random.Random) -> tuple[list[Spec], l
 
 
 def _revise_row(spec: Spec, rng: random.Random) -> dict:
-    """A revision example: the critique is applied literally (see the module docstring)."""
+    """A revision example: a critique written like stage 1's synthetic ones, right or wrong, applied
+    literally. Its analysis is drawn independently of what the revision must be, so the proxy
+    learns to act on the judgment and the suggested line only (see the module docstring)."""
     wrong = bugs(spec)
-    start = rng.choice(wrong) if rng.random() < 0.5 else spec.expr
+    pick = lambda: spec.expr if rng.random() < 0.5 else rng.choice(wrong)  # noqa: E731
+    start, claimed = pick(), pick()
     v = rng.choice(INPUTS[spec.arg])
-    got, want = evaluate(start, spec.arg, v), evaluate(spec.expr, spec.arg, v)
-    analysis = f"AssertionError: assert {spec.name}({v!r}) == {want!r} (returned {got!r})."
+    feedback = feedback_sentence(rng.random() < 0.5, [
+        f"AssertionError: assert {spec.name}({v!r}) == {evaluate(claimed, spec.arg, v)!r} "
+        f"(returned {evaluate(start, spec.arg, v)!r})"])
+    review = part_review(f"return {claimed}", f"return {start}")
+    review = review or f"the problem needs `return {claimed}` and the code has `return {start}`"
+    analysis = f"{review}. {feedback}"
+    other = rng.choice([e for e in wrong + [spec.expr] if e != start])
     kind = rng.random()
-    if kind < 0.3:  # judged correct: keep the code (right or not)
-        critique = format_critique("the code does what the problem asks; every test passes.",
-                                   NO_SUGGESTION, True)
-        final = start
-    elif kind < 0.85:  # a concrete line: the right one or a wrong one, applied either way
-        line = spec.expr if rng.random() < 0.5 else rng.choice(wrong)
+    if kind < 0.35:  # judged correct: keep the code (right or not)
+        critique, final = format_critique(analysis, NO_SUGGESTION, True), start
+    elif kind < 0.85:  # a concrete line, right or not: applied; the same line again: change something
+        line = pick() if rng.random() < 0.8 else start
         critique = format_critique(analysis, f"use `return {line}`.", False)
-        final = line
-    else:  # incorrect but nothing concrete to apply
-        critique = format_critique(
-            analysis, "change the code so that the failing case gives the expected result.", False)
-        final = start
+        final = line if line != start else other
+    else:  # incorrect, but nothing concrete: change something
+        critique, final = format_critique(analysis, VAGUE_SUGGESTION, False), other
     return {"messages": [{"role": "user", "content": spec.question},
                          {"role": "assistant", "content": spec.answer(start)},
                          {"role": "user", "content": f"{critique}\n\n{FINALIZE}"},
@@ -162,7 +169,7 @@ def _revise_row(spec: Spec, rng: random.Random) -> dict:
             "kind": "revise"}
 
 
-def make_minicode(n_train: int = 1600, n_test: int = 300, revise_per_problem: int = 2,
+def make_minicode(n_train: int = 1600, n_test: int = 300, revise_per_problem: int = 3,
                   seed: int = 0) -> dict[str, list[dict]]:
     rng = random.Random(seed)
     train, test = _specs(n_train, n_test, rng)

@@ -147,13 +147,15 @@ def format_reports(reports: list[RoundReport]) -> list[str]:
 def run_critique(cfg: Config) -> dict:
     """Test time on ``data.val`` (e.g. minicode:test or humaneval): fresh generator solutions, then
     ``ctrl.rounds`` rounds with the critic; prints and returns the per-round reports and writes
-    every round's texts and verdicts to ``ctrl.output`` (JSONL). Runs in one process."""
+    every round's texts and verdicts to ``ctrl.output`` (JSONL; the reports go beside it as
+    ``<name>_summary.json``). Runs in one process."""
     from fastcrit.recipes.ctrl_common import critic_chat, load_problem_set, make_proxy
 
     out_dir = cfg.trainer.output_dir
     os.makedirs(out_dir, exist_ok=True)
     problems = load_problem_set(cfg.data.val, cfg.data.format, limit=cfg.data.val_size, what="data.val")
     generator = make_proxy(cfg, "cpu" if cfg.trainer.device == "cpu" else "cuda")
+    generator_name = generator.name
     critic, critic_name = critic_chat(cfg)
     reward = make_reward(cfg, out_dir)
     try:
@@ -172,8 +174,8 @@ def run_critique(cfg: Config) -> dict:
         for rec in records:
             f.write(json.dumps(rec) + "\n")
     summary = {"problems": len(problems), "source": cfg.data.val, "critic": critic_name,
-               "rounds": [asdict(r) for r in reports], "records": path}
-    with open(os.path.join(out_dir, "critique_summary.json"), "w") as f:
+               "generator": generator_name, "rounds": [asdict(r) for r in reports], "records": path}
+    with open(os.path.splitext(path)[0] + "_summary.json", "w") as f:
         json.dump(summary, f, indent=1)
     print("\n".join([f"critique: {len(problems)} problems from {cfg.data.val}, critic {critic_name}",
                      *format_reports(reports), f"  every round's texts and verdicts: {path}"]), flush=True)

@@ -29,6 +29,28 @@ from fastcrit.rollout.chat import LocalChat
 from fastcrit.train.dist import all_reduce_mean
 
 
+def revise(proxy, attempts: list[Attempt], critiques: list[str], rollout
+           ) -> tuple[list[bool | None], list[tuple[int, str]]]:
+    """The proxy revises each solution after its critique, greedily (``rollout``: the proxy's
+    max_new_tokens and temperature). A critique with no overall judgment is not sent, and neither
+    is a revision prompt the proxy cannot take. Returns every critique's judgment and the
+    (critique index, revision text) pairs to execute."""
+    judged = [parse_judgment(t) for t in critiques]
+    valid = [i for i, j in enumerate(judged) if j is not None]
+    outs = proxy.chat([revision_messages(attempts[i].problem.question, attempts[i].solution, critiques[i])
+                       for i in valid], max_new_tokens=rollout.max_new_tokens,
+                      temperature=rollout.temperature)
+    return judged, [(i, o.text) for i, o in zip(valid, outs) if o.finish_reason != "prompt_too_long"]
+
+
+def critique_scores(n: int, sent: list[tuple[int, str]], results) -> torch.Tensor:
+    """[n] rewards: the revision's score where one ran, else 0 (no judgment, or not sent)."""
+    scores = torch.zeros(n)
+    for (i, _), r in zip(sent, results):
+        scores[i] = r.score
+    return scores
+
+
 class CTRL:
     def __init__(self, run: Run):
         c = run.cfg
@@ -60,14 +82,8 @@ class CTRL:
         rollouts = run.generate([ids for ids, _ in pairs], run.sampling(step))  # n critiques each
         attempts = [pairs[r.prompt_index][1] for r in rollouts]
         critiques = [run.tok.decode(r.output_ids, skip_special_tokens=True) for r in rollouts]
-        judged = [parse_judgment(t) for t in critiques]
-        valid = [i for i, j in enumerate(judged) if j is not None]
         with run.timer("revise"):
-            revisions = self.proxy.chat(
-                [revision_messages(attempts[i].problem.question, attempts[i].solution, critiques[i])
-                 for i in valid],
-                max_new_tokens=c.proxy.rollout.max_new_tokens, temperature=c.proxy.rollout.temperature)
-        sent = [(i, r.text) for i, r in zip(valid, revisions) if r.finish_reason != "prompt_too_long"]
+            judged, sent = revise(self.proxy, attempts, critiques, c.proxy.rollout)
         t0, finished = time.perf_counter(), []
         pending = self.reward.submit([RewardItem(attempts[i].problem.question, text, "",
                                                  problem=attempts[i].problem) for i, text in sent])
@@ -77,10 +93,7 @@ class CTRL:
         with run.timer("sandbox_wait"):
             results = pending.result()
         run.times["time/sandbox_s"] = (finished[0] if finished else time.perf_counter()) - t0
-        scores = torch.zeros(len(rollouts))
-        for (i, _), r in zip(sent, results):
-            scores[i] = r.score
-        batch.scores = scores
+        batch.scores = scores = critique_scores(len(rollouts), sent, results)
         batch.advantages = outcome_advantages("grpo", scores, batch.group_ids, batch.response_mask,
                                               norm_by_std=c.algorithm.norm_adv_by_std)
         stats = run.update(batch)

@@ -61,7 +61,7 @@ def _synthesise(cfg: Config, out: str, device) -> None:
             summary[split] = {"problems": len(problems), "solutions": len(attempts),
                               "pass@1": sum(a.passed for a in attempts) / max(len(attempts), 1)}
             if split == "train":
-                summary["critic_sft"] = _write_sft(attempts, critic_sft_path(out))
+                summary["critic_sft"] = _write_sft(attempts, critic_sft_path(out), cfg.ctrl.sft_balance)
     finally:
         reward.close()
         generator.close()
@@ -74,16 +74,25 @@ def _synthesise(cfg: Config, out: str, device) -> None:
         + f"; critic SFT rows: {summary['critic_sft']}", flush=True)
 
 
-def _write_sft(attempts, path: str) -> dict:
-    counts = {"Correct": 0, "Incorrect": 0}
-    with open(path, "w") as f:
-        for a in attempts:
-            code, _ = extract_program(a.solution)
-            refs = a.problem.solutions
-            reference = extract_program(refs[0])[0] if refs else None
-            critique = synthetic_critique(a.passed, a.failures, code, reference)
-            counts["Correct" if a.passed else "Incorrect"] += 1
-            f.write(json.dumps({"messages": critique_messages(a.problem.question, a.solution)
-                                + [{"role": "assistant", "content": critique}],
-                                "problem_id": a.problem.id, "passed": a.passed}) + "\n")
+def _write_sft(attempts, path: str, balance: bool) -> dict:
+    """Chat rows [critique prompt -> synthetic critique]; with ``balance`` the rarer judgment's
+    rows are repeated (in order, cycling) until both judgments have as many rows."""
+    rows = {True: [], False: []}
+    for a in attempts:
+        code, _ = extract_program(a.solution)
+        refs = a.problem.solutions
+        reference = extract_program(refs[0])[0] if refs else None
+        critique = synthetic_critique(a.passed, a.failures, code, reference)
+        rows[a.passed].append({"messages": critique_messages(a.problem.question, a.solution)
+                               + [{"role": "assistant", "content": critique}],
+                               "problem_id": a.problem.id, "passed": a.passed})
+    counts = {"Correct": len(rows[True]), "Incorrect": len(rows[False])}
+    if balance and rows[True] and rows[False]:
+        n = max(len(rows[True]), len(rows[False]))
+        for k in rows:
+            rows[k] = [rows[k][i % len(rows[k])] for i in range(n)]
+        counts["repeated"] = 2 * n - counts["Correct"] - counts["Incorrect"]
+    with open(path, "w") as f:  # order is irrelevant: SFT reads a seeded permutation
+        for r in rows[True] + rows[False]:
+            f.write(json.dumps(r) + "\n")
     return counts

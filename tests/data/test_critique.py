@@ -1,0 +1,68 @@
+"""CTRL's texts: prompts through the chat template, the judgment rule, synthetic critiques."""
+import pytest
+
+from fastcrit.data.critique import (FINALIZE, critique_messages, key_lines, part_review, parts,
+                                    parse_judgment, revision_messages, suggested_line,
+                                    synthetic_critique)
+
+
+@pytest.mark.parametrize("text, want", [
+    ("Analysis: ok.\nImprovement suggestions: none.\nOverall judgment: Correct", True),
+    ("Analysis: no.\nImprovement suggestions: x.\nOverall judgment: Incorrect", False),
+    ("Overall judgment: **Incorrect**", False),
+    ("Overall judgment: Correct\n... on second thought\nOverall judgment: Incorrect", False),
+    ("Analysis: fine.\nImprovement suggestions: none.\nOverall judgement: Correct", None),  # spelling
+    ("Overall judgment: correct", None),  # the paper's words, capitalised
+    ("Overall judgment: Correctness unclear", None),
+    ("The code is Correct.", None),
+    ("", None),
+])
+def test_judgment_rule(text, want):
+    assert parse_judgment(text) is want
+
+
+def test_prompts_follow_the_paper_and_the_chat_template(tiny_model_path):
+    from fastcrit.data.prompts import render_chat
+    from fastcrit.models.hf import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_path)
+    msgs = critique_messages("Write f(x) that returns x plus 1.", "```python\ndef f(x):\n    return x\n```")
+    assert [m["role"] for m in msgs] == ["user"]
+    for word in ("Analysis:", "Improvement suggestions:", "Overall judgment: Correct",
+                 "Overall judgment: Incorrect", "Problem:\nWrite f(x)", "Solution:\n```python"):
+        assert word in msgs[0]["content"]
+    rev = revision_messages("Q?", "A.", "Analysis: a\nOverall judgment: Incorrect\n")
+    assert [m["role"] for m in rev] == ["user", "assistant", "user"]
+    assert rev[0]["content"] == "Q?" and rev[1]["content"] == "A."
+    assert rev[2]["content"] == f"Analysis: a\nOverall judgment: Incorrect\n\n{FINALIZE}"
+    text = render_chat(tok, rev)
+    assert text.startswith("<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\nA.<|im_end|>\n")
+    assert text.endswith(f"{FINALIZE}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_synthetic_critique_is_grounded_and_its_judgment_is_the_outcome():
+    ref = "def g(xs):\n    return max(xs) * 6 + 4\n"
+    bad = "def g(xs):\n    return max(xs) * 6 + 5\n"
+    c = synthetic_critique(False, ["AssertionError: assert g([1]) == 10 (returned 11)"], bad, ref)
+    assert parse_judgment(c) is False
+    assert c.startswith("Analysis: `return max(xs)` ok; `* 6` ok; `+ 5` is wrong, the problem needs `+ 4`. "
+                        "AssertionError: assert g([1]) == 10 (returned 11).\n")
+    assert suggested_line(c) == "return max(xs) * 6 + 4"
+    good = synthetic_critique(True, [], ref, ref)
+    assert parse_judgment(good) is True and "Every test passes." in good and suggested_line(good) is None
+    assert "is wrong" not in good
+    # lines that do not cut alike are named whole
+    c = synthetic_critique(False, ["f"], "def g(x):\n    return x\n", "def g(x):\n    return max(x, 2) + 1\n")
+    assert "the problem needs `return max(x, 2) + 1` and the code has `return x`" in c
+    # no reference, or a rewrite in several lines: the feedback alone, and no concrete line
+    c = synthetic_critique(False, ["ZeroDivisionError: division by zero"], "x = 1/0\nprint(x)\n", None)
+    assert parse_judgment(c) is False and "ZeroDivisionError" in c and suggested_line(c) is None
+    assert key_lines("a\nb\nc\n", "a\nB\nC\n") is None and key_lines("a\nb", "a\nb") == ("b", "b")
+    assert key_lines("a\nb", "a") is None and key_lines("a\nb", "a\nc") == ("c", "b")
+
+
+def test_parts_keep_each_operator_with_its_operand():
+    assert parts("return max(xs) * 6 + 4") == ["return max(xs)", "* 6", "+ 4"]
+    assert parts("return (x + 3) * 2") == ["return (x", "+ 3)", "* 2"]
+    assert part_review("return x * 2", "return x * 3") == "`return x` ok; `* 3` is wrong, the problem needs `* 2`"
+    assert part_review("return x * 2", "return x") is None

