@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fastcrit-installed
 
-.PHONY: install demo ctrl-demo test bench clean
+.PHONY: install demo ctrl-demo ctrl-humaneval test bench clean
 
 install: $(STAMP)
 
@@ -21,13 +21,17 @@ demo: install
 	$(BIN)/fastcrit train configs/cpu/grpo.yaml
 
 # CTRL on 2 CPU cores: the tiny coder (generator + proxy), then stage 1 (synthetic critiques), the
-# critic's SFT, RL, and test-time rounds on the held-out problems and on HumanEval's 164.
+# critic's SFT, RL, and test-time rounds on the held-out problems.
 ctrl-demo: install
 	$(BIN)/fastcrit sft configs/cpu/ctrl_coder.yaml
 	$(BIN)/fastcrit train configs/cpu/ctrl.yaml
 	$(BIN)/fastcrit critique configs/cpu/ctrl.yaml
-	$(BIN)/fastcrit critique configs/cpu/ctrl.yaml --set data.val=humaneval --set data.max_prompt_len=1024 \
-		--set proxy.max_prompt_len=1536 --set ctrl.rounds=1 --set ctrl.output=runs/cpu-ctrl/critique_humaneval.jsonl
+
+# After ctrl-demo: HumanEval's 164 problems through the same test-time pipeline (tiny models: ~0).
+ctrl-humaneval: install
+	$(BIN)/fastcrit critique configs/cpu/ctrl.yaml --set data.val=humaneval --set data.val_size=164 \
+		--set data.max_prompt_len=1024 --set proxy.max_prompt_len=1536 --set ctrl.rounds=1 \
+		--set ctrl.output=runs/cpu-ctrl/critique_humaneval.jsonl
 
 test: install
 	$(BIN)/python -m pytest -q -ra tests

@@ -76,6 +76,20 @@ def sample_solutions(generator: ChatModel, problems: list[Problem], *, k: int, t
     return [(problems[i // k], o.text) for i, o in enumerate(outs)]
 
 
+def revise(generator: ChatModel, attempts: list[Attempt], critiques: list[str], *,
+           max_new_tokens: int, temperature: float = 0.0
+           ) -> tuple[list[bool | None], list[tuple[int, str]]]:
+    """The generator revises each solution after its critique. A critique with no overall
+    judgment is not sent, and neither is a revision prompt the generator cannot take. Returns every
+    critique's judgment and the (critique index, revision text) pairs to execute."""
+    judged = [parse_judgment(t) for t in critiques]
+    valid = [i for i, j in enumerate(judged) if j is not None]
+    outs = generator.chat([revision_messages(attempts[i].problem.question, attempts[i].solution,
+                                             critiques[i]) for i in valid],
+                          max_new_tokens=max_new_tokens, temperature=temperature)
+    return judged, [(i, o.text) for i, o in zip(valid, outs) if o.finish_reason != "prompt_too_long"]
+
+
 def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: list[Attempt], *,
                    critic_tokens: int, generator_tokens: int, round_no: int = 1
                    ) -> tuple[list[Attempt], RoundReport, list[dict]]:
@@ -83,17 +97,14 @@ def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: li
     one record per problem (texts and verdicts, for the JSONL file)."""
     crits = critic.chat([critique_messages(a.problem.question, a.solution) for a in attempts],
                         max_new_tokens=critic_tokens, temperature=0.0)
-    judged = [parse_judgment(c.text) if c.finish_reason != "prompt_too_long" else None for c in crits]
-    todo = [i for i, j in enumerate(judged) if j is not None]
-    revs = generator.chat([revision_messages(attempts[i].problem.question, attempts[i].solution,
-                                             crits[i].text) for i in todo],
-                          max_new_tokens=generator_tokens, temperature=0.0)
-    sent = [(i, r.text) for i, r in zip(todo, revs) if r.finish_reason != "prompt_too_long"]
+    texts = ["" if c.finish_reason == "prompt_too_long" else c.text for c in crits]
+    judged, sent = revise(generator, attempts, texts, max_new_tokens=generator_tokens)
     ran = dict(zip((i for i, _ in sent),
                    execute(reward, [attempts[i].problem for i, _ in sent], [t for _, t in sent])))
+    valid = sum(j is not None for j in judged)
     new, records = [], []
     report = RoundReport(round_no, 0.0, too_long=sum(c.finish_reason == "prompt_too_long" for c in crits)
-                         + len(todo) - len(sent))
+                         + valid - len(sent))
     right = 0
     for i, a in enumerate(attempts):
         b = ran.get(i, a)  # no valid critique, or no revision sent: the solution stays
@@ -104,14 +115,14 @@ def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: li
         report.broken += a.passed and not b.passed
         new.append(b)
         records.append({"problem_id": a.problem.id, "round": round_no, "solution": a.solution,
-                        "passed_before": a.passed, "critique": crits[i].text,
+                        "passed_before": a.passed, "critique": texts[i],
                         "judgment": None if judged[i] is None else ("Correct" if judged[i] else "Incorrect"),
                         "revised": i in ran, "revision": b.solution if i in ran else None,
                         "passed_after": b.passed, "pass_rate_after": b.pass_rate})
     n = max(len(attempts), 1)
     report.pass_at_1 = sum(b.passed for b in new) / n
     report.judgment_acc = right / n
-    report.valid_rate = len(todo) / n
+    report.valid_rate = valid / n
     return new, report, records
 
 

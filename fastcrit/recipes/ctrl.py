@@ -19,28 +19,14 @@ import time
 import torch
 
 from fastcrit.algos.advantages import outcome_advantages
-from fastcrit.data.critique import critique_messages, parse_judgment, revision_messages
+from fastcrit.data.critique import critique_messages
 from fastcrit.data.prompts import render_chat
-from fastcrit.recipes.critique import Attempt, RoundReport, critique_round
+from fastcrit.recipes.critique import Attempt, RoundReport, critique_round, revise
 from fastcrit.recipes.ctrl_common import load_attempts, make_proxy, synth_dir
 from fastcrit.recipes.scaffold import Run
 from fastcrit.reward import RewardItem, make_reward
 from fastcrit.rollout.chat import LocalChat
 from fastcrit.train.dist import all_reduce_mean
-
-
-def revise(proxy, attempts: list[Attempt], critiques: list[str], rollout
-           ) -> tuple[list[bool | None], list[tuple[int, str]]]:
-    """The proxy revises each solution after its critique, greedily (``rollout``: the proxy's
-    max_new_tokens and temperature). A critique with no overall judgment is not sent, and neither
-    is a revision prompt the proxy cannot take. Returns every critique's judgment and the
-    (critique index, revision text) pairs to execute."""
-    judged = [parse_judgment(t) for t in critiques]
-    valid = [i for i, j in enumerate(judged) if j is not None]
-    outs = proxy.chat([revision_messages(attempts[i].problem.question, attempts[i].solution, critiques[i])
-                       for i in valid], max_new_tokens=rollout.max_new_tokens,
-                      temperature=rollout.temperature)
-    return judged, [(i, o.text) for i, o in zip(valid, outs) if o.finish_reason != "prompt_too_long"]
 
 
 def critique_scores(n: int, sent: list[tuple[int, str]], results) -> torch.Tensor:
@@ -83,7 +69,9 @@ class CTRL:
         attempts = [pairs[r.prompt_index][1] for r in rollouts]
         critiques = [run.tok.decode(r.output_ids, skip_special_tokens=True) for r in rollouts]
         with run.timer("revise"):
-            judged, sent = revise(self.proxy, attempts, critiques, c.proxy.rollout)
+            judged, sent = revise(self.proxy, attempts, critiques,
+                                  max_new_tokens=c.proxy.rollout.max_new_tokens,
+                                  temperature=c.proxy.rollout.temperature)
         t0, finished = time.perf_counter(), []
         pending = self.reward.submit([RewardItem(attempts[i].problem.question, text, "",
                                                  problem=attempts[i].problem) for i, text in sent])

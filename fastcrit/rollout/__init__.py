@@ -19,7 +19,5 @@ def make_engine(rollout_cfg, model_path: str, *, dtype: str, device: "torch.devi
     if rollout_cfg.engine == "sglang":
         from fastcrit.rollout.sglang import SGLangEngine  # GPU only; imports sglang lazily
 
-        return SGLangEngine(model_path, dtype=dtype, device=device, tp_size=rollout_cfg.tp_size,
-                            mem_fraction_static=rollout_cfg.mem_fraction_static,
-                            weight_bucket_mb=rollout_cfg.weight_bucket_mb, seed=seed)
+        return SGLangEngine(model_path, rollout_cfg, dtype=dtype, device=device, seed=seed)
     raise ValueError(f"rollout.engine: unknown engine {rollout_cfg.engine!r} (native, sglang)")

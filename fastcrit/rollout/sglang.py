@@ -39,11 +39,18 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 
 
 class SGLangEngine:
-    def __init__(self, model_path: str, *, dtype: str | torch.dtype = "bfloat16",
-                 device: str | torch.device = "cuda", tp_size: int = 1, mem_fraction_static: float = 0.5,
-                 weight_bucket_mb: int = 512, seed: int = 0, load_format: str = "auto",
+    """``rollout`` (fastcrit.config.RolloutConfig, its defaults when None) gives tp_size,
+    mem_fraction_static and weight_bucket_mb; ``engine_kwargs`` go to ``sglang.Engine`` as they are."""
+
+    def __init__(self, model_path: str, rollout=None, *, dtype: str | torch.dtype = "bfloat16",
+                 device: str | torch.device = "cuda", seed: int = 0, load_format: str = "auto",
                  attention_backend: str | None = None, disable_cuda_graph: bool = False, **engine_kwargs):
+        from fastcrit.config import RolloutConfig
         from fastcrit.models.hf import parse_dtype, resolve_model_path
+
+        rollout = rollout or RolloutConfig()
+        tp_size, weight_bucket_mb = rollout.tp_size, rollout.weight_bucket_mb
+        mem_fraction_static = rollout.mem_fraction_static
 
         try:
             import sglang

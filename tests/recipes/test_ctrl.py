@@ -96,7 +96,8 @@ def hand_made_attempts(n: int) -> list[Attempt]:
 
 
 def test_reward_rules_invalid_format_scores_zero_and_is_never_executed(workdir):
-    from fastcrit.recipes.ctrl import critique_scores, revise
+    from fastcrit.recipes.critique import revise
+    from fastcrit.recipes.ctrl import critique_scores
     from fastcrit.recipes.ctrl_common import make_proxy
     from fastcrit.reward import make_reward
 
@@ -110,7 +111,7 @@ def test_reward_rules_invalid_format_scores_zero_and_is_never_executed(workdir):
                  "Analysis: ok.\nImprovement suggestions: none.\nOverall judgment: Correct"]
     proxy, reward = make_proxy(cfg, "cpu"), make_reward(cfg, str(workdir["dir"]))
     try:
-        judged, sent = revise(proxy, attempts, critiques, cfg.proxy.rollout)
+        judged, sent = revise(proxy, attempts, critiques, max_new_tokens=cfg.proxy.rollout.max_new_tokens)
         assert judged == [None, False, None, True]
         assert [i for i, _ in sent] == [1, 3]
         from fastcrit.reward import RewardItem

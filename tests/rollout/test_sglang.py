@@ -46,7 +46,10 @@ def setup(tmp_path_factory):
 
     d = build_tiny_model(str(tmp_path_factory.mktemp("tiny") / "m"), hidden=128, layers=2, heads=2, kv_heads=1,
                          intermediate=256, seed=1)
-    eng = SGLangEngine(d, dtype="float32", device="cuda:0", mem_fraction_static=0.3, disable_cuda_graph=True)
+    from fastcrit.config import RolloutConfig
+
+    eng = SGLangEngine(d, RolloutConfig(mem_fraction_static=0.3), dtype="float32", device="cuda:0",
+                       disable_cuda_graph=True)
     yield d, eng, load_tokenizer(d)
     eng.close()
 
