@@ -9,8 +9,10 @@ judgment (or whose prompt is too long for the critic) leaves the solution as it 
 invalid; otherwise the generator revises it greedily and the revision, run in the sandbox, becomes
 the current solution (a revision prompt too long for the generator also leaves it as it is).
 Reported after each round: pass@1 (every test passes), the critic's judgment accuracy against the
-real outcome of the solution it judged (an invalid critique counts as wrong), and how many
-revisions went fail -> pass (fixed) and pass -> fail (broken).
+real outcome of the solution it judged (an invalid critique counts as wrong), how many
+revisions went fail -> pass (fixed) and pass -> fail (broken), and how often the generator kept the
+solution as it was when the critique judged it correct (``kept_when_correct``: a generator that
+rewrites code it was told is correct makes the critic's judgment count for little).
 """
 from __future__ import annotations
 
@@ -47,14 +49,29 @@ class RoundReport:
     failing_before: int = 0
     passing_before: int = 0
     too_long: int = 0  # critiques or revisions whose prompt did not fit
+    judged_correct: int = 0  # revisions sent after an "Overall judgment: Correct"
+    kept: int = 0  # ... that left the solution unchanged
 
     def metrics(self, prefix: str) -> dict[str, float]:
         out = {f"{prefix}pass@1": self.pass_at_1}
         if self.round:
             out.update({f"{prefix}judgment_acc": self.judgment_acc, f"{prefix}valid_rate": self.valid_rate,
                         f"{prefix}fixed": self.fixed / max(self.failing_before, 1),
-                        f"{prefix}broken": self.broken / max(self.passing_before, 1)})
+                        f"{prefix}broken": self.broken / max(self.passing_before, 1),
+                        f"{prefix}kept_when_correct": self.kept / max(self.judged_correct, 1)})
         return out
+
+
+def unchanged(solution: str, revision: str) -> bool:
+    """The revision is the solution again (whitespace aside)."""
+    return solution.split() == revision.split()
+
+
+def kept_when_correct(attempts: list[Attempt], judged: list[bool | None],
+                      sent: list[tuple[int, str]]) -> tuple[int, int]:
+    """(revisions sent after a "Correct" judgment, those that left the solution unchanged)."""
+    told = [(i, t) for i, t in sent if judged[i]]
+    return len(told), sum(unchanged(attempts[i].solution, t) for i, t in told)
 
 
 def execute(reward, problems: list[Problem], texts: list[str]) -> list[Attempt]:
@@ -105,6 +122,7 @@ def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: li
     new, records = [], []
     report = RoundReport(round_no, 0.0, too_long=sum(c.finish_reason == "prompt_too_long" for c in crits)
                          + valid - len(sent))
+    report.judged_correct, report.kept = kept_when_correct(attempts, judged, sent)
     right = 0
     for i, a in enumerate(attempts):
         b = ran.get(i, a)  # no valid critique, or no revision sent: the solution stays
@@ -141,13 +159,15 @@ def critique_rounds(critic: ChatModel, generator: ChatModel, reward, attempts: l
 
 
 def format_reports(reports: list[RoundReport]) -> list[str]:
-    lines = ["  round  pass@1  judgment_acc  valid  fixed (fail->pass)  broken (pass->fail)"]
+    lines = ["  round  pass@1  judgment_acc  valid  fixed (fail->pass)  broken (pass->fail)"
+             "  kept when judged correct"]
     for r in reports:
         if r.round == 0:
             lines.append(f"  {0:5d}  {r.pass_at_1:6.3f}  (generator alone)")
         else:
             lines.append(f"  {r.round:5d}  {r.pass_at_1:6.3f}  {r.judgment_acc:12.3f}  {r.valid_rate:5.3f}"
-                         f"  {r.fixed:5d} / {r.failing_before:<5d}       {r.broken:5d} / {r.passing_before}")
+                         f"  {r.fixed:5d} / {r.failing_before:<5d}       {r.broken:5d} / {r.passing_before:<5d}"
+                         f"        {r.kept:5d} / {r.judged_correct}")
     return lines
 
 

@@ -21,7 +21,7 @@ import torch
 from fastcrit.algos.advantages import outcome_advantages
 from fastcrit.data.critique import critique_messages
 from fastcrit.data.prompts import render_chat
-from fastcrit.recipes.critique import Attempt, RoundReport, critique_round, revise
+from fastcrit.recipes.critique import Attempt, RoundReport, critique_round, kept_when_correct, revise
 from fastcrit.recipes.ctrl_common import load_attempts, make_proxy, synth_dir
 from fastcrit.recipes.scaffold import Run
 from fastcrit.reward import RewardItem, make_reward
@@ -95,6 +95,7 @@ class CTRL:
                  for (i, _), r in zip(sent, results)}
         failing = [i for i in after if not attempts[i].passed]
         passing = [i for i in after if attempts[i].passed]
+        told, kept = kept_when_correct(attempts, judged, sent)
         sb = self.reward.stats()
         return {
             "reward/mean": scores.mean().item(),
@@ -105,6 +106,7 @@ class CTRL:
             "revision/pass_rate": sum(after.values()) / max(len(after), 1),
             "revision/fixed": sum(after[i] for i in failing) / max(len(failing), 1),
             "revision/broken": sum(not after[i] for i in passing) / max(len(passing), 1),
+            "revision/kept_when_correct": kept / max(told, 1),
             "initial/pass_rate": sum(a.passed for a in attempts) / n,
             "sandbox/cache_hit_rate": sb["hit_rate"],
             "sandbox/executions": float(sb["executions"]),
@@ -135,19 +137,25 @@ class CTRL:
             "sft_critic_judgment_acc": first["val/judgment_acc"],
             "rl_critic_judgment_acc": last["val/judgment_acc"],
             "sft_critic_fixed": first["val/fixed"], "rl_critic_fixed": last["val/fixed"],
-            "sft_critic_broken": first["val/broken"], "rl_critic_broken": last["val/broken"]}}
+            "sft_critic_broken": first["val/broken"], "rl_critic_broken": last["val/broken"],
+            # how often the proxy left the code alone when told it was correct (its literalness)
+            "sft_critic_kept_when_correct": first.get("val/kept_when_correct"),
+            "rl_critic_kept_when_correct": last.get("val/kept_when_correct")}}
 
     def summary_lines(self, summary: dict) -> list[str]:
         e = summary.get("eval")
         if not e:
             return []
+        kept = lambda v: "  -" if v is None else f"{v:.3f}"  # noqa: E731
         return [f"  held-out problems ({e['problems']}), one critique -> revision round:",
-                "    critic        pass@1  judgment_acc  fixed  broken",
+                "    critic        pass@1  judgment_acc  fixed  broken  kept when judged correct",
                 f"    (generator)   {e['generator']:.3f}",
                 f"    SFT critic    {e['sft_critic']:.3f}   {e['sft_critic_judgment_acc']:.3f}"
-                f"         {e['sft_critic_fixed']:.3f}  {e['sft_critic_broken']:.3f}",
+                f"         {e['sft_critic_fixed']:.3f}  {e['sft_critic_broken']:.3f}"
+                f"   {kept(e.get('sft_critic_kept_when_correct'))}",
                 f"    RL critic     {e['rl_critic']:.3f}   {e['rl_critic_judgment_acc']:.3f}"
-                f"         {e['rl_critic_fixed']:.3f}  {e['rl_critic_broken']:.3f}"]
+                f"         {e['rl_critic_fixed']:.3f}  {e['rl_critic_broken']:.3f}"
+                f"   {kept(e.get('rl_critic_kept_when_correct'))}"]
 
     def close(self) -> None:
         self.reward.close()

@@ -11,7 +11,7 @@ from fastcrit.data.critique import parse_judgment
 from fastcrit.data.minicode import Spec, bugs
 from fastcrit.data.problems import Problem
 from fastcrit.data.tasks import task_path
-from fastcrit.recipes.critique import Attempt
+from fastcrit.recipes.critique import Attempt, kept_when_correct
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 CPU_CONFIG = os.path.join(ROOT, "configs", "cpu", "ctrl.yaml")
@@ -133,7 +133,7 @@ def test_train_runs_synthesis_sft_and_rl_with_metrics_and_overlap(workdir, tmp_p
     r = rows(out)
     assert [x["step"] for x in r] == [1, 2]
     for key in ("critique/valid_rate", "critique/judgment_acc", "revision/pass_rate", "revision/fixed",
-                "revision/broken", "reward/mean", "sandbox/cache_hit_rate", "time/sandbox_s",
+                "revision/broken", "revision/kept_when_correct", "reward/mean", "sandbox/cache_hit_rate", "time/sandbox_s",
                 "time/sandbox_wait_s", "time/ref_s", "time/rollout_s", "time/revise_s", "time/update_s",
                 "time/sync_s", "loss/policy", "kl/mean"):
         assert all(isinstance(x[key], float) for x in r), key
@@ -142,7 +142,7 @@ def test_train_runs_synthesis_sft_and_rl_with_metrics_and_overlap(workdir, tmp_p
     assert os.path.exists(os.path.join(out, "sft", "final", "COMPLETE"))
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert set(summary["eval"]) >= {"generator", "sft_critic", "rl_critic", "sft_critic_judgment_acc",
-                                    "rl_critic_judgment_acc"}
+                                    "rl_critic_judgment_acc", "rl_critic_kept_when_correct"}
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_1", "step_2"]
 
 
@@ -187,6 +187,10 @@ def test_test_time_rounds_write_every_round(workdir, tmp_path):
             assert r["revision"] is None and r["passed_after"] == r["passed_before"]
     s = json.load(open(os.path.join(out, "critique_summary.json")))
     assert [x["round"] for x in s["rounds"]] == [0, 1, 2]
+    for rep in s["rounds"][1:]:  # the proxy's literalness, counted from the records
+        told = [r for r in recs if r["round"] == rep["round"] and r["judgment"] == "Correct" and r["revised"]]
+        assert rep["judged_correct"] == len(told)
+        assert rep["kept"] == sum(r["revision"].split() == r["solution"].split() for r in told)
     assert s["critic"].endswith("step_1")
 
 
@@ -200,3 +204,11 @@ def test_humaneval_flows_through_the_test_time_pipeline(workdir, tmp_path):
     assert len(recs) == 164 and len({r["problem_id"] for r in recs}) == 164
     s = json.load(open(os.path.join(out, "critique_summary.json")))
     assert s["problems"] == 164 and s["rounds"][0]["pass_at_1"] == 0.0  # a random tiny model solves none
+
+
+def test_kept_when_correct_counts_unchanged_revisions_after_a_correct_judgment():
+    p = Problem.from_dict({"id": "p", "question": "q", "test_kind": "assert", "tests": ["assert True"]})
+    a = [Attempt(p, "```python\nx = 1\n```", True, 1.0, []) for _ in range(4)]
+    judged = [True, True, False, True]
+    sent = [(0, "```python\nx = 1\n```\n"), (1, "```python\nx = 2\n```"), (2, "```python\nx = 1\n```")]
+    assert kept_when_correct(a, judged, sent) == (2, 1)  # 3 was never sent; 2 was judged Incorrect
