@@ -125,6 +125,8 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
     warmup_steps: int = 0
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # after warm-up; over every optimizer step
+    min_lr_ratio: float = 0.0  # cosine: the last step's lr as a fraction of lr
 
 
 @dataclass
@@ -135,6 +137,7 @@ class SFTConfig:
     batch_size: int = 32
     lr: float = 1e-3
     warmup_steps: int = 10
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # cosine decays to optim.min_lr_ratio
     data: str = "reverse"
     output_dir: str = ""  # "" = <trainer.output_dir>/sft
 
@@ -314,6 +317,8 @@ def validate(cfg: Config) -> None:
         f"data.prompts_per_step ({cfg.data.prompts_per_step}) must be a multiple of "
         f"trainer.nproc ({cfg.trainer.nproc}): each process rolls out whole groups",
     )
+    need(0.0 <= cfg.optim.min_lr_ratio <= 1.0,
+         f"optim.min_lr_ratio: must be in [0, 1], got {cfg.optim.min_lr_ratio}")
     need(cfg.algorithm.mini_batches >= 1, "algorithm.mini_batches: must be >= 1")
     need(cfg.algorithm.ppo_epochs >= 1, "algorithm.ppo_epochs: must be >= 1")
     need(

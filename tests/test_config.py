@@ -107,3 +107,11 @@ def test_sandbox_section_is_part_of_the_tree(tmp_path):
 
     dump_yaml(c, str(tmp_path / "c.yaml"))
     assert load_config(str(tmp_path / "c.yaml")).sandbox.preimport == ("math",)
+
+
+def test_lr_schedule_is_checked():
+    assert load_config(None, ["optim.lr_schedule=cosine"]).optim.lr_schedule == "cosine"
+    with pytest.raises(ConfigError, match="optim.lr_schedule"):
+        load_config(None, ["optim.lr_schedule=linear-ish"])
+    with pytest.raises(ConfigError, match="optim.min_lr_ratio"):
+        load_config(None, ["optim.min_lr_ratio=1.5"])

@@ -16,7 +16,9 @@ tiny *coder* that plays CTRL's generator and proxy:
   critique applied literally: a critique that judges the code correct leaves it unchanged; the line
   an "Incorrect" critique suggests ("use `return ...`") replaces the return line; and an
   "Incorrect" critique with nothing new to apply (no line, or the same line again) makes the proxy
-  change something anyway, as a generator told that its code is wrong does. The suggested line is
+  change one part of its line anyway (a constant, an operator), as a generator told that its code
+  is wrong does. Every revision is thus its own code, the critique's line, or its code with one part
+  changed: the proxy learns to copy, not to solve the problem again. The suggested line is
   the right one only half the time, so the proxy learns to follow the critique, not to fix the code
   by itself: a good critique helps, a bad one does not, and calling correct code incorrect breaks it.
 
@@ -99,27 +101,33 @@ def tests_for(spec: Spec) -> list[str]:
     return out
 
 
-def bugs(spec: Spec) -> list[str]:
-    """Wrong expressions a generator might write: each fails at least one of the problem's tests."""
-    template = TEMPLATES[spec.template][2]
+_INT = re.compile(r"\b\d+\b")
+
+
+def edits(expr: str) -> list[str]:
+    """Every one-part change of an expression, as a generator told "wrong" makes it: a constant off
+    by one, one operator or function swapped, or parentheses dropped ((x + a) * b -> x + a * b)."""
     cands = []
-    for key in ("a", "b"):  # a constant off by one
+    for m in _INT.finditer(expr):
         for d in (-1, 1):
-            vals = {"a": spec.a, "b": spec.b}
-            vals[key] += d
-            if vals[key] >= 1 and "{" + key + "}" in template:
-                cands.append(template.format(**vals))
-    expr = spec.expr
-    for m in _OPERATOR.finditer(expr):  # one operator or function swapped
+            if int(m.group()) + d >= 1:
+                cands.append(expr[:m.start()] + str(int(m.group()) + d) + expr[m.end():])
+    for m in _OPERATOR.finditer(expr):
         cands.append(expr[:m.start()] + _SWAPS[m.group()] + expr[m.end():])
-    if expr.startswith("("):  # dropped parentheses: (x + a) * b -> x + a * b
+    if expr.startswith("("):
         cands.append(expr.replace("(", "").replace(")", ""))
-    good = [evaluate(expr, spec.arg, v) for v in INPUTS[spec.arg]]
     out = []
     for e in cands:
-        if e not in out and [evaluate(e, spec.arg, v) for v in INPUTS[spec.arg]] != good:
+        if e != expr and e not in out:
             out.append(e)
     return out
+
+
+def bugs(spec: Spec) -> list[str]:
+    """Wrong expressions a generator might write: one-part changes of the right one that fail at
+    least one of the problem's tests."""
+    good = [evaluate(spec.expr, spec.arg, v) for v in INPUTS[spec.arg]]
+    return [e for e in edits(spec.expr) if [evaluate(e, spec.arg, v) for v in INPUTS[spec.arg]] != good]
 
 
 def problem_row(spec: Spec, pid: str) -> dict:
@@ -140,28 +148,31 @@ def _specs(n_train: int, n_test: int, rng: random.Random) -> tuple[list[Spec], l
 
 def _revise_row(spec: Spec, rng: random.Random) -> dict:
     """A revision example: a critique written like stage 1's synthetic ones, right or wrong, applied
-    literally. Its analysis is drawn independently of what the revision must be, so the proxy
-    learns to act on the judgment and the suggested line only (see the module docstring)."""
+    literally (see the module docstring). Its analysis agrees with its verdict (a critique that
+    says Correct reviews every part as ok and says every test passes), as the critics' do; whether
+    the verdict is right is drawn apart from it, so the proxy learns to follow the critique."""
     wrong = bugs(spec)
     pick = lambda: spec.expr if rng.random() < 0.5 else rng.choice(wrong)  # noqa: E731
-    start, claimed = pick(), pick()
+    start = pick()
     v = rng.choice(INPUTS[spec.arg])
-    feedback = feedback_sentence(rng.random() < 0.5, [
-        f"AssertionError: assert {spec.name}({v!r}) == {evaluate(claimed, spec.arg, v)!r} "
-        f"(returned {evaluate(start, spec.arg, v)!r})"])
-    review = part_review(f"return {claimed}", f"return {start}")
-    review = review or f"the problem needs `return {claimed}` and the code has `return {start}`"
-    analysis = f"{review}. {feedback}"
-    other = rng.choice([e for e in wrong + [spec.expr] if e != start])
+
+    def analysis(claimed: str, passed: bool) -> str:
+        review = part_review(f"return {claimed}", f"return {start}")
+        review = review or f"the problem needs `return {claimed}` and the code has `return {start}`"
+        return f"{review}. " + feedback_sentence(passed, [
+            f"AssertionError: assert {spec.name}({v!r}) == {evaluate(claimed, spec.arg, v)!r} "
+            f"(returned {evaluate(start, spec.arg, v)!r})"])
+
     kind = rng.random()
     if kind < 0.35:  # judged correct: keep the code (right or not)
-        critique, final = format_critique(analysis, NO_SUGGESTION, True), start
+        critique, final = format_critique(analysis(start, True), NO_SUGGESTION, True), start
     elif kind < 0.85:  # a concrete line, right or not: applied; the same line again: change something
         line = pick() if rng.random() < 0.8 else start
-        critique = format_critique(analysis, f"use `return {line}`.", False)
-        final = line if line != start else other
-    else:  # incorrect, but nothing concrete: change something
-        critique, final = format_critique(analysis, VAGUE_SUGGESTION, False), other
+        critique = format_critique(analysis(line, False), f"use `return {line}`.", False)
+        final = line if line != start else rng.choice(edits(start))
+    else:  # incorrect, but nothing concrete: change one part of the line
+        critique = format_critique(analysis(pick(), False), VAGUE_SUGGESTION, False)
+        final = rng.choice(edits(start))
     return {"messages": [{"role": "user", "content": spec.question},
                          {"role": "assistant", "content": spec.answer(start)},
                          {"role": "user", "content": f"{critique}\n\n{FINALIZE}"},

@@ -151,7 +151,8 @@ def setup_run(ctx: DistContext, cfg: Config) -> Run:
         model_path = run_sft(ctx, cfg, model_path)
     tok = load_tokenizer(model_path)
     build = dict(dtype=cfg.model.dtype, device=ctx.device, world_size=ctx.world_size)
-    actor = build_actor(model_path, optim=cfg.optim, **build)
+    updates = cfg.trainer.total_steps * cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches
+    actor = build_actor(model_path, optim=cfg.optim, total_updates=updates, **build)
     ref = build_actor(model_path, **build) if cfg.algorithm.kl_coef != 0.0 else None
     engine = make_engine(cfg.rollout, model_path, dtype=cfg.model.dtype, device=ctx.device,
                          seed=cfg.trainer.seed + ctx.rank)

@@ -27,9 +27,26 @@ class Actor:
     device: torch.device
 
 
+def lr_factor(optim: OptimConfig, total_updates: int):
+    """The learning rate's multiplier per optimizer step: linear warm-up over ``optim.warmup_steps``,
+    then constant, or a cosine from 1 down to ``optim.min_lr_ratio`` at step ``total_updates``."""
+    warm = max(0, optim.warmup_steps)
+
+    def factor(s: int) -> float:
+        if s < warm:
+            return (s + 1) / warm
+        if optim.lr_schedule == "constant" or total_updates <= warm:
+            return 1.0
+        progress = min(1.0, (s - warm) / max(1, total_updates - warm))
+        return optim.min_lr_ratio + (1.0 - optim.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
 def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size: int,
-                optim: OptimConfig | None = None) -> Actor:
+                optim: OptimConfig | None = None, total_updates: int = 0) -> Actor:
     """The FSDP2 policy with AdamW by ``optim``, or a frozen model (a reference) when it is None.
+    ``total_updates`` (optimizer steps in the whole run) is where a cosine schedule ends.
 
     A trainable policy keeps fp32 master weights and computes in ``dtype`` (FSDP2 mixed precision,
     gradients reduced in fp32); a frozen one is simply stored in ``dtype``.
@@ -48,8 +65,7 @@ def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size
         return Actor(module, None, None, device)
     opt = torch.optim.AdamW(module.parameters(), lr=optim.lr, betas=(optim.beta1, optim.beta2),
                             eps=optim.eps, weight_decay=optim.weight_decay, foreach=True)
-    warm = max(0, optim.warmup_steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(optim, total_updates))
     return Actor(module, opt, sched, device)
 
 

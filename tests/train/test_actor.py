@@ -6,7 +6,7 @@ import torch
 
 from fastcrit.config import AlgorithmConfig, OptimConfig
 from fastcrit.rollout.batch import collate
-from fastcrit.train.actor import build_actor, compute_logprobs, update_policy
+from fastcrit.train.actor import build_actor, compute_logprobs, lr_factor, update_policy
 from fastcrit.train.dist import launch
 from fastcrit.types import Rollout
 
@@ -108,3 +108,15 @@ def _bf16_mixed_precision(ctx, path):
 
 def test_bf16_policy_keeps_fp32_master_weights(tiny_model_path):
     launch(_bf16_mixed_precision, (tiny_model_path,), 1, "cpu")
+
+
+def test_lr_schedule_warms_up_then_holds_or_follows_a_cosine():
+    const = lr_factor(OptimConfig(warmup_steps=4), total_updates=20)
+    assert [const(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0] and const(19) == 1.0
+    cos = lr_factor(OptimConfig(warmup_steps=4, lr_schedule="cosine", min_lr_ratio=0.1), total_updates=20)
+    got = [cos(s) for s in range(25)]
+    assert got[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert all(a > b for a, b in zip(got[4:20], got[5:21]))  # strictly down to the end
+    assert got[12] == pytest.approx(0.55) and got[20] == pytest.approx(0.1) and got[24] == pytest.approx(0.1)
+    flat = lr_factor(OptimConfig(lr_schedule="cosine"), total_updates=0)  # no length: nothing to decay
+    assert flat(0) == flat(100) == 1.0
