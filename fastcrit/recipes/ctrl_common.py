@@ -8,7 +8,7 @@ import sys
 
 from fastcrit.config import Config, ConfigError, ModelConfig
 from fastcrit.data.datasets import DatasetError, resolve_source
-from fastcrit.data.formats import load_problems
+from fastcrit.data.problem_files import load_problems
 from fastcrit.data.problems import Problem, ProblemError
 from fastcrit.models.hf import load_tokenizer, resolve_model_path
 from fastcrit.recipes.common import model_spec

@@ -13,8 +13,9 @@ import pytest
 
 from fastcrit.data import cli as data_cli
 from fastcrit.data.datasets import DatasetError
-from fastcrit.data.formats import (APPS_PRELUDE, LCB_PRELUDE, ProblemSet, detect_format, from_apps,
-                                   from_codecontests, from_livecodebench, from_mbpp, load_problems, save_problems)
+from fastcrit.data.formats import (APPS_PRELUDE, LCB_PRELUDE, from_apps, from_codecontests,
+                                   from_livecodebench, from_mbpp)
+from fastcrit.data.problem_files import ProblemSet, detect_format, load_problems, save_problems
 from fastcrit.data.problems import Problem, ProblemError
 from fastcrit.sandbox import SyncSandboxPool, probe
 
