@@ -29,7 +29,7 @@ from typing import AsyncIterator, Iterable
 from . import jail as jail_mod
 from .assert_split import judge_split, split_test
 from .cache import ResultCache, job_key
-from .harness import stdout_difference, stdout_matches, values_equal
+from .compare import stdout_difference, stdout_matches, values_equal
 from .streaming import run_all, stream_results
 from .types import (
     ERROR,

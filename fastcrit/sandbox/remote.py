@@ -27,7 +27,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Iterable
 
-from .harness import values_equal
+from .compare import values_equal
 from .streaming import run_all, stream_results
 from .types import (
     ERROR,

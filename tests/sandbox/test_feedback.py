@@ -1,6 +1,6 @@
 """Failed tests say what the program produced next to what was expected (for critique feedback)."""
 from fastcrit.sandbox import Job
-from fastcrit.sandbox.harness import stdout_difference
+from fastcrit.sandbox.compare import stdout_difference
 
 
 def test_failure_messages_carry_expected_and_actual(pool):

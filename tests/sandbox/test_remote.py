@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from fastcrit.sandbox import Job, RemoteSandbox, SandboxConfig, make_pool
-from fastcrit.sandbox.harness import stdout_matches
+from fastcrit.sandbox.compare import stdout_matches
 from fastcrit.sandbox.pool import new_event_loop
 
 

@@ -1,7 +1,7 @@
 import pytest
 
 from fastcrit.sandbox import Job, JobError
-from fastcrit.sandbox.harness import stdout_matches, values_equal
+from fastcrit.sandbox.compare import stdout_matches, values_equal
 
 
 @pytest.mark.parametrize("kw, msg", [
