@@ -88,13 +88,14 @@ OPERATORS = {"+", "-", "*", "/", "//", "%", "**", "==", "!=", "<", ">", "<=", ">
 
 
 def part_review(needed: str, has: str) -> str | None:
-    """The code line reviewed part by part against the needed one ("`* 6` ok; `+ 5` is wrong, the
-    problem needs `+ 4`"), when both cut into as many parts; else None."""
+    """The code line reviewed part by part against the needed one ("needs `* 6`, has `* 6`: ok;
+    needs `+ 4`, has `+ 5`: wrong"), when both cut into as many parts; else None. Each part says
+    what the problem needs before what the code has, and the verdict comes after both: a critic
+    writes the part it would write itself, then compares it with the code's right beside it."""
     a, b = parts(has), parts(needed)
     if len(a) != len(b):
         return None
-    return "; ".join(f"`{x}` ok" if x == y else f"`{x}` is wrong, the problem needs `{y}`"
-                     for x, y in zip(a, b))
+    return "; ".join(f"needs `{y}`, has `{x}`: {'ok' if x == y else 'wrong'}" for x, y in zip(a, b))
 
 
 def feedback_sentence(passed: bool, failures: list[str]) -> str:
@@ -109,8 +110,8 @@ def synthetic_critique(passed: bool, failures: list[str], solution_code: str,
     """A critique grounded in execution feedback, whose judgment is the real outcome.
 
     Where the solution and a reference solution differ in one line (or not at all), the analysis
-    reviews the code's line part by part against the reference's ("`* 6` ok; `+ 5` is wrong, the
-    problem needs `+ 4`"), or names both lines when they do not cut alike; then it says what the
+    reviews the code's line part by part against the reference's ("needs `* 6`, has `* 6`: ok;
+    needs `+ 4`, has `+ 5`: wrong"), or names both lines when they do not cut alike; then it says what the
     execution showed: the first failing test with expected and actual values, or the error (the
     sandbox's message), or that every test passes. The suggestion is the needed line when there is
     one, else a request to make the failing case hold. Departure from the paper: CTRL has a strong

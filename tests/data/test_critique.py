@@ -45,12 +45,13 @@ def test_synthetic_critique_is_grounded_and_its_judgment_is_the_outcome():
     bad = "def g(xs):\n    return max(xs) * 6 + 5\n"
     c = synthetic_critique(False, ["AssertionError: assert g([1]) == 10 (returned 11)"], bad, ref)
     assert parse_judgment(c) is False
-    assert c.startswith("Analysis: `return max(xs)` ok; `* 6` ok; `+ 5` is wrong, the problem needs `+ 4`. "
+    assert c.startswith("Analysis: needs `return max(xs)`, has `return max(xs)`: ok; needs `* 6`, has `* 6`: ok; "
+                        "needs `+ 4`, has `+ 5`: wrong. "
                         "AssertionError: assert g([1]) == 10 (returned 11).\n")
     assert suggested_line(c) == "return max(xs) * 6 + 4"
     good = synthetic_critique(True, [], ref, ref)
     assert parse_judgment(good) is True and "Every test passes." in good and suggested_line(good) is None
-    assert "is wrong" not in good
+    assert ": wrong" not in good and ": ok." in good
     # lines that do not cut alike are named whole
     c = synthetic_critique(False, ["f"], "def g(x):\n    return x\n", "def g(x):\n    return max(x, 2) + 1\n")
     assert "the problem needs `return max(x, 2) + 1` and the code has `return x`" in c
@@ -64,5 +65,6 @@ def test_synthetic_critique_is_grounded_and_its_judgment_is_the_outcome():
 def test_parts_keep_each_operator_with_its_operand():
     assert parts("return max(xs) * 6 + 4") == ["return max(xs)", "* 6", "+ 4"]
     assert parts("return (x + 3) * 2") == ["return (x", "+ 3)", "* 2"]
-    assert part_review("return x * 2", "return x * 3") == "`return x` ok; `* 3` is wrong, the problem needs `* 2`"
+    assert part_review("return x * 2", "return x * 3") == \
+        "needs `return x`, has `return x`: ok; needs `* 2`, has `* 3`: wrong"
     assert part_review("return x * 2", "return x") is None
