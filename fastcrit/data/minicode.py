@@ -16,9 +16,10 @@ tiny *coder* that plays CTRL's generator and proxy:
   critique applied literally: a critique that judges the code correct leaves it unchanged; the line
   an "Incorrect" critique suggests ("use `return ...`") replaces the return line; and an
   "Incorrect" critique with nothing new to apply (no line, or the same line again) makes the proxy
-  change one part of its line anyway (a constant, an operator), as a generator told that its code
-  is wrong does. Every revision is thus its own code, the critique's line, or its code with one part
-  changed: the proxy learns to copy, not to solve the problem again. The suggested line is
+  change its line anyway, as a generator told that its code is wrong does: always the same change,
+  its last constant plus one (``nudge``), which a greedy proxy can learn. Every revision is thus its
+  own code, the critique's line, or its code nudged: the proxy learns to copy, not to solve the
+  problem again. The suggested line is
   the right one only half the time, so the proxy learns to follow the critique, not to fix the code
   by itself: a good critique helps, a bad one does not, and calling correct code incorrect breaks it.
 
@@ -123,6 +124,14 @@ def edits(expr: str) -> list[str]:
     return out
 
 
+def nudge(expr: str) -> str:
+    """The one change a coder told "wrong" with nothing new to apply makes: its last constant plus
+    one. Always the same change, so that a greedy proxy makes it (a change drawn at random is, at
+    every single token, less likely than copying, and greedy decoding would copy)."""
+    m = list(_INT.finditer(expr))[-1]
+    return expr[:m.start()] + str(int(m.group()) + 1) + expr[m.end():]
+
+
 def bugs(spec: Spec) -> list[str]:
     """Wrong expressions a generator might write: one-part changes of the right one that fail at
     least one of the problem's tests."""
@@ -164,15 +173,15 @@ def _revise_row(spec: Spec, rng: random.Random) -> dict:
             f"(returned {evaluate(start, spec.arg, v)!r})"])
 
     kind = rng.random()
-    if kind < 0.35:  # judged correct: keep the code (right or not)
+    if kind < 0.3:  # judged correct: keep the code (right or not)
         critique, final = format_critique(analysis(start, True), NO_SUGGESTION, True), start
-    elif kind < 0.85:  # a concrete line, right or not: applied; the same line again: change something
-        line = pick() if rng.random() < 0.8 else start
+    elif kind < 0.9:  # a concrete line, right or not: applied; the same line again: change something
+        line = pick() if rng.random() < 0.6 else start
         critique = format_critique(analysis(line, False), f"use `return {line}`.", False)
-        final = line if line != start else rng.choice(edits(start))
+        final = line if line != start else nudge(start)
     else:  # incorrect, but nothing concrete: change one part of the line
         critique = format_critique(analysis(pick(), False), VAGUE_SUGGESTION, False)
-        final = rng.choice(edits(start))
+        final = nudge(start)
     return {"messages": [{"role": "user", "content": spec.question},
                          {"role": "assistant", "content": spec.answer(start)},
                          {"role": "user", "content": f"{critique}\n\n{FINALIZE}"},

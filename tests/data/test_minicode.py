@@ -5,7 +5,7 @@ import pytest
 
 from fastcrit.data.critique import parse_judgment, suggested_line
 from fastcrit.data.datasets import load_dataset
-from fastcrit.data.minicode import INPUTS, Spec, bugs, evaluate, make_minicode
+from fastcrit.data.minicode import INPUTS, Spec, bugs, evaluate, make_minicode, nudge
 from fastcrit.data.problems import Problem
 from fastcrit.data.tasks import task_path
 
@@ -19,6 +19,11 @@ def test_shipped_files_equal_the_generator(made):
     for split in ("train", "test", "coder"):
         with open(task_path("minicode", split)) as f:
             assert [json.loads(line) for line in f] == made[split], split
+
+
+def test_nudge_changes_the_last_constant():
+    assert nudge("max(xs) * 6 + 4") == "max(xs) * 6 + 5"
+    assert nudge("(x - 3) * 9") == "(x - 3) * 10"
 
 
 def test_held_out_problems_are_new_combinations_and_enough(made):
@@ -66,8 +71,9 @@ def test_coder_rows_apply_the_critique_literally(made):
             assert ex.answer == before
         elif line and f"    {line}\n" not in before:  # a new line: applied
             assert ex.answer == head + f"    {line}\n```"
-        else:  # incorrect with nothing new to apply: changed anyway
-            assert ex.answer != before and ex.answer.startswith(head + "    return ")
+        else:  # incorrect with nothing new to apply: changed anyway, always the same way
+            expr = before.split("    return ")[1].split("\n")[0]
+            assert ex.answer == head + f"    return {nudge(expr)}\n```" != before
     assert kinds["revise"] == 3 * kinds["solve"]
     # about 60% of the solve rows hold a wrong answer: the generator learns to err often
     reference = {p["question"]: f"```python\n{p['solutions'][0]}```" for p in made["train"]}
