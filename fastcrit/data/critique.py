@@ -140,3 +140,18 @@ def suggested_line(critique: str) -> str | None:
     """The line a critique suggests ("Improvement suggestions: use `...`"), if any."""
     m = SUGGESTION_RE.search(critique)
     return m.group(1).strip() if m else None
+
+
+_PART_RE = re.compile(r"needs `([^`\n]*)`, has `([^`\n]*)`: (ok|wrong)\b")
+
+
+def review_agrees(critique: str) -> bool | None:
+    """Whether a critique is true to its own part-by-part review: every part marked "wrong" exactly
+    when what it says the problem needs differs from what it says the code has, and the verdict
+    Incorrect exactly when some part differs. None when it has no such review or no verdict."""
+    verdict, part_marks = parse_judgment(critique), _PART_RE.findall(critique)
+    if verdict is None or not part_marks:
+        return None
+    differ = [needs.strip() != has.strip() for needs, has, _ in part_marks]
+    marks_ok = all((mark == "wrong") == d for d, (_, _, mark) in zip(differ, part_marks))
+    return marks_ok and verdict == (not any(differ))

@@ -19,7 +19,7 @@ import time
 import torch
 
 from fastcrit.algos.advantages import outcome_advantages
-from fastcrit.data.critique import critique_messages
+from fastcrit.data.critique import critique_messages, review_agrees
 from fastcrit.data.prompts import render_chat
 from fastcrit.recipes.critique import Attempt, RoundReport, critique_round, kept_when_correct, revise
 from fastcrit.recipes.ctrl_common import load_attempts, make_proxy, synth_dir
@@ -86,7 +86,9 @@ class CTRL:
                                               norm_by_std=c.algorithm.norm_adv_by_std)
         stats = run.update(batch)
         run.sync()
+        agree = [a for a in map(review_agrees, critiques) if a is not None]
         return {**self._metrics(attempts, judged, sent, results, scores),
+                "critique/review_agrees": sum(agree) / max(len(agree), 1),
                 "response_len/mean": batch.response_mask.sum(-1).mean().item(), **stats}
 
     def _metrics(self, attempts, judged, sent, results, scores) -> dict[str, float]:

@@ -1,9 +1,8 @@
 """CTRL's texts: prompts through the chat template, the judgment rule, synthetic critiques."""
 import pytest
 
-from fastcrit.data.critique import (FINALIZE, critique_messages, key_lines, part_review, parts,
-                                    parse_judgment, revision_messages, suggested_line,
-                                    synthetic_critique)
+from fastcrit.data.critique import (FINALIZE, critique_messages, key_lines, parse_judgment, part_review, parts,
+                                    review_agrees, revision_messages, suggested_line, synthetic_critique)
 
 
 @pytest.mark.parametrize("text, want", [
@@ -68,3 +67,17 @@ def test_parts_keep_each_operator_with_its_operand():
     assert part_review("return x * 2", "return x * 3") == \
         "needs `return x`, has `return x`: ok; needs `* 2`, has `* 3`: wrong"
     assert part_review("return x * 2", "return x") is None
+
+
+def test_review_agrees_checks_the_verdict_against_the_critique_s_own_review():
+    ref, bad = "def g(x):\n    return x * 6 + 4\n", "def g(x):\n    return x * 6 + 5\n"
+    wrong = synthetic_critique(False, ["AssertionError: x"], bad, ref)
+    right = synthetic_critique(True, [], ref, ref)
+    assert review_agrees(wrong) is True and review_agrees(right) is True
+    assert review_agrees(wrong.replace("Overall judgment: Incorrect", "Overall judgment: Correct")) is False
+    assert review_agrees(right.replace("Overall judgment: Correct", "Overall judgment: Incorrect")) is False
+    # the right needed part, beside a different code part, called ok: not true to its review
+    assert review_agrees(right.replace("needs `+ 4`, has `+ 4`: ok", "needs `+ 4`, has `+ 5`: ok")) is False
+    assert review_agrees(wrong.replace("has `+ 5`: wrong", "has `+ 5`: ok")) is False
+    assert review_agrees("Analysis: fine.\nOverall judgment: Correct") is None  # no part review
+    assert review_agrees(wrong.replace("Overall judgment: Incorrect", "")) is None  # no verdict

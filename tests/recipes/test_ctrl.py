@@ -132,8 +132,9 @@ def test_train_runs_synthesis_sft_and_rl_with_metrics_and_overlap(workdir, tmp_p
     cli("train", workdir, out, "trainer.total_steps=2", "trainer.save_every=1")
     r = rows(out)
     assert [x["step"] for x in r] == [1, 2]
-    for key in ("critique/valid_rate", "critique/judgment_acc", "revision/pass_rate", "revision/fixed",
-                "revision/broken", "revision/kept_when_correct", "reward/mean", "sandbox/cache_hit_rate", "time/sandbox_s",
+    for key in ("critique/valid_rate", "critique/judgment_acc", "critique/review_agrees", "revision/pass_rate",
+                "revision/fixed", "revision/broken", "revision/kept_when_correct", "reward/mean",
+                "sandbox/cache_hit_rate", "time/sandbox_s",
                 "time/sandbox_wait_s", "time/ref_s", "time/rollout_s", "time/revise_s", "time/update_s",
                 "time/sync_s", "loss/policy", "kl/mean"):
         assert all(isinstance(x[key], float) for x in r), key
