@@ -21,7 +21,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from fastcrit.config import Config
-from fastcrit.data.critique import critique_messages, parse_judgment, revision_messages
+from fastcrit.data.critique import critique_messages, parse_judgment, review_agrees, revision_messages
 from fastcrit.data.problems import Problem
 from fastcrit.reward import RewardItem, make_reward
 from fastcrit.rollout.chat import ChatModel
@@ -51,6 +51,8 @@ class RoundReport:
     too_long: int = 0  # critiques or revisions whose prompt did not fit
     judged_correct: int = 0  # revisions sent after an "Overall judgment: Correct"
     kept: int = 0  # ... that left the solution unchanged
+    reviewed: int = 0  # critiques with a part-by-part review and a verdict
+    true_to_review: int = 0  # ... whose marks and verdict follow what they say is needed and had
 
     def metrics(self, prefix: str) -> dict[str, float]:
         out = {f"{prefix}pass@1": self.pass_at_1}
@@ -58,7 +60,8 @@ class RoundReport:
             out.update({f"{prefix}judgment_acc": self.judgment_acc, f"{prefix}valid_rate": self.valid_rate,
                         f"{prefix}fixed": self.fixed / max(self.failing_before, 1),
                         f"{prefix}broken": self.broken / max(self.passing_before, 1),
-                        f"{prefix}kept_when_correct": self.kept / max(self.judged_correct, 1)})
+                        f"{prefix}kept_when_correct": self.kept / max(self.judged_correct, 1),
+                        f"{prefix}review_agrees": self.true_to_review / max(self.reviewed, 1)})
         return out
 
 
@@ -123,6 +126,9 @@ def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: li
     report = RoundReport(round_no, 0.0, too_long=sum(c.finish_reason == "prompt_too_long" for c in crits)
                          + valid - len(sent))
     report.judged_correct, report.kept = kept_when_correct(attempts, judged, sent)
+    agrees = [review_agrees(t) for t in texts]
+    report.reviewed = sum(g is not None for g in agrees)
+    report.true_to_review = sum(g is True for g in agrees)
     right = 0
     for i, a in enumerate(attempts):
         b = ran.get(i, a)  # no valid critique, or no revision sent: the solution stays
@@ -135,6 +141,7 @@ def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: li
         records.append({"problem_id": a.problem.id, "round": round_no, "solution": a.solution,
                         "passed_before": a.passed, "critique": texts[i],
                         "judgment": None if judged[i] is None else ("Correct" if judged[i] else "Incorrect"),
+                        "review_agrees": agrees[i],
                         "revised": i in ran, "revision": b.solution if i in ran else None,
                         "passed_after": b.passed, "pass_rate_after": b.pass_rate})
     n = max(len(attempts), 1)

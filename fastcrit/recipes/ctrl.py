@@ -142,7 +142,10 @@ class CTRL:
             "sft_critic_broken": first["val/broken"], "rl_critic_broken": last["val/broken"],
             # how often the proxy left the code alone when told it was correct (its literalness)
             "sft_critic_kept_when_correct": first.get("val/kept_when_correct"),
-            "rl_critic_kept_when_correct": last.get("val/kept_when_correct")}}
+            "rl_critic_kept_when_correct": last.get("val/kept_when_correct"),
+            # how often a critique was true to its own part-by-part review (critique/review_agrees)
+            "sft_critic_review_agrees": first.get("val/review_agrees"),
+            "rl_critic_review_agrees": last.get("val/review_agrees")}}
 
     def summary_lines(self, summary: dict) -> list[str]:
         e = summary.get("eval")

@@ -143,7 +143,8 @@ def test_train_runs_synthesis_sft_and_rl_with_metrics_and_overlap(workdir, tmp_p
     assert os.path.exists(os.path.join(out, "sft", "final", "COMPLETE"))
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert set(summary["eval"]) >= {"generator", "sft_critic", "rl_critic", "sft_critic_judgment_acc",
-                                    "rl_critic_judgment_acc", "rl_critic_kept_when_correct"}
+                                    "rl_critic_judgment_acc", "rl_critic_kept_when_correct",
+                                    "sft_critic_review_agrees", "rl_critic_review_agrees"}
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_1", "step_2"]
 
 
@@ -192,6 +193,9 @@ def test_test_time_rounds_write_every_round(workdir, tmp_path):
         told = [r for r in recs if r["round"] == rep["round"] and r["judgment"] == "Correct" and r["revised"]]
         assert rep["judged_correct"] == len(told)
         assert rep["kept"] == sum(r["revision"].split() == r["solution"].split() for r in told)
+        mine = [r for r in recs if r["round"] == rep["round"]]
+        assert rep["reviewed"] == sum(r["review_agrees"] is not None for r in mine)
+        assert rep["true_to_review"] == sum(r["review_agrees"] is True for r in mine)
     assert s["critic"].endswith("step_1")
 
 
