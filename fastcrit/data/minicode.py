@@ -179,7 +179,7 @@ def _revise_row(spec: Spec, rng: random.Random) -> dict:
         line = pick() if rng.random() < 0.6 else start
         critique = format_critique(analysis(line, False), f"use `return {line}`.", False)
         final = line if line != start else nudge(start)
-    else:  # incorrect, but nothing concrete: change one part of the line
+    else:  # incorrect, but nothing concrete: nudge the line anyway
         critique = format_critique(analysis(pick(), False), VAGUE_SUGGESTION, False)
         final = nudge(start)
     return {"messages": [{"role": "user", "content": spec.question},

@@ -86,18 +86,17 @@ class CTRL:
                                               norm_by_std=c.algorithm.norm_adv_by_std)
         stats = run.update(batch)
         run.sync()
-        agree = [a for a in map(review_agrees, critiques) if a is not None]
-        return {**self._metrics(attempts, judged, sent, results, scores),
-                "critique/review_agrees": sum(agree) / max(len(agree), 1),
+        return {**self._metrics(attempts, critiques, judged, sent, results, scores),
                 "response_len/mean": batch.response_mask.sum(-1).mean().item(), **stats}
 
-    def _metrics(self, attempts, judged, sent, results, scores) -> dict[str, float]:
+    def _metrics(self, attempts, critiques, judged, sent, results, scores) -> dict[str, float]:
         n = max(len(attempts), 1)
         after = {i: r.info.get("total", 0) > 0 and r.info.get("passed") == r.info.get("total")
                  for (i, _), r in zip(sent, results)}
         failing = [i for i in after if not attempts[i].passed]
         passing = [i for i in after if attempts[i].passed]
         told, kept = kept_when_correct(attempts, judged, sent)
+        agree = [a for a in map(review_agrees, critiques) if a is not None]
         sb = self.reward.stats()
         return {
             "reward/mean": scores.mean().item(),
@@ -105,6 +104,7 @@ class CTRL:
             "critique/valid_rate": sum(j is not None for j in judged) / n,
             "critique/judgment_acc": sum(j is not None and j == a.passed
                                          for j, a in zip(judged, attempts)) / n,
+            "critique/review_agrees": sum(agree) / max(len(agree), 1),
             "revision/pass_rate": sum(after.values()) / max(len(after), 1),
             "revision/fixed": sum(after[i] for i in failing) / max(len(failing), 1),
             "revision/broken": sum(not after[i] for i in passing) / max(len(passing), 1),
