@@ -79,8 +79,12 @@ def _strings(obj) -> Iterator[str]:
 
 
 def task_files() -> list[str]:
+    """The shipped task files the tokenizer reads. Preference sets (``*_prefs.jsonl``) are left out:
+    they are made from a task's own rows and add no words, and reading them would change the
+    tokenizer, hence every tiny model built from it, whenever they are regenerated."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return sorted(glob.glob(os.path.join(here, "data", "tasks", "*.jsonl")))
+    return sorted(p for p in glob.glob(os.path.join(here, "data", "tasks", "*.jsonl"))
+                  if not p.endswith("_prefs.jsonl"))
 
 
 TEMPLATE_WEIGHT = 200  # prompt templates count like text seen this often (their words become tokens)
