@@ -72,6 +72,7 @@ setup(
         "tqdm>=4",
         "numpy>=1.24",
         "uvloop>=0.19; sys_platform != 'win32'",
+        "math-verify>=0.7",  # the `math` reward: symbolic answer checking
     ],
     extras_require={
         "gpu": ["sglang>=0.5.23", "flash-attn>=2.6"],

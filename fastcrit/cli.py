@@ -7,7 +7,7 @@ import sys
 from fastcrit.config import ConfigError, load_config
 from fastcrit.data.datasets import DatasetError
 
-RECIPES = ("grpo", "rloo", "ctrl")  # algorithm.name values `fastcrit train` knows
+RECIPES = ("grpo", "rloo", "ctrl", "pacs", "ppo")  # algorithm.name values `fastcrit train` knows
 
 
 def _recipe(name: str):
@@ -16,11 +16,39 @@ def _recipe(name: str):
         from fastcrit.recipes.grpo import GRPO
 
         return GRPO
+    if name == "ppo":
+        from fastcrit.recipes.ppo import PPO
+
+        return PPO
+    if name == "pacs":
+        from fastcrit.recipes.pacs import PACS
+
+        return PACS
     if name == "ctrl":
         from fastcrit.recipes.ctrl import CTRL
 
         return CTRL
     raise ConfigError(f"algorithm.name={name!r} has no recipe (available: {', '.join(RECIPES)})")
+
+
+def _with_reward_model(ctx, cfg):
+    """A run whose reward uses `model` trains its reward model first (`fastcrit rm`) when
+    reward.model_path has none yet and rm.steps > 0; reused once done."""
+    import os
+
+    if "model" not in cfg.reward.name.split("+"):
+        return
+    from fastcrit.recipes.rm import rm_output_dir, run_rm
+
+    ours = os.path.normpath(os.path.join(rm_output_dir(cfg), "final")) == os.path.normpath(cfg.reward.model_path)
+    marker = "COMPLETE" if ours else "config.json"  # ours: written last, after the weights
+    if os.path.isfile(os.path.join(cfg.reward.model_path, marker)):
+        return
+    if cfg.rm.steps <= 0 or not ours:
+        raise ConfigError(f"reward.model_path {cfg.reward.model_path!r} holds no reward model; train one with "
+                          f"`fastcrit rm CONFIG` (it writes <rm.output_dir>/final, here "
+                          f"{os.path.join(rm_output_dir(cfg), 'final')})")
+    run_rm(ctx, cfg)
 
 
 def _with_synthesis(ctx, cfg):
@@ -41,6 +69,7 @@ def _with_synthesis(ctx, cfg):
 def _train_entry(ctx, cfg):
     from fastcrit.recipes.scaffold import run_recipe
 
+    _with_reward_model(ctx, cfg)
     run_recipe(ctx, _with_synthesis(ctx, cfg), _recipe(cfg.algorithm.name))
 
 
@@ -48,6 +77,12 @@ def _sft_entry(ctx, cfg):
     from fastcrit.recipes.sft import run_sft
 
     run_sft(ctx, _with_synthesis(ctx, cfg))
+
+
+def _rm_entry(ctx, cfg):
+    from fastcrit.recipes.rm import run_rm
+
+    run_rm(ctx, cfg)
 
 
 def _synth_entry(ctx, cfg):
@@ -86,6 +121,16 @@ def cmd_sft(args) -> int:
     from fastcrit.train.dist import launch
 
     launch(_sft_entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device)
+    return 0
+
+
+def cmd_rm(args) -> int:
+    cfg = _load(args)
+    if cfg.rm.steps <= 0:
+        raise ConfigError(f"{args.config}: rm.steps must be > 0 for `fastcrit rm`")
+    from fastcrit.train.dist import launch
+
+    launch(_rm_entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device)
     return 0
 
 
@@ -128,8 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastcrit", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    for name, fn, text in (("train", cmd_train, "RL training (GRPO, RLOO, CTRL) from a YAML config"),
+    for name, fn, text in (("train", cmd_train, "RL training (GRPO, RLOO, PPO, PACS, CTRL) from a YAML config"),
                            ("sft", cmd_sft, "supervised fine-tuning (the warm start) from a config"),
+                           ("rm", cmd_rm, "train a reward model on preference pairs (Bradley-Terry)"),
                            ("ctrl-synth", cmd_ctrl_synth,
                             "CTRL stage 1: sample solutions, run them, write synthetic critiques"),
                            ("critique", cmd_critique,

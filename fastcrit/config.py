@@ -61,7 +61,7 @@ class RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Literal["grpo", "rloo", "ctrl"] = "grpo"  # ctrl: GRPO on critiques (advantages as grpo)
+    name: Literal["grpo", "rloo", "ctrl", "pacs", "ppo"] = "grpo"  # ctrl: GRPO on critiques; pacs, ppo: see pacs.*, ppo.*
     norm_adv_by_std: bool = True
     kl_coef: float = 0.0  # coefficient of the KL loss to the frozen reference (0 = no reference)
     kl_kind: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"] = "low_var_kl"
@@ -77,9 +77,60 @@ class AlgorithmConfig:
 
 
 @dataclass
+class PACSConfig:
+    """PACS: BCE-with-logits of 0/1 outcomes on grouped advantages of beta-scaled log-prob scores."""
+
+    beta: float = 1.0  # scale of the log-prob score
+    reward_method: Literal["1", "2"] = "1"  # "1": beta * sum(logp - old_logp); "2": beta * mean(logp)
+    estimator: Literal["rloo", "grpo", "naive"] = "rloo"  # advantage of the score within a group
+    weight_mode: Literal["question", "none", "only_positive", "only_negative"] = "question"
+
+
+@dataclass
+class PPOConfig:
+    """PPO with a value critic (verl's design): GAE on token rewards, whitened advantages, a clipped
+    value loss; the sequence reward sits on the last response token, a KL penalty optionally on
+    every token."""
+
+    critic_path: str = ""  # "" = model.path; a causal LM gets a fresh value head
+    critic_lr: float = 1e-5  # the critic's AdamW lr (the rest of optim.* is shared)
+    critic_warmup: int = 0  # first steps train only the critic
+    gamma: float = 1.0
+    lam: float = 1.0
+    value_clip: float = 0.5  # |v - v_old| range of the clipped value loss
+    kl_in_reward_coef: float = 0.0  # reward -= coef * kl(old, ref) per token (0 = no penalty)
+    kl_in_reward_kind: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"] = "k1"
+
+
+@dataclass
+class RMConfig:
+    """`fastcrit rm`: a reward model trained on preference pairs with the Bradley-Terry loss."""
+
+    data: str = "reverse:prefs"  # a JSONL / parquet file of {prompt, chosen, rejected}, or a shipped set
+    # On-policy pairs instead (the RLHF way): when label_reward is set, the starting model samples
+    # samples_per_prompt answers (rollout.temperature) to each of `prompts` prompts of data.train,
+    # label_reward scores them, and every two answers with different scores make a pair
+    # (written to <output_dir>/pairs.jsonl); `data` is then not read.
+    label_reward: str = ""
+    samples_per_prompt: int = 4
+    prompts: int = 2000
+    val_fraction: float = 0.1  # held out for accuracy (chosen scored above rejected)
+    steps: int = 200
+    batch_size: int = 32  # pairs per step
+    lr: float = 1e-4
+    warmup_steps: int = 10
+    output_dir: str = ""  # "" = <trainer.output_dir>/rm; the model is <output_dir>/final
+
+
+@dataclass
 class RewardConfig:
-    name: str = "reverse"  # a reward manager by name (see fastcrit.reward)
+    # A reward manager by name (see fastcrit.reward), a user function "module:function", or several
+    # joined by "+" ("model+rule"), whose scores add up with `weights` (each part's score is logged).
+    name: str = "reverse"
     score: Literal["pass_rate", "all_pass"] = "pass_rate"  # code: fraction of tests, or 1 if all pass
+    weights: list[float] = field(default_factory=list)  # one per "+" part; [] = all 1.0
+    model_path: str = ""  # the `model` manager's reward model directory (fastcrit rm writes one)
+    model_batch_size: int = 32  # sequences per reward-model forward
 
 
 @dataclass
@@ -169,6 +220,9 @@ class Config:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # code rewards (CTRL, ...)
     proxy: ProxyConfig = field(default_factory=ProxyConfig)  # CTRL's generator / reviser
     ctrl: CTRLConfig = field(default_factory=CTRLConfig)
+    pacs: PACSConfig = field(default_factory=PACSConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    rm: RMConfig = field(default_factory=RMConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
@@ -326,6 +380,20 @@ def validate(cfg: Config) -> None:
         f"algorithm.clip_c: the dual-clip constant must be > 1, got {cfg.algorithm.clip_c}",
     )
     need(cfg.algorithm.name != "rloo" or cfg.rollout.n > 1, "algorithm.name=rloo needs rollout.n > 1")
+    need(cfg.algorithm.name != "pacs" or cfg.rollout.n > 1,
+         "algorithm.name=pacs needs rollout.n > 1 (advantages within each prompt's samples)")
+    parts = cfg.reward.name.split("+")
+    need(all(parts), f"reward.name: empty part in {cfg.reward.name!r}")
+    need(not cfg.reward.weights or len(cfg.reward.weights) == len(parts),
+         f"reward.weights: {len(cfg.reward.weights)} weights for {len(parts)} reward parts {parts}")
+    need("model" not in parts or cfg.reward.model_path != "",
+         "reward.name uses 'model': set reward.model_path to a reward model directory (fastcrit rm writes one)")
+    need(cfg.ppo.value_clip >= 0, "ppo.value_clip: must be >= 0")
+    need(0.0 <= cfg.ppo.gamma <= 1.0 and 0.0 <= cfg.ppo.lam <= 1.0, "ppo.gamma, ppo.lam: must be in [0, 1]")
+    need(0.0 < cfg.rm.val_fraction < 1.0, "rm.val_fraction: must be in (0, 1)")
+    need(not cfg.rm.label_reward or cfg.rm.samples_per_prompt >= 2,
+         "rm.samples_per_prompt: on-policy pairs need at least 2 answers per prompt")
+    need(cfg.pacs.beta > 0, f"pacs.beta: must be > 0, got {cfg.pacs.beta}")
     need(cfg.ctrl.rounds >= 1, f"ctrl.rounds: must be >= 1, got {cfg.ctrl.rounds}")
     need(cfg.ctrl.solutions_per_problem >= 1, "ctrl.solutions_per_problem: must be >= 1")
     need(cfg.proxy.rollout.n == 1, "proxy.rollout.n: the proxy writes one revision per critique (n=1)")

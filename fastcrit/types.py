@@ -52,6 +52,8 @@ class RolloutBatch:
     scores: torch.Tensor | None = None  # [B] float32, sequence-level rewards
     ref_logprobs: torch.Tensor | None = None  # [B, R] float32
     advantages: torch.Tensor | None = None  # [B, R] float32
+    values: torch.Tensor | None = None  # [B, R] float32, the critic's values at rollout time (PPO)
+    returns: torch.Tensor | None = None  # [B, R] float32, the critic's targets (PPO)
 
     @property
     def input_ids(self) -> torch.Tensor:  # [B, P + R]

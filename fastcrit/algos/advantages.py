@@ -19,3 +19,35 @@ def outcome_advantages(name: str, scores: torch.Tensor, group_ids: torch.Tensor,
         raise ValueError(f"algorithm.name: unknown advantage estimator {name!r} (known: {ESTIMATORS})")
     adv = group_advantages(scores.float(), group_ids, name, norm_by_std=norm_by_std)
     return broadcast_to_tokens(adv, response_mask)
+
+
+def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float,
+        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over response tokens (verl's ``compute_gae_advantage_return``).
+
+    token_rewards, values, mask: [B, R]. Masked positions are skipped: the next valid token's value
+    and advantage carry across them, and the value after the last valid token is 0.
+    Returns (advantages, returns) [B, R], both 0 on masked tokens; returns = advantages + values.
+    """
+    B, R = token_rewards.shape
+    adv = torch.zeros_like(token_rewards, dtype=torch.float32)
+    next_value = torch.zeros(B, dtype=torch.float32, device=token_rewards.device)
+    last = torch.zeros(B, dtype=torch.float32, device=token_rewards.device)
+    m = mask.float()
+    for t in reversed(range(R)):
+        delta = token_rewards[:, t].float() + gamma * next_value - values[:, t].float()
+        cur = delta + gamma * lam * last
+        next_value = torch.where(m[:, t] > 0, values[:, t].float(), next_value)
+        last = torch.where(m[:, t] > 0, cur, last)
+        adv[:, t] = cur * m[:, t]
+    returns = (adv + values.float()) * m
+    return adv, returns
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over the valid tokens (unbiased variance, as verl); 0 elsewhere."""
+    m = mask.float()
+    n = m.sum().clamp(min=1.0)
+    mean = (x * m).sum() / n
+    var = (((x - mean) ** 2) * m).sum() / (n - 1).clamp(min=1.0)
+    return (x - mean) * torch.rsqrt(var + eps) * m

@@ -1,9 +1,18 @@
-"""Policy losses for the RL recipes: PPO clipped objective + KL to a reference + entropy bonus."""
+"""Policy losses for the RL recipes, and the objectives ``train.actor.update_policy`` minimises.
+
+An objective turns one micro-batch's log-probs into a scalar loss and float stats, and says how
+micro-batch losses combine into the mini-batch loss (``agg``) and whether its samples must stay with
+their group (a loss that couples a group's samples, as PACS's advantages of log-prob ratios do).
+"""
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 
-from fastcrit_kernels import aggregate_loss, kl_penalty, ppo_policy_loss
+from fastcrit.config import AlgorithmConfig, PACSConfig
+from fastcrit.types import RolloutBatch
+from fastcrit_kernels import aggregate_loss, group_advantages, kl_penalty, pacs_loss, ppo_policy_loss
 
 
 def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
@@ -21,13 +30,96 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
     loss = pg_loss
     out = {"loss/policy": pg_loss.item()}
     out.update({f"actor/{k}": float(v) for k, v in stats.items()})
-    if ref_logp is not None and kl_coef != 0.0:
-        kl = aggregate_loss(kl_penalty(logp, ref_logp, kl_kind), mask, agg)
-        loss = loss + kl_coef * kl
-        out["kl/mean"] = kl.item()
+    loss, out = _with_kl(loss, out, logp, ref_logp, mask, kl_coef, kl_kind, agg)
     if entropy is not None:
         ent = aggregate_loss(entropy, mask, agg)
         out["actor/entropy"] = ent.item()
         if entropy_coef != 0.0:
             loss = loss - entropy_coef * ent
     return loss, out
+
+
+def _with_kl(loss, out, logp, ref_logp, mask, kl_coef, kl_kind, agg):
+    if ref_logp is not None and kl_coef != 0.0:
+        kl = aggregate_loss(kl_penalty(logp, ref_logp, kl_kind), mask, agg)
+        loss = loss + kl_coef * kl
+        out["kl/mean"] = kl.item()
+    return loss, out
+
+
+class Objective(Protocol):
+    agg: str  # micro-batch weights: "token-mean" by valid tokens, "seq-mean-*" / "sample-mean" by rows
+    whole_groups: bool  # micro- and mini-batches must hold whole groups
+    entropy: bool  # the loss needs per-token entropy
+
+    def check(self, batch: RolloutBatch) -> None:
+        """Raise ValueError naming what the batch lacks."""
+
+    def __call__(self, logp: torch.Tensor, entropy: torch.Tensor | None,
+                 mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        ...
+
+
+class PPOObjective:
+    """The clipped PPO objective on ``batch.advantages`` (+ KL loss, entropy bonus) by ``algorithm.*``."""
+
+    whole_groups = False
+
+    def __init__(self, algo: AlgorithmConfig):
+        self.algo, self.agg, self.entropy = algo, algo.loss_agg, algo.entropy_coef != 0.0
+
+    def check(self, batch: RolloutBatch) -> None:
+        if batch.advantages is None:
+            raise ValueError("update_policy: batch.advantages is not set")
+        if self.algo.kl_coef != 0.0 and batch.ref_logprobs is None:
+            raise ValueError("update_policy: kl_coef != 0 needs batch.ref_logprobs")
+
+    def __call__(self, logp, entropy, mb):
+        a, d = self.algo, logp.device
+        return policy_objective(
+            logp, mb.old_logprobs.to(d), mb.advantages.to(d), mb.response_mask.to(d),
+            clip_low=a.clip_low, clip_high=a.clip_high, clip_c=a.clip_c, agg=a.loss_agg,
+            ref_logp=None if mb.ref_logprobs is None else mb.ref_logprobs.to(d),
+            kl_coef=a.kl_coef, kl_kind=a.kl_kind, entropy=entropy, entropy_coef=a.entropy_coef)
+
+
+class PACSObjective:
+    """PACS: the policy's beta-scaled log-prob ratio (``reward_method`` "1") or mean log-prob ("2")
+    is a score whose advantage within its group (rloo / grpo / naive) is trained by
+    BCE-with-logits against the 0/1 outcome; the whole objective, plus a KL loss only when
+    ``algorithm.kl_coef`` != 0. The loss is a mean over samples, coupled within each group."""
+
+    agg, whole_groups, entropy = "sample-mean", True, False
+
+    def __init__(self, pacs: PACSConfig, algo: AlgorithmConfig):
+        self.pacs, self.algo = pacs, algo
+
+    def check(self, batch: RolloutBatch) -> None:
+        if batch.scores is None:
+            raise ValueError("update_policy: PACS needs batch.scores (0/1 outcomes)")
+        if self.algo.kl_coef != 0.0 and batch.ref_logprobs is None:
+            raise ValueError("update_policy: kl_coef != 0 needs batch.ref_logprobs")
+
+    def logits(self, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
+               group_ids: torch.Tensor) -> torch.Tensor:
+        """[B] the BCE's input (advantage of the scaled log-prob score), detached, for metrics."""
+        p = self.pacs
+        with torch.no_grad():
+            if p.reward_method == "1":
+                r = p.beta * ((logp - old_logp) * mask).sum(-1)
+            else:
+                r = p.beta * (logp * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+            r = torch.where(mask.sum(-1) > 0, r, torch.zeros_like(r))
+            return group_advantages(r.float(), group_ids.to(r.device), p.estimator,
+                                    norm_by_std=self.algo.norm_adv_by_std)
+
+    def __call__(self, logp, entropy, mb):
+        p, d = self.pacs, logp.device
+        old, mask, y = mb.old_logprobs.to(d), mb.response_mask.to(d), mb.scores.to(d)
+        loss, stats = pacs_loss(logp, old, y, mask, mb.group_ids.to(d), beta=p.beta,
+                                reward_method=p.reward_method, estimator=p.estimator,
+                                weight_mode=None if p.weight_mode == "none" else p.weight_mode,
+                                norm_by_std=self.algo.norm_adv_by_std)
+        out = {"pacs/loss": loss.item(), "pacs/accuracy": float(stats["accuracy"])}
+        ref = None if mb.ref_logprobs is None else mb.ref_logprobs.to(d)
+        return _with_kl(loss, out, logp, ref, mask, self.algo.kl_coef, self.algo.kl_kind, "token-mean")

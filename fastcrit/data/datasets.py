@@ -124,3 +124,34 @@ def load_dataset(spec: str, prompt_key: str = "prompt", answer_key: str = "answe
         detail = f" (first problem: {skipped[0]})" if skipped else ""
         raise DatasetError(f"{path}: no usable examples{detail}")
     return Dataset(source=path, examples=examples, skipped=skipped)
+
+
+@dataclass
+class PreferencePair:
+    prompt: str
+    chosen: str
+    rejected: str
+
+
+def load_preferences(spec: str) -> tuple[list[PreferencePair], list[str]]:
+    """Rows {prompt, chosen, rejected} (all non-empty strings, chosen != rejected) from a JSONL /
+    parquet file or a shipped set (``reverse:prefs``); bad rows are skipped and reported as
+    "<file>:<line>: <reason>" in the second return value."""
+    path = resolve_source(spec, "prefs")
+    pairs: list[PreferencePair] = []
+    skipped: list[str] = []
+    for line_no, row, err in _rows(path):
+        if err is None:
+            bad = [k for k in ("prompt", "chosen", "rejected") if not isinstance(row.get(k), str) or not row[k]]
+            if bad:
+                err = f"missing or non-string {', '.join(repr(k) for k in bad)}"
+            elif row["chosen"] == row["rejected"]:
+                err = "'chosen' and 'rejected' are the same text"
+        if err is not None:
+            skipped.append(f"{path}:{line_no}: {err}")
+            continue
+        pairs.append(PreferencePair(row["prompt"], row["chosen"], row["rejected"]))
+    if not pairs:
+        detail = f" (first problem: {skipped[0]})" if skipped else ""
+        raise DatasetError(f"{path}: no usable preference pairs{detail}")
+    return pairs, skipped

@@ -42,6 +42,45 @@ def make_reverse(n_train: int = 4000, n_test: int = 200, seed: int = 0) -> dict[
     return {"train": rows[:n_train], "test": rows[n_train:]}
 
 
+def with_errors(answer: str, errors: int, rng: random.Random) -> str:
+    """``answer`` with about ``errors`` mistakes: letters changed at distinct positions, and now and
+    then a letter dropped or added, or two neighbours swapped (what a half-trained policy writes)."""
+    letters = answer.split()
+    for i in rng.sample(range(len(letters)), min(errors, len(letters))):
+        letters[i] = rng.choice([c for c in string.ascii_lowercase if c != letters[i]])
+    if errors and rng.random() < 0.3:
+        kind = rng.randrange(3)
+        if kind == 0 and len(letters) > 1:
+            del letters[rng.randrange(len(letters))]
+        elif kind == 1:
+            letters.insert(rng.randrange(len(letters) + 1), rng.choice(string.ascii_lowercase))
+        elif len(letters) > 1:
+            i = rng.randrange(len(letters) - 1)
+            letters[i], letters[i + 1] = letters[i + 1], letters[i]
+    return " ".join(letters)
+
+
+def make_reverse_prefs(rows: list[dict], seed: int = 0, per_prompt: int = 2) -> list[dict]:
+    """Preference pairs for a reward model on `reverse`, graded like the rule reward: of two answers
+    with different numbers of mistakes (0 to 5), the one with the higher per-letter score
+    (``reverse_reward``) is chosen. ``per_prompt`` pairs per prompt."""
+    from fastcrit.reward.rule import reverse_reward
+
+    rng = random.Random(seed)
+    out = []
+    for r in rows:
+        for _ in range(per_prompt):
+            while True:
+                i = rng.choice([0, 0, 1, 1, 2, 3])
+                a, b = with_errors(r["answer"], i, rng), with_errors(r["answer"], rng.randint(i + 1, 5), rng)
+                sa, sb = reverse_reward(a, r["answer"]), reverse_reward(b, r["answer"])
+                if sa != sb:
+                    break
+            chosen, rejected = (a, b) if sa > sb else (b, a)
+            out.append({"prompt": r["prompt"], "chosen": chosen, "rejected": rejected})
+    return out
+
+
 def task_path(name: str, split: str) -> str:
     return os.path.join(TASK_DIR, f"{name}_{split}.jsonl")
 
@@ -56,7 +95,9 @@ def write_shipped() -> None:
     from fastcrit.data.minicode import make_minicode
 
     os.makedirs(TASK_DIR, exist_ok=True)
-    for name, splits in (("reverse", make_reverse()), ("minicode", make_minicode())):
+    reverse = make_reverse()
+    reverse["prefs"] = make_reverse_prefs(reverse["train"])
+    for name, splits in (("reverse", reverse), ("minicode", make_minicode())):
         for split, rows in splits.items():
             with open(task_path(name, split), "w") as f:
                 for r in rows:

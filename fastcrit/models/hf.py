@@ -81,6 +81,52 @@ def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32", de
     return model.to(device).eval()
 
 
+VALUE_HEAD_KINDS = ("ForTokenClassification", "ForSequenceClassification")
+
+
+def load_value_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
+                     device: str | torch.device = "cpu"):
+    """A backbone with a scalar head (hidden -> 1): a PPO critic or a reward model, verl's form.
+
+    A directory saved with such a head (``*ForTokenClassification`` or ``*ForSequenceClassification``
+    with one label: ours, or a TRL reward model) keeps its head; a causal LM gets a fresh one (the
+    backbone's weights, ``lm_head`` dropped). The model comes back with dropout off, in eval mode,
+    and with ``config.architectures`` naming its class, so that a saved copy loads back with
+    ``transformers`` as the same kind of model.
+    """
+    from transformers import (AutoConfig, AutoModelForSequenceClassification,
+                              AutoModelForTokenClassification)
+
+    path = resolve_model_path(spec)
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    archs = config.architectures or []
+    head = next((k for a in archs for k in VALUE_HEAD_KINDS if a.endswith(k)), None)
+    if head and config.num_labels != 1:
+        raise ValueError(f"{path!r}: a {archs[0]} with {config.num_labels} labels is not a value model "
+                         "(one scalar per token is needed)")
+    config.num_labels, config.classifier_dropout = 1, 0.0
+    cls = AutoModelForSequenceClassification if head == "ForSequenceClassification" else AutoModelForTokenClassification
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    if head is None:  # the missing head and the unused lm_head are expected: no load report
+        hf_logging.set_verbosity_error()
+    try:
+        model = cls.from_pretrained(path, config=config, dtype=parse_dtype(dtype), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"could not load a value model from {path!r}: {exc}") from exc
+    finally:
+        hf_logging.set_verbosity(level)
+    if head is None:  # a fresh head: small random weights, zero bias (values start near 0)
+        with torch.no_grad():
+            model.score.weight.normal_(0.0, 1.0 / (model.score.in_features + 1) ** 0.5)
+            if model.score.bias is not None:
+                model.score.bias.zero_()
+    model.config.architectures = [type(model).__name__]
+    model._fresh_value_head = head is None
+    return model.to(device).eval()
+
+
 def load_tokenizer(spec: str | os.PathLike):
     """Load the tokenizer that lives next to the model; pad falls back to EOS, padding is on the left."""
     from transformers import AutoTokenizer

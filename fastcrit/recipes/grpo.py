@@ -13,7 +13,7 @@ from fastcrit.algos.advantages import outcome_advantages
 from fastcrit.data.datasets import load_dataset
 from fastcrit.data.prompts import EncodedPrompt, encode_prompts
 from fastcrit.recipes.scaffold import Run, info_means, reward_items
-from fastcrit.reward import get_reward_manager
+from fastcrit.reward import make_reward
 from fastcrit.train.dist import all_reduce_mean
 from fastcrit.types import SamplingParams
 
@@ -22,7 +22,7 @@ class GRPO:
     def __init__(self, run: Run):
         c = run.cfg
         self.run = run
-        self.reward = get_reward_manager(c.reward.name)
+        self.reward = make_reward(c, run.out, run.ctx.rank, run.ctx.device)
         self.prompts = self._prompts(c.data.train, "train")
         self.val = self._prompts(c.data.val, "test")[:c.data.val_size] if c.data.val else []
 

@@ -6,7 +6,9 @@ and checkpoints. A recipe file holds only what is its own (its data, its step, i
         def step(self, step: int) -> dict: ...       # one RL step; returns its metrics
         def evaluate(self) -> dict: ...              # "val/..." metrics (at start, every eval_every, end)
         # optional: summary(first, last) -> dict, summary_lines(summary) -> list[str],
-        #           state_dict() / load_state_dict(d) (saved in checkpoints), close()
+        #           state_dict() / load_state_dict(d) (saved in checkpoints), close(),
+        #           actors() -> {name: Actor} (more trainable models, e.g. PPO's critic: checkpointed
+        #           in <checkpoint>/<name>/ and restored on resume)
 
     run_recipe(ctx, cfg, MyRecipe)
 
@@ -27,6 +29,7 @@ from typing import Any, Callable
 
 import torch
 
+from fastcrit.algos.losses import Objective
 from fastcrit.config import Config
 from fastcrit.models.hf import load_tokenizer
 from fastcrit.recipes.common import prepare_output_dir, resolve_model, step_indices
@@ -108,11 +111,12 @@ class Run:
         with self.timer("ref"):
             return compute_logprobs(self.ref, batch, self.temperature, self.cfg.trainer.micro_batch_size)
 
-    def update(self, batch: RolloutBatch) -> dict[str, float]:
+    def update(self, batch: RolloutBatch, objective: Objective | None = None) -> dict[str, float]:
+        """Policy update: PPO's clipped objective on ``batch.advantages``, or ``objective``."""
         with self.timer("update"):
             return update_policy(self.actor, batch, self.cfg.algorithm, temperature=self.temperature,
                                  micro_batch_size=self.cfg.trainer.micro_batch_size,
-                                 grad_clip=self.cfg.optim.grad_clip)
+                                 grad_clip=self.cfg.optim.grad_clip, objective=objective)
 
     def sync(self) -> None:
         """Wake the engine and load the policy's weights into it, bucket by bucket."""
@@ -153,7 +157,8 @@ def setup_run(ctx: DistContext, cfg: Config) -> Run:
     build = dict(dtype=cfg.model.dtype, device=ctx.device, world_size=ctx.world_size)
     updates = cfg.trainer.total_steps * cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches
     actor = build_actor(model_path, optim=cfg.optim, total_updates=updates, **build)
-    ref = build_actor(model_path, **build) if cfg.algorithm.kl_coef != 0.0 else None
+    needs_ref = cfg.algorithm.kl_coef != 0.0 or (cfg.algorithm.name == "ppo" and cfg.ppo.kl_in_reward_coef != 0.0)
+    ref = build_actor(model_path, **build) if needs_ref else None
     engine = make_engine(cfg.rollout, model_path, dtype=cfg.model.dtype, device=ctx.device,
                          seed=cfg.trainer.seed + ctx.rank)
     log = RunLog(out, enabled=ctx.is_main, total=cfg.trainer.total_steps, start=None,
@@ -166,7 +171,8 @@ def _resume(run: Run, recipe) -> int:
     if not ckpt:
         run.log.restart_at(0)
         return 0
-    state = load_checkpoint(run.actor, run.ctx, ckpt)
+    others = recipe.actors() if hasattr(recipe, "actors") else None
+    state = load_checkpoint(run.actor, run.ctx, ckpt, others)
     if hasattr(recipe, "load_state_dict"):
         path = os.path.join(ckpt, f"recipe_rank{run.ctx.rank}.pt")
         recipe.load_state_dict(torch.load(path, weights_only=False))
@@ -179,8 +185,9 @@ def _save(run: Run, recipe, step: int) -> None:
     extra = {}
     if hasattr(recipe, "state_dict"):
         extra[f"recipe_rank{run.ctx.rank}.pt"] = recipe.state_dict()
+    others = recipe.actors() if hasattr(recipe, "actors") else None
     save_checkpoint(run.actor, run.tok, run.ctx, run.out, step, {"model_path": run.model_path},
-                    extra_files=extra)
+                    extra_files=extra, others=others)
 
 
 def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any]) -> dict:

@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 
 from fastcrit.reward import code  # noqa: F401  (registers "code")
-from fastcrit.reward import rule  # noqa: F401  (registers "reverse", "exact_match")
+from fastcrit.reward import math_answer  # noqa: F401  (registers "math")
+from fastcrit.reward import rule  # noqa: F401  (registers "rule", "reverse", "exact_match")
+from fastcrit.reward.model import CombinedReward  # registers "model"
 from fastcrit.reward.base import (RewardItem, RewardManager, RewardResult, get_reward_manager,
                                   known_reward_managers, register)
 
@@ -12,14 +14,26 @@ __all__ = ["RewardItem", "RewardManager", "RewardResult", "get_reward_manager",
            "known_reward_managers", "make_reward", "register"]
 
 
-def make_reward(cfg, workdir: str, rank: int = 0) -> RewardManager:
-    """The manager ``reward.name`` names, built from the config tree (``cfg``: fastcrit.config.Config).
+def make_reward(cfg, workdir: str, rank: int = 0, device="cpu") -> RewardManager:
+    """The manager ``reward.name`` names, built from the config tree (``cfg``: fastcrit.config.Config);
+    several joined by "+" add up with ``reward.weights``.
 
     The code manager gets the sandbox settings, ``reward.score`` and a result cache in ``workdir``
-    (one file per rank) unless ``sandbox.cache_path`` names one.
+    (one file per rank) unless ``sandbox.cache_path`` names one; the model manager loads
+    ``reward.model_path`` in ``model.dtype`` on ``device``.
     """
-    name = cfg.reward.name
+    names = cfg.reward.name.split("+")
+    parts = [(n, _one(n, cfg, workdir, rank, device)) for n in names]
+    if len(parts) == 1 and not cfg.reward.weights:
+        return parts[0][1]
+    return CombinedReward(parts, list(cfg.reward.weights) or [1.0] * len(parts))
+
+
+def _one(name: str, cfg, workdir: str, rank: int, device) -> RewardManager:
     if name == "code":
         cache = os.path.join(workdir, f"sandbox_cache_rank{rank}.sqlite")
         return get_reward_manager(name, sandbox=cfg.sandbox, score=cfg.reward.score, cache_path=cache)
+    if name == "model":
+        return get_reward_manager(name, path=cfg.reward.model_path, dtype=cfg.model.dtype, device=device,
+                                  batch_size=cfg.reward.model_batch_size)
     return get_reward_manager(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from fastcrit.config import ConfigError
 from fastcrit.data.problems import Problem
 
 
@@ -41,8 +42,14 @@ def register(name: str):
 
 
 def get_reward_manager(name: str, **kwargs) -> RewardManager:
+    """The manager registered as ``name``, or a user function named ``module:function``."""
+    if ":" in name:
+        from fastcrit.reward.function import FunctionReward
+
+        return FunctionReward(name)
     if name not in _REGISTRY:
-        raise ValueError(f"reward.name: unknown reward manager {name!r} (known: {sorted(_REGISTRY)})")
+        raise ConfigError(f"reward.name: unknown reward manager {name!r} (known: {sorted(_REGISTRY)}, or a "
+                         f"user function as 'module:function')")
     return _REGISTRY[name](**kwargs)
 
 

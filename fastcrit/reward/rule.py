@@ -34,3 +34,22 @@ class ExactMatchReward:
 
     def __call__(self, items: list[RewardItem]) -> list[RewardResult]:
         return [RewardResult(float(it.response.strip() == it.answer.strip())) for it in items]
+
+
+@register("rule")
+class TaskRule:
+    """Each row's own rule: the `reverse` task's partial credit for its rows (meta task "reverse"),
+    exact match of the stripped answer for every other row."""
+
+    name = "rule"
+
+    def __call__(self, items: list[RewardItem]) -> list[RewardResult]:
+        out = []
+        for it in items:
+            exact = it.response.split() == it.answer.split()
+            if it.meta.get("task") == "reverse":
+                out.append(RewardResult(reverse_reward(it.response, it.answer), {"exact": exact}))
+            else:
+                out.append(RewardResult(float(it.response.strip() == it.answer.strip()),
+                                        {"exact": it.response.strip() == it.answer.strip()}))
+        return out

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fastcrit.algos.losses import policy_objective
+from fastcrit.algos.losses import Objective, PPOObjective
 from fastcrit.config import AlgorithmConfig, OptimConfig
 from fastcrit.models.hf import load_model, parse_dtype
 from fastcrit.train.policy import CausalLMLogprobs, shard
@@ -69,6 +69,22 @@ def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size
     return Actor(module, opt, sched, device)
 
 
+def optimizer_step(actor: Actor, grad_clip: float) -> dict[str, float]:
+    """Clip the gradient norm (a collective on sharded gradients), step the optimizer unless that
+    norm is not finite (a non-finite gradient would poison the weights: the step is skipped and
+    counted), and advance the lr schedule. Returns grad_norm, lr and, if it happened, the skip."""
+    gn = torch.nn.utils.clip_grad_norm_(actor.module.parameters(), grad_clip)
+    gn = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+    out = {"grad_norm": gn}
+    if math.isfinite(gn):
+        actor.optimizer.step()
+    else:
+        out["skipped_nonfinite_steps"] = 1.0
+    actor.scheduler.step()
+    out["lr"] = actor.optimizer.param_groups[0]["lr"]
+    return out
+
+
 def _micro_slices(n: int, micro: int):
     for s in range(0, n, micro):
         yield slice(s, min(n, s + micro))
@@ -95,60 +111,70 @@ def compute_logprobs(actor: Actor, batch: RolloutBatch, temperature: float,
 def _weight(mb_mask: torch.Tensor, full_mask: torch.Tensor, agg: str) -> float:
     if agg == "token-mean":
         return mb_mask.sum().item() / max(full_mask.sum().item(), 1.0)
+    if agg == "sample-mean":  # every row counts, with or without valid tokens
+        return mb_mask.shape[0] / max(full_mask.shape[0], 1)
     valid = lambda m: (m.sum(-1) > 0).sum().item()  # noqa: E731 (sequences with a valid token)
     return valid(mb_mask) / max(valid(full_mask), 1)
 
 
-def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, temperature: float,
-                  micro_batch_size: int, grad_clip: float,
-                  generator: torch.Generator | None = None) -> dict[str, float]:
-    """PPO-style update on a batch with ``advantages`` (and ``ref_logprobs`` when algo.kl_coef != 0).
+def _mini_batches(batch: RolloutBatch, n: int, whole_groups: bool,
+                  generator: torch.Generator | None) -> list[torch.Tensor]:
+    """Row indices of ``n`` mini-batches, shuffled when n > 1; whole groups stay together."""
+    B = len(batch)
+    if n == 1:
+        return [torch.arange(B)]
+    if not whole_groups:
+        return list(torch.randperm(B, generator=generator).chunk(n))
+    groups = torch.unique(batch.group_ids)
+    order = groups[torch.randperm(len(groups), generator=generator)]
+    return [torch.cat([torch.nonzero(batch.group_ids == g).flatten() for g in part])
+            for part in order.chunk(n) if len(part)]
 
-    ``algo`` gives the clip range, dual clip, loss aggregation, KL and entropy terms, and how many
-    optimizer steps one batch makes (ppo_epochs x mini_batches). Returns metrics averaged over
-    optimizer steps (loss terms, clip fractions, grad norm, lr).
+
+def _micro_batches(mini: RolloutBatch, micro: int, whole_groups: bool) -> list[torch.Tensor]:
+    """Row indices of micro-batches of at most ``micro`` rows (or one whole group, when larger)."""
+    if not whole_groups:
+        return [torch.arange(len(mini))[sl] for sl in _micro_slices(len(mini), micro)]
+    out: list[list[int]] = []
+    for g in torch.unique(mini.group_ids):
+        rows = torch.nonzero(mini.group_ids == g).flatten().tolist()
+        if out and len(out[-1]) + len(rows) <= micro:
+            out[-1] += rows
+        else:
+            out.append(rows)
+    return [torch.tensor(r, dtype=torch.long) for r in out]
+
+
+def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, temperature: float,
+                  micro_batch_size: int, grad_clip: float, generator: torch.Generator | None = None,
+                  objective: Objective | None = None) -> dict[str, float]:
+    """Optimizer steps on ``batch`` minimising ``objective`` (default: PPO's clipped objective on
+    ``batch.advantages`` by ``algo``: clip range, dual clip, loss aggregation, KL and entropy terms).
+
+    ``algo`` says how many optimizer steps one batch makes (ppo_epochs x mini_batches). Returns
+    metrics averaged over optimizer steps (loss terms, clip fractions, grad norm, lr).
     """
     assert actor.optimizer is not None, "update_policy needs a trainable actor"
-    if batch.advantages is None:
-        raise ValueError("update_policy: batch.advantages is not set")
-    if algo.kl_coef != 0.0 and batch.ref_logprobs is None:
-        raise ValueError("update_policy: kl_coef != 0 needs batch.ref_logprobs")
-    B = len(batch)
+    objective = objective or PPOObjective(algo)
+    objective.check(batch)
     sums: dict[str, float] = {}
     n_steps = 0
     for _ in range(algo.ppo_epochs):
-        order = torch.randperm(B, generator=generator) if algo.mini_batches > 1 else torch.arange(B)
-        for mini_idx in order.chunk(algo.mini_batches):
+        for mini_idx in _mini_batches(batch, algo.mini_batches, objective.whole_groups, generator):
             mini = batch.select(mini_idx)
             actor.optimizer.zero_grad(set_to_none=True)
             step_stats: dict[str, float] = {}
-            for sl in _micro_slices(len(mini), micro_batch_size):
-                mb = mini.select(torch.arange(len(mini))[sl])
+            for idx in _micro_batches(mini, micro_batch_size, objective.whole_groups):
+                mb = mini.select(idx)
                 # No skipping of empty micro-batches: every rank must run the same collectives.
-                w = _weight(mb.response_mask, mini.response_mask, algo.loss_agg)
-                need_ent = algo.entropy_coef != 0.0
-                out = _forward(actor, mb, temperature, need_ent)
-                logp, ent = out if need_ent else (out, None)
-                d = actor.device
-                loss, stats = policy_objective(
-                    logp, mb.old_logprobs.to(d), mb.advantages.to(d), mb.response_mask.to(d),
-                    clip_low=algo.clip_low, clip_high=algo.clip_high, clip_c=algo.clip_c,
-                    agg=algo.loss_agg,
-                    ref_logp=None if mb.ref_logprobs is None else mb.ref_logprobs.to(d),
-                    kl_coef=algo.kl_coef, kl_kind=algo.kl_kind, entropy=ent,
-                    entropy_coef=algo.entropy_coef)
+                w = _weight(mb.response_mask, mini.response_mask, objective.agg)
+                out = _forward(actor, mb, temperature, objective.entropy)
+                logp, ent = out if objective.entropy else (out, None)
+                loss, stats = objective(logp, ent, mb)
                 (loss * w).backward()
                 for k, v in stats.items():
                     step_stats[k] = step_stats.get(k, 0.0) + v * w
-            gn = torch.nn.utils.clip_grad_norm_(actor.module.parameters(), grad_clip)
-            gn = gn.full_tensor() if hasattr(gn, "full_tensor") else gn
-            step_stats["actor/grad_norm"] = float(gn)
-            if math.isfinite(float(gn)):
-                actor.optimizer.step()
-            else:  # a non-finite gradient would poison the weights: skip the step, and say so
-                step_stats["actor/skipped_nonfinite_steps"] = 1.0
-            actor.scheduler.step()
-            step_stats["actor/lr"] = actor.optimizer.param_groups[0]["lr"]
+            step_stats.update({f"actor/{k}": v for k, v in optimizer_step(actor, grad_clip).items()})
             for k, v in step_stats.items():
                 sums[k] = sums.get(k, 0.0) + v
             n_steps += 1
@@ -168,10 +194,5 @@ def sft_step(actor: Actor, batch: RolloutBatch, *, micro_batch_size: int,
         loss = -(logp * mb.response_mask.to(actor.device)).sum() / total.to(actor.device)
         loss.backward()
         nll_sum += loss.item()
-    gn = torch.nn.utils.clip_grad_norm_(actor.module.parameters(), grad_clip)
-    gn = gn.full_tensor() if hasattr(gn, "full_tensor") else gn
-    if math.isfinite(float(gn)):
-        actor.optimizer.step()
-    actor.scheduler.step()
-    return {"sft/nll": nll_sum, "sft/grad_norm": float(gn),
-            "sft/lr": actor.optimizer.param_groups[0]["lr"]}
+    step = optimizer_step(actor, grad_clip)
+    return {"sft/nll": nll_sum, "sft/grad_norm": step["grad_norm"], "sft/lr": step["lr"]}

@@ -24,3 +24,11 @@ def test_managers_by_name():
     assert [r.score for r in out] == [1.0, 0.0] and out[0].info["exact"] is True
     with pytest.raises(ValueError, match="reward.name: unknown reward manager 'nope'"):
         get_reward_manager("nope")
+
+
+def test_rule_uses_each_rows_own_rule():
+    items = [RewardItem("p", "e d c b x", "e d c b a", {"task": "reverse"}),
+             RewardItem("p", " 42 ", "42", {}), RewardItem("p", "41", "42", {})]
+    out = get_reward_manager("rule")(items)
+    assert [r.score for r in out] == pytest.approx([0.8, 1.0, 0.0])
+    assert [r.info["exact"] for r in out] == [False, True, False]

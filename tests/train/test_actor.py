@@ -120,3 +120,42 @@ def test_lr_schedule_warms_up_then_holds_or_follows_a_cosine():
     assert got[12] == pytest.approx(0.55) and got[20] == pytest.approx(0.1) and got[24] == pytest.approx(0.1)
     flat = lr_factor(OptimConfig(lr_schedule="cosine"), total_updates=0)  # no length: nothing to decay
     assert flat(0) == flat(100) == 1.0
+
+
+def _pacs_grads(ctx, path, micro, mini_batches, out_file):
+    from fastcrit.algos.losses import PACSObjective
+    from fastcrit.config import PACSConfig
+
+    torch.manual_seed(0)
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=1, optim=OptimConfig(lr=1e-2))
+    b = make_batch(3)  # 4 groups of 2
+    b.scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0])
+    algo = AlgorithmConfig(mini_batches=mini_batches)
+    objective = PACSObjective(PACSConfig(beta=0.5, reward_method="2", estimator="rloo"), algo)
+    seen = []
+
+    def recording(logp, ent, mb):
+        seen.append(sorted(mb.group_ids.tolist()))
+        return objective(logp, ent, mb)
+
+    recording.agg, recording.whole_groups, recording.entropy = objective.agg, True, False
+    recording.check = objective.check
+    stats = update_policy(actor, b, algo, micro_batch_size=micro, objective=recording,
+                          generator=torch.Generator().manual_seed(0), **UPDATE)
+    grads = {n: p.grad.clone() for n, p in actor.module.lm.named_parameters()}
+    torch.save({"grads": grads, "stats": stats, "seen": seen}, out_file)
+
+
+def test_pacs_micro_batches_keep_whole_groups_and_give_the_same_update(tiny_model_path, tmp_path):
+    a, b, c = (str(tmp_path / f"{x}.pt") for x in "abc")
+    launch(_pacs_grads, (tiny_model_path, 8, 1, a), 1, "cpu")
+    launch(_pacs_grads, (tiny_model_path, 3, 1, b), 1, "cpu")
+    launch(_pacs_grads, (tiny_model_path, 3, 2, c), 1, "cpu")
+    pa, pb, pc = torch.load(a), torch.load(b), torch.load(c)
+    assert pa["seen"] == [[0, 0, 1, 1, 2, 2, 3, 3]]
+    assert pb["seen"] == [[0, 0], [1, 1], [2, 2], [3, 3]]  # a group never splits across micro-batches
+    assert all(len(s) == 2 and s[0] == s[1] for s in pc["seen"])  # ... nor across mini-batches
+    assert pa["stats"]["pacs/loss"] == pytest.approx(pb["stats"]["pacs/loss"], abs=1e-6)
+    assert pa["stats"]["actor/grad_norm"] > 0
+    for n in pa["grads"]:
+        torch.testing.assert_close(pa["grads"][n], pb["grads"][n], atol=1e-6, rtol=1e-4)

@@ -1,0 +1,166 @@
+"""`fastcrit rm`: a reward model from preference pairs, by the Bradley-Terry loss
+
+    loss = -log sigmoid(r(prompt, chosen) - r(prompt, rejected)),   r = value head at the last token
+
+on a copy of ``model.path`` (after the SFT warm start when ``sft.steps`` > 0, the same one
+`fastcrit train` makes and reuses) with a value head (fresh on a causal LM). The result, ``<rm.output_dir>/final``,
+is a Hugging Face ``*ForTokenClassification`` directory that the `model` reward manager loads
+(``reward.model_path``) and ``transformers`` loads back. Accuracy (chosen scored above rejected) on
+the held-out pairs is measured before and after, printed, and written to ``summary.json``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+
+from fastcrit.config import Config, ConfigError
+from fastcrit.data.datasets import PreferencePair, load_dataset, load_preferences
+from fastcrit.data.prompts import encode_prompts
+from fastcrit.models.hf import load_tokenizer
+from fastcrit.recipes.common import prepare_output_dir, resolve_model, step_indices
+from fastcrit.recipes.sft import run_sft
+from fastcrit.reward import RewardItem, get_reward_manager
+from fastcrit.reward.model import pad_left, rm_ids
+from fastcrit.rollout import make_engine
+from fastcrit.types import SamplingParams
+from fastcrit.train.actor import _micro_slices, optimizer_step
+from fastcrit.train.checkpoint import save_hf
+from fastcrit.train.dist import DistContext, all_reduce_mean, barrier
+from fastcrit.train.metrics import RunLog
+from fastcrit.train.value import build_value_actor, last_token_scores, last_token_values
+
+
+def rm_output_dir(cfg: Config) -> str:
+    return cfg.rm.output_dir or os.path.join(cfg.trainer.output_dir, "rm")
+
+
+def _encode(tok, pairs: list[PreferencePair]):
+    rows = [rm_ids(tok, p.prompt, p.chosen) for p in pairs] + [rm_ids(tok, p.prompt, p.rejected) for p in pairs]
+    return pad_left(rows, tok.pad_token_id)
+
+
+def accuracy(actor, tok, pairs: list[PreferencePair], micro: int) -> dict[str, float]:
+    ids, mask = _encode(tok, pairs)
+    s = last_token_scores(actor, ids, mask, micro)
+    c, r = s[:len(pairs)], s[len(pairs):]
+    return {"acc": float((c > r).float().mean()), "margin": float((c - r).mean())}
+
+
+def on_policy_pairs(ctx: DistContext, cfg: Config, model_path: str, tok, out_dir: str):
+    """The model's own answers, ranked by ``rm.label_reward``: for each prompt, every two sampled
+    answers with different scores make a pair (higher score chosen). Same on every rank (seeded)."""
+    c = cfg.rm
+    data = load_dataset(cfg.data.train, cfg.data.prompt_key, cfg.data.answer_key)
+    prompts, too_long = encode_prompts(tok, data.examples[:c.prompts], system=cfg.data.system_prompt,
+                                       max_len=cfg.data.max_prompt_len)
+    engine = make_engine(cfg.rollout, model_path, dtype=cfg.model.dtype, device=ctx.device, seed=cfg.trainer.seed)
+    try:
+        params = SamplingParams(n=c.samples_per_prompt, max_new_tokens=cfg.rollout.max_new_tokens,
+                                temperature=cfg.rollout.temperature or 1.0, top_p=cfg.rollout.top_p,
+                                top_k=cfg.rollout.top_k, seed=cfg.trainer.seed)
+        rollouts = engine.generate([p.ids for p in prompts], params)
+    finally:
+        engine.close()
+    texts = [tok.decode(r.output_ids, skip_special_tokens=True) for r in rollouts]
+    examples = [p.example for p in prompts]
+    label = get_reward_manager(c.label_reward)
+    scores = [r.score for r in label([RewardItem(examples[r.prompt_index].prompt, t, examples[r.prompt_index].answer,
+                                                 examples[r.prompt_index].meta) for r, t in zip(rollouts, texts)])]
+    by_prompt: dict[int, list[tuple[float, str]]] = {}
+    for r, t, s in zip(rollouts, texts, scores):
+        by_prompt.setdefault(r.prompt_index, []).append((s, t))
+    pairs = []
+    for i, answers in sorted(by_prompt.items()):
+        for a in range(len(answers)):
+            for b in range(a + 1, len(answers)):
+                (sa, ta), (sb, tb) = answers[a], answers[b]
+                if sa != sb and ta != tb:
+                    hi, lo = (ta, tb) if sa > sb else (tb, ta)
+                    pairs.append(PreferencePair(examples[i].prompt, hi, lo))
+    if not pairs:
+        raise ConfigError(f"rm.label_reward {c.label_reward!r}: the answers to each prompt all scored alike "
+                          f"({len(texts)} answers), so there is no pair to learn from (raise "
+                          "rollout.temperature or rm.samples_per_prompt, or warm-start with sft.steps)")
+    if ctx.is_main:
+        with open(os.path.join(out_dir, "pairs.jsonl"), "w") as f:
+            for p in pairs:
+                f.write(json.dumps(dataclasses.asdict(p)) + "\n")
+    info = {"answers": len(texts), "prompts": len(prompts), "label_mean": sum(scores) / len(scores)}
+    return pairs, data.skipped + too_long, info
+
+
+def run_rm(ctx: DistContext, cfg: Config) -> dict:
+    c = cfg.rm
+    out_dir = rm_output_dir(cfg)
+    torch.manual_seed(cfg.trainer.seed + ctx.rank)
+    prepare_output_dir(cfg, ctx, out_dir)
+    model_path = resolve_model(cfg, ctx)
+    if cfg.sft.steps > 0:  # the backbone starts from the run's SFT warm start (reused once done)
+        model_path = run_sft(ctx, cfg, model_path)
+    tok = load_tokenizer(model_path)
+    sampled = {}
+    if c.label_reward:
+        pairs, skipped, sampled = on_policy_pairs(ctx, cfg, model_path, tok, out_dir)
+    else:
+        pairs, skipped = load_preferences(c.data)
+    random.Random(cfg.trainer.seed).shuffle(pairs)
+    n_val = max(1, int(len(pairs) * c.val_fraction))
+    val, train = pairs[:n_val], pairs[n_val:]
+    if len(train) < c.batch_size:
+        raise ValueError(f"rm.data {c.data!r}: {len(train)} training pairs, fewer than rm.batch_size={c.batch_size}")
+    log = RunLog(out_dir, enabled=ctx.is_main, total=c.steps, start=0, progress=cfg.trainer.progress,
+                 desc="rm", show={"loss": "rm/loss", "acc": "rm/acc"})
+    for msg in skipped:
+        log.write(f"rm: skipped {msg}")
+    if sampled:
+        log.write(f"rm: {len(pairs)} on-policy pairs from {sampled['answers']} answers to {sampled['prompts']} "
+                  f"prompts (mean {c.label_reward} score {sampled['label_mean']:.3f})")
+    optim = dataclasses.replace(cfg.optim, lr=c.lr, warmup_steps=c.warmup_steps)
+    actor = build_value_actor(model_path, dtype=cfg.model.dtype, device=ctx.device,
+                              world_size=ctx.world_size, optim=optim, total_updates=c.steps)
+    micro = cfg.trainer.micro_batch_size
+    start = accuracy(actor, tok, val, micro)
+    log.write(f"rm: {len(train)} training pairs, {len(val)} held out; held-out accuracy at the start "
+              f"{start['acc']:.3f}")
+    for step in range(1, c.steps + 1):
+        t0 = time.perf_counter()
+        idx = step_indices(len(train), c.batch_size, step, cfg.trainer.seed, ctx.rank, ctx.world_size)
+        batch = [train[i] for i in idx]
+        actor.optimizer.zero_grad(set_to_none=True)
+        loss_sum, hits = 0.0, 0.0
+        for sl in _micro_slices(len(batch), micro):
+            part = batch[sl]
+            ids, mask = _encode(tok, part)
+            v = last_token_values(actor, ids, mask)
+            margin = v[:len(part)] - v[len(part):]
+            loss = -F.logsigmoid(margin).mean() * (len(part) / len(batch))
+            loss.backward()
+            loss_sum += loss.item()
+            hits += float((margin > 0).float().sum())
+        opt = optimizer_step(actor, cfg.optim.grad_clip)
+        stats = all_reduce_mean({"rm/loss": loss_sum, "rm/acc": hits / len(batch)})
+        log.log({"step": step, **stats, **{f"rm/{k}": v for k, v in opt.items()},
+                 "time/step_s": time.perf_counter() - t0})
+    end = accuracy(actor, tok, val, micro)
+    final = os.path.join(out_dir, "final")
+    save_hf(actor, tok, final, ctx)
+    summary = {"pairs_train": len(train), "pairs_val": len(val), "skipped_rows": len(skipped),
+               **({f"sampled_{k}": v for k, v in sampled.items()}),
+               "val_acc_start": start["acc"], "val_acc_end": end["acc"],
+               "val_margin_start": start["margin"], "val_margin_end": end["margin"], "model": final}
+    barrier()
+    if ctx.is_main:
+        open(os.path.join(final, "COMPLETE"), "w").close()
+        with open(os.path.join(out_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        print(f"rm: held-out accuracy {start['acc']:.3f} -> {end['acc']:.3f} "
+              f"(chosen scored above rejected, {len(val)} pairs); reward model: {final}", flush=True)
+    log.close()
+    barrier()
+    return summary

@@ -1,0 +1,85 @@
+"""The `model` reward: a reward model's score of (prompt, response), its value head read at the last
+token of [chat-templated prompt, response, EOS] (verl's reward model form; `fastcrit rm` trains one).
+
+The reward model has its own tokenizer, so it scores the texts, not the policy's token ids; any
+local Hugging Face directory with a one-label token / sequence classification head loads (a causal
+LM would get an untrained head: refused, since its scores would mean nothing).
+"""
+from __future__ import annotations
+
+import torch
+
+from fastcrit.config import ConfigError
+from fastcrit.data.prompts import render_chat
+from fastcrit.models.hf import VALUE_HEAD_KINDS, load_tokenizer, load_value_model
+from fastcrit.reward.base import RewardItem, RewardResult, register
+
+
+def rm_ids(tok, prompt: str, response: str) -> list[int]:
+    """The token ids a reward model reads for one (prompt, response); training uses the same."""
+    return (tok.encode(render_chat(tok, prompt), add_special_tokens=False)
+            + tok.encode(response, add_special_tokens=False) + [tok.eos_token_id])
+
+
+def pad_left(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+@register("model")
+class ModelReward:
+    name = "model"
+
+    def __init__(self, path: str = "", dtype: str = "float32", device: str | torch.device = "cpu",
+                 batch_size: int = 32):
+        if not path:
+            raise ConfigError("reward.name uses 'model': set reward.model_path to a reward model directory")
+        self.model = load_value_model(path, dtype=dtype, device=device)
+        archs = self.model.config.architectures or []
+        if not any(a.endswith(VALUE_HEAD_KINDS) for a in archs):  # pragma: no cover (set on load)
+            raise ConfigError(f"reward.model_path {path!r}: not a reward model")
+        if getattr(self.model, "_fresh_value_head", False):
+            raise ConfigError(f"reward.model_path {path!r} is a causal LM without a reward head; train one "
+                              "with `fastcrit rm CONFIG` (or point to a reward model directory)")
+        self.tok = load_tokenizer(path)
+        self.device, self.batch_size = torch.device(device), batch_size
+
+    @torch.no_grad()
+    def scores(self, items: list[RewardItem]) -> torch.Tensor:
+        out = []
+        for s in range(0, len(items), self.batch_size):
+            rows = [rm_ids(self.tok, it.prompt, it.response) for it in items[s:s + self.batch_size]]
+            ids, mask = pad_left(rows, self.tok.pad_token_id)
+            pos = (torch.cumsum(mask, 1) - 1).clamp(min=0)
+            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                position_ids=pos.to(self.device)).logits
+            if logits.dim() == 3:  # token classification: [B, T, 1], the last (valid) token
+                logits = logits[:, -1]
+            out.append(logits[:, 0].float().cpu())
+        return torch.cat(out) if out else torch.zeros(0)
+
+    def __call__(self, items: list[RewardItem]) -> list[RewardResult]:
+        return [RewardResult(float(s), {"rm_score": float(s)}) for s in self.scores(items)]
+
+
+class CombinedReward:
+    """Several managers' scores added with weights ("model+rule"); each part's score is in the info
+    under its name, and each part's own info under "<name>/<key>"."""
+
+    def __init__(self, parts: list[tuple[str, object]], weights: list[float]):
+        self.parts, self.weights = parts, weights
+        self.name = "+".join(n for n, _ in parts)
+
+    def __call__(self, items: list[RewardItem]) -> list[RewardResult]:
+        results = [RewardResult(0.0, {}) for _ in items]
+        for (name, mgr), w in zip(self.parts, self.weights):
+            for res, r in zip(results, mgr(items)):
+                res.score += w * r.score
+                res.info[name] = r.score
+                res.info.update({f"{name}/{k}": v for k, v in r.info.items()})
+        return results

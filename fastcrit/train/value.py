@@ -1,0 +1,127 @@
+"""The PPO critic (and the reward model's scoring): a backbone with a value head, FSDP2-wrapped like
+the policy, with its own optimizer. Values of a response are read at the positions that predict its
+tokens (the state before each token), as verl's critic does."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from fastcrit.config import AlgorithmConfig, OptimConfig, PPOConfig
+from fastcrit.models.hf import load_value_model, parse_dtype
+from fastcrit.train.actor import Actor, _micro_slices, _weight, lr_factor, optimizer_step
+from fastcrit.train.policy import shard
+from fastcrit.types import RolloutBatch
+from fastcrit_kernels import value_loss
+
+
+class ValueModel(nn.Module):
+    """Wraps a Hugging Face ``*ForTokenClassification`` / ``*ForSequenceClassification`` model with
+    one label (``lm``, named like the policy's wrapper for the shared sharding and saving code)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.lm = model
+
+    @property
+    def base(self) -> nn.Module:
+        return getattr(self.lm, self.lm.base_model_prefix)
+
+    def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        """[B, T] fp32 value of every position."""
+        hidden = self.base(input_ids=input_ids, attention_mask=attention_mask,
+                           position_ids=position_ids, use_cache=False).last_hidden_state
+        return self.lm.score(hidden)[..., 0].float().clone()
+
+
+def build_value_actor(model_path: str, *, dtype: str, device: torch.device, world_size: int,
+                      optim: OptimConfig | None = None, total_updates: int = 0) -> Actor:
+    """A value model (head kept from a value-head checkpoint, fresh on a causal LM), sharded with
+    FSDP2, with AdamW by ``optim``, or frozen when ``optim`` is None (a reward model)."""
+    trainable = optim is not None
+    compute = parse_dtype(dtype)
+    module = ValueModel(load_value_model(model_path, dtype=torch.float32 if trainable else compute)).to(device)
+    module.train(trainable)
+    if not trainable:
+        module.requires_grad_(False)
+    mixed = trainable and compute != torch.float32
+    shard(module, world_size, device, param_dtype=compute if mixed else None)
+    if not trainable:
+        return Actor(module, None, None, device)
+    opt = torch.optim.AdamW(module.parameters(), lr=optim.lr, betas=(optim.beta1, optim.beta2),
+                            eps=optim.eps, weight_decay=optim.weight_decay, foreach=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(optim, total_updates))
+    return Actor(module, opt, sched, device)
+
+
+def _values(actor: Actor, mb: RolloutBatch) -> torch.Tensor:
+    d, R = actor.device, mb.responses.shape[1]
+    out = actor.module(mb.input_ids.to(d), mb.attention_mask.to(d), mb.position_ids.to(d))
+    return out[:, -R - 1:-1]
+
+
+@torch.no_grad()
+def compute_values(actor: Actor, batch: RolloutBatch, micro_batch_size: int) -> torch.Tensor:
+    """[B, R] fp32 values of the states before each response token (0 on padding), on CPU."""
+    out = [_values(actor, batch.select(torch.arange(len(batch))[sl])).cpu()
+           for sl in _micro_slices(len(batch), micro_batch_size)]
+    return torch.cat(out) * batch.response_mask
+
+
+def update_values(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, ppo: PPOConfig, *,
+                  micro_batch_size: int, grad_clip: float,
+                  generator: torch.Generator | None = None) -> dict[str, float]:
+    """Clipped value regression of ``batch.values`` (rollout-time predictions) towards
+    ``batch.returns``, ppo_epochs x mini_batches optimizer steps, loss aggregated as the policy's."""
+    if batch.values is None or batch.returns is None:
+        raise ValueError("update_values: batch.values and batch.returns must be set")
+    B, sums, n_steps = len(batch), {}, 0
+    for _ in range(algo.ppo_epochs):
+        order = torch.randperm(B, generator=generator) if algo.mini_batches > 1 else torch.arange(B)
+        for mini_idx in order.chunk(algo.mini_batches):
+            mini = batch.select(mini_idx)
+            actor.optimizer.zero_grad(set_to_none=True)
+            stats: dict[str, float] = {}
+            for sl in _micro_slices(len(mini), micro_batch_size):
+                mb = mini.select(torch.arange(len(mini))[sl])
+                w = _weight(mb.response_mask, mini.response_mask, algo.loss_agg)
+                d = actor.device
+                loss, s = value_loss(_values(actor, mb), mb.values.to(d), mb.returns.to(d),
+                                     mb.response_mask.to(d), clip=ppo.value_clip, agg=algo.loss_agg)
+                (loss * w).backward()
+                stats["critic/value_loss"] = stats.get("critic/value_loss", 0.0) + loss.item() * w
+                stats["critic/vf_clipfrac"] = stats.get("critic/vf_clipfrac", 0.0) + float(s["clipfrac"]) * w
+            stats.update({f"critic/{k}": v for k, v in optimizer_step(actor, grad_clip).items()})
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + v
+            n_steps += 1
+    return {k: v / max(n_steps, 1) for k, v in sums.items()}
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns) over valid tokens (1 = perfect, 0 = a constant)."""
+    m = mask.float()
+    n = m.sum().clamp(min=1.0)
+
+    def var(x):
+        mean = (x * m).sum() / n
+        return (((x - mean) ** 2) * m).sum() / n
+
+    vr = var(returns)
+    return float(1.0 - var(returns - values) / vr) if vr > 0 else 0.0
+
+
+def last_token_values(actor: Actor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B] the value at each row's last valid token (any padding side): a reward model's score."""
+    d = actor.device
+    pos = (torch.cumsum(attention_mask, 1) - 1).clamp(min=0)
+    last = (attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)).to(d)
+    v = actor.module(input_ids.to(d), attention_mask.to(d), pos.to(d))
+    return v.gather(1, last[:, None])[:, 0]
+
+
+@torch.no_grad()
+def last_token_scores(actor: Actor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      micro_batch_size: int) -> torch.Tensor:
+    """[B] scores of a frozen reward model, micro-batch by micro-batch, on CPU."""
+    return torch.cat([last_token_values(actor, input_ids[sl], attention_mask[sl]).cpu()
+                      for sl in _micro_slices(len(input_ids), micro_batch_size)])

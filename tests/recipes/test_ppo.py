@@ -1,0 +1,101 @@
+"""PPO with a critic and a reward model, end to end through the CLI on a tiny model: `fastcrit rm`
+trains a reward model that loads back; `fastcrit train` logs the critic's and the reward model's
+metrics, checkpoints the critic as a transformers model, and resumes exactly (critic included)."""
+import json
+import os
+
+import pytest
+
+from fastcrit.cli import main
+
+SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model.tiny.heads=2",
+        "model.tiny.kv_heads=1", "model.tiny.intermediate=128",
+        "data.prompts_per_step=2", "data.val_size=4", "rollout.n=2", "rollout.max_new_tokens=6",
+        "sft.steps=3", "sft.batch_size=8", "rm.steps=3", "rm.batch_size=8", "rm.val_fraction=0.01",
+        "optim.lr=1e-3", "ppo.critic_lr=1e-3", "ppo.kl_in_reward_coef=0.05", "algorithm.kl_coef=0.01",
+        "trainer.micro_batch_size=3", "trainer.progress=false", "trainer.seed=3"]
+CPU_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "cpu", "ppo.yaml")
+VOLATILE = ("time/", "throughput/")
+
+
+def run(cmd, out, *extra):
+    argv = [cmd, CPU_CONFIG]
+    for s in SETS + [f"trainer.output_dir={out}", f"reward.model_path={out}/rm/final", *extra]:
+        argv += ["--set", s]
+    return main(argv)
+
+
+def rows(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_rm_then_ppo_with_critic_metrics_and_exact_resume(tmp_path, same_checkpoint, capsys):
+    straight, resumed = str(tmp_path / "a"), str(tmp_path / "b")
+    assert run("rm", straight) == 0
+    summary = json.load(open(os.path.join(straight, "rm", "summary.json")))
+    assert 0.0 <= summary["val_acc_start"] <= 1.0 and 0.0 <= summary["val_acc_end"] <= 1.0
+    assert "held-out accuracy" in capsys.readouterr().out
+    from transformers import AutoModelForTokenClassification
+
+    AutoModelForTokenClassification.from_pretrained(os.path.join(straight, "rm", "final"), local_files_only=True)
+
+    assert run("train", straight, "trainer.total_steps=3", "trainer.save_every=2") == 0  # reuses the rm
+    r = rows(straight)
+    for key in ("critic/value_loss", "critic/vf_clipfrac", "critic/explained_var", "rm/score_mean",
+                "reward/kl_penalty", "reward/rule", "loss/policy", "kl/mean", "time/values_s", "time/critic_s"):
+        assert all(isinstance(x[key], float) for x in r), key
+    assert all(x["reward/mean"] == pytest.approx(x["rm/score_mean"]) for x in r)  # weights [1, 0]
+    ckpt = os.path.join(straight, "checkpoints", "step_3", "critic")
+    AutoModelForTokenClassification.from_pretrained(ckpt, local_files_only=True)
+
+    # A second run trains its own reward model first, then resumes exactly, critic included.
+    assert run("train", resumed, "trainer.total_steps=2", "trainer.save_every=2") == 0
+    assert run("train", resumed, "trainer.total_steps=3", "trainer.save_every=2") == 0
+    stable = lambda row: {k: v for k, v in row.items() if not k.startswith(VOLATILE)}  # noqa: E731
+    for x, y in zip(r, rows(resumed)):
+        assert stable(x) == pytest.approx(stable(y), rel=1e-5, abs=1e-6)
+    same_checkpoint(straight, resumed, 3)
+    from safetensors.torch import load_file
+    import torch
+
+    wa = load_file(os.path.join(ckpt, "model.safetensors"))
+    wb = load_file(os.path.join(resumed, "checkpoints", "step_3", "critic", "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_missing_reward_model_is_named(tmp_path, capsys):
+    rc = main(["train", CPU_CONFIG, "--set", "reward.model_path=/nowhere/rm", "--set",
+               f"trainer.output_dir={tmp_path}", "--set", "trainer.progress=false"])
+    assert rc == 2
+    assert "reward.model_path '/nowhere/rm' holds no reward model; train one with `fastcrit rm CONFIG`" \
+        in capsys.readouterr().err
+
+
+def test_rm_on_policy_pairs_are_ranked_by_the_label_reward(tmp_path, monkeypatch, capsys):
+    (tmp_path / "label_fn.py").write_text("def longer(prompt, response, answer, meta):\n"
+                                           "    return float(len(response))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = str(tmp_path / "op")
+    assert run("rm", out, "rm.label_reward=label_fn:longer", "rm.samples_per_prompt=3", "rm.prompts=40",
+               "rm.val_fraction=0.2", "rollout.temperature=1.5") == 0
+    pairs = [json.loads(line) for line in open(os.path.join(out, "rm", "pairs.jsonl"))]
+    assert pairs and all(len(p["chosen"]) > len(p["rejected"]) for p in pairs)
+    summary = json.load(open(os.path.join(out, "rm", "summary.json")))
+    assert summary["sampled_answers"] == 120 and summary["pairs_train"] + summary["pairs_val"] == len(pairs)
+    # A label that cannot tell the answers apart gives no pairs: said plainly, not a crash.
+    (tmp_path / "flat_fn.py").write_text("def same(prompt, response, answer, meta):\n    return 1.0\n")
+    assert run("rm", str(tmp_path / "flat"), "rm.label_reward=flat_fn:same", "rm.prompts=5") == 2
+    assert "the answers to each prompt all scored alike" in capsys.readouterr().err
+
+
+def test_shipped_preference_pairs_prefer_the_better_answer():
+    from fastcrit.data.datasets import load_preferences
+    from fastcrit.reward.rule import reverse_reward
+
+    pairs, skipped = load_preferences("reverse:prefs")
+    assert not skipped and len(pairs) == 8000
+    answers = {r["prompt"]: r["answer"] for r in map(json.loads, open(
+        os.path.join(os.path.dirname(__file__), "..", "..", "fastcrit", "data", "tasks", "reverse_train.jsonl")))}
+    assert all(reverse_reward(p.chosen, answers[p.prompt]) > reverse_reward(p.rejected, answers[p.prompt])
+               for p in pairs)
