@@ -7,7 +7,7 @@ import sys
 from fastcrit.config import ConfigError, load_config
 from fastcrit.data.datasets import DatasetError
 
-RECIPES = ("grpo", "rloo", "ctrl", "pacs", "ppo")  # algorithm.name values `fastcrit train` knows
+RECIPES = ("grpo", "rloo", "ctrl", "pacs", "ppo", "raro")  # algorithm.name values `fastcrit train` knows
 
 
 def _recipe(name: str):
@@ -16,6 +16,10 @@ def _recipe(name: str):
         from fastcrit.recipes.grpo import GRPO
 
         return GRPO
+    if name == "raro":
+        from fastcrit.recipes.raro import RARO
+
+        return RARO
     if name == "ppo":
         from fastcrit.recipes.ppo import PPO
 
@@ -52,7 +56,14 @@ def _with_reward_model(ctx, cfg):
 
 
 def _with_synthesis(ctx, cfg):
-    """CTRL: stage 1 first (kept once complete); an empty sft.data means its critiques."""
+    """CTRL: stage 1 first (kept once complete); an empty sft.data means its critiques.
+    RARO: an empty sft.data means both roles' warm start made from data.train's expert answers."""
+    if cfg.algorithm.name == "raro" and not cfg.sft.data and cfg.sft.steps > 0:
+        import dataclasses
+
+        from fastcrit.recipes.raro import write_warm_start
+
+        return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, data=write_warm_start(ctx, cfg)))
     if cfg.algorithm.name != "ctrl":
         return cfg
     import dataclasses
@@ -173,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastcrit", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    for name, fn, text in (("train", cmd_train, "RL training (GRPO, RLOO, PPO, PACS, CTRL) from a YAML config"),
+    for name, fn, text in (("train", cmd_train, "RL training (GRPO, RLOO, PPO, PACS, RARO, CTRL) from a YAML config"),
                            ("sft", cmd_sft, "supervised fine-tuning (the warm start) from a config"),
                            ("rm", cmd_rm, "train a reward model on preference pairs (Bradley-Terry)"),
                            ("ctrl-synth", cmd_ctrl_synth,

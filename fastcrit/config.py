@@ -61,7 +61,7 @@ class RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Literal["grpo", "rloo", "ctrl", "pacs", "ppo"] = "grpo"  # ctrl: GRPO on critiques; pacs, ppo: see pacs.*, ppo.*
+    name: Literal["grpo", "rloo", "ctrl", "pacs", "ppo", "raro"] = "grpo"  # ctrl: GRPO on critiques; pacs, ppo, raro: see pacs.*, ppo.*, raro.*
     norm_adv_by_std: bool = True
     kl_coef: float = 0.0  # coefficient of the KL loss to the frozen reference (0 = no reference)
     kl_kind: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"] = "low_var_kl"
@@ -100,6 +100,25 @@ class PPOConfig:
     value_clip: float = 0.5  # |v - v_old| range of the clipped value loss
     kl_in_reward_coef: float = 0.0  # reward -= coef * kl(old, ref) per token (0 = no penalty)
     kl_in_reward_kind: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"] = "k1"
+
+
+@dataclass
+class RAROConfig:
+    """RARO: one model as policy and as relativistic critic (by system prompt), trained jointly."""
+
+    policy_system: str = "Answer the question."
+    critic_system: str = ("Two answers to the question follow, one by an expert and one by a student, in "
+                          "random order. Say briefly which is the expert's, then end with exactly one of "
+                          "[Answer 1], [Answer 2] or [Tie].")
+    critic_samples: int = 4  # critic verdicts per (question, answer, answer) pair: one GRPO group
+    critic_max_new_tokens: int = 64
+    replay_capacity: int = 1024  # (question, expert answer, policy answer) triples kept
+    replay_mode: Literal["fifo", "reservoir"] = "fifo"
+    replay_ratio: float = 0.5  # share of replayed pairs in the critic's batch
+    tau_crit: float = 0.55  # tie rewards, critic / policy
+    tau_pol: float = 0.6
+    lambda_pol: float = 1.0 / 9.0  # role weights of the joint loss
+    lambda_crit: float = 8.0 / 9.0
 
 
 @dataclass
@@ -223,6 +242,7 @@ class Config:
     pacs: PACSConfig = field(default_factory=PACSConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     rm: RMConfig = field(default_factory=RMConfig)
+    raro: RAROConfig = field(default_factory=RAROConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
@@ -393,6 +413,10 @@ def validate(cfg: Config) -> None:
     need(0.0 < cfg.rm.val_fraction < 1.0, "rm.val_fraction: must be in (0, 1)")
     need(not cfg.rm.label_reward or cfg.rm.samples_per_prompt >= 2,
          "rm.samples_per_prompt: on-policy pairs need at least 2 answers per prompt")
+    need(0.0 <= cfg.raro.replay_ratio < 1.0, "raro.replay_ratio: must be in [0, 1)")
+    need(cfg.raro.replay_capacity >= 1, "raro.replay_capacity: must be >= 1")
+    need(cfg.raro.critic_samples >= 1, "raro.critic_samples: must be >= 1")
+    need(cfg.raro.lambda_pol >= 0 and cfg.raro.lambda_crit >= 0, "raro.lambda_pol, raro.lambda_crit: must be >= 0")
     need(cfg.pacs.beta > 0, f"pacs.beta: must be > 0, got {cfg.pacs.beta}")
     need(cfg.ctrl.rounds >= 1, f"ctrl.rounds: must be >= 1, got {cfg.ctrl.rounds}")
     need(cfg.ctrl.solutions_per_problem >= 1, "ctrl.solutions_per_problem: must be >= 1")

@@ -45,7 +45,8 @@ def test_rm_then_ppo_with_critic_metrics_and_exact_resume(tmp_path, same_checkpo
     for key in ("critic/value_loss", "critic/vf_clipfrac", "critic/explained_var", "rm/score_mean",
                 "reward/kl_penalty", "reward/rule", "loss/policy", "kl/mean", "time/values_s", "time/critic_s"):
         assert all(isinstance(x[key], float) for x in r), key
-    assert all(x["reward/mean"] == pytest.approx(x["rm/score_mean"]) for x in r)  # weights [1, 0]
+    assert all(x["reward/mean"] == pytest.approx(x["reward/rule"]) for x in r)  # weights [model 0, rule 1]
+    assert all(x["rm/score_mean"] == pytest.approx(x["reward/model"]) for x in r)
     ckpt = os.path.join(straight, "checkpoints", "step_3", "critic")
     AutoModelForTokenClassification.from_pretrained(ckpt, local_files_only=True)
 

@@ -1,0 +1,221 @@
+"""RARO: one model as the policy and as a relativistic critic, trained jointly from expert answers
+(no verifier in the loop):
+
+    for each step:
+        answers  = policy(question)                        n per question (raro.policy_system)
+        buffer.push((question, expert, answer) for each)   FIFO or reservoir, checkpointed
+        pairs    = the fresh triples + replayed ones        raro.replay_ratio of the critic's batch
+        verdicts = critic(question, the two answers in random order)   raro.critic_samples per pair
+        label    = the final [Answer 1] / [Answer 2] / [Tie], else unparseable (masked, counted)
+        critic reward: names the expert 1, fooled 0, tie tau_crit
+        policy reward: mean over its pair's verdicts of fooled 1, named 0, tie tau_pol
+        one GRPO update on both roles' samples, the loss lambda_pol * L_pol + lambda_crit * L_crit (+ KL)
+
+Samples cut at max_new_tokens, and critic prompts longer than data.max_prompt_len, are left out
+of the update and counted. The reward manager (``reward.name``) is not used for training: when the
+data's answers can be checked, it scores the policy's held-out answers (``val/reward``), which says
+whether fooling the critic also meant answering better.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+
+import torch
+
+from fastcrit.algos.advantages import outcome_advantages
+from fastcrit.algos.raro import TIE, judge_rewards, parse_label, role_weights
+from fastcrit.data.datasets import load_dataset
+from fastcrit.data.prompts import encode_prompts, render_chat
+from fastcrit.data.replay import ReplayBuffer
+from fastcrit.recipes.scaffold import Run, reward_items
+from fastcrit.reward import make_reward
+from fastcrit.config import ConfigError
+from fastcrit.train.dist import all_reduce_mean, barrier
+from fastcrit.types import SamplingParams
+
+POLICY, CRITIC = 0, 1
+
+
+@dataclasses.dataclass
+class Judged:
+    """One critic prompt: a (question, expert, policy answer) triple shown in some order."""
+    question: str
+    expert: str
+    answer: str
+    expert_pos: int  # 1 or 2
+    policy_row: int | None  # the fresh policy sample it judges; None for a replayed pair
+
+
+class RARO:
+    def __init__(self, run: Run):
+        c = run.cfg
+        self.run, self.r = run, c.raro
+        self.buffer = ReplayBuffer(c.raro.replay_capacity, c.raro.replay_mode, seed=c.trainer.seed + run.ctx.rank)
+        self.prompts = self._prompts(c.data.train, "train")
+        self.val = self._prompts(c.data.val, "test")[:c.data.val_size] if c.data.val else []
+        self.check = make_reward(c, run.out, run.ctx.rank, run.ctx.device) if c.reward.name else None
+
+    def _prompts(self, spec: str, split: str):
+        c = self.run.cfg.data
+        data = load_dataset(spec, c.prompt_key, c.answer_key, split)
+        no_answer = [f"example {i}: no expert answer" for i, e in enumerate(data.examples) if not e.answer]
+        prompts, too_long = encode_prompts(self.run.tok, [e for e in data.examples if e.answer],
+                                           system=self.r.policy_system, max_len=c.max_prompt_len)
+        for msg in data.skipped + no_answer + too_long:
+            self.run.log.write(f"data: skipped {msg}")
+        return prompts
+
+    def state_dict(self) -> dict:
+        return {"buffer": self.buffer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer.load_state_dict(state["buffer"])
+
+    # -- the critic's prompt and verdicts --------------------------------------------------------
+
+    def critic_ids(self, j: Judged) -> list[int]:
+        tok = self.run.tok
+        return tok.encode(render_chat(tok, critic_text(j), self.r.critic_system), add_special_tokens=False)
+
+    def judge(self, pairs: list[Judged], params: SamplingParams):
+        """Critic rollouts for the pairs whose prompt fits, their parsed labels, and the count left out."""
+        ids = [self.critic_ids(j) for j in pairs]
+        fits = [i for i, x in enumerate(ids) if len(x) <= self.run.cfg.data.max_prompt_len]
+        outs = self.run.generate([ids[i] for i in fits], params)
+        outs = [dataclasses.replace(o, prompt_index=fits[o.prompt_index]) for o in outs]
+        labels = [parse_label(self.run.tok.decode(o.output_ids, skip_special_tokens=True))
+                  if o.finish_reason != "length" else None for o in outs]
+        return outs, labels, len(pairs) - len(fits)
+
+    # -- one step ---------------------------------------------------------------------------------
+
+    def step(self, step: int) -> dict[str, float]:
+        run, r = self.run, self.r
+        prompts = run.share(self.prompts, step)
+        pol = run.generate([p.ids for p in prompts], run.sampling(step))
+        texts = [run.tok.decode(o.output_ids, skip_special_tokens=True) for o in pol]
+        kept = [i for i, o in enumerate(pol) if o.finish_reason != "length"]
+        rng = random.Random(run.cfg.trainer.seed * 7919 + step * 31 + run.ctx.rank)
+        fresh = [Judged(prompts[pol[i].prompt_index].example.prompt, prompts[pol[i].prompt_index].example.answer,
+                        texts[i], rng.choice((1, 2)), i) for i in kept]
+        n_replay = round(len(fresh) * r.replay_ratio / (1.0 - r.replay_ratio)) if r.replay_ratio else 0
+        replayed = [Judged(q, e, a, rng.choice((1, 2)), None) for q, e, a in self.buffer.sample(n_replay)]
+        for j in fresh:
+            self.buffer.push((j.question, j.expert, j.answer))
+        pairs = fresh + replayed
+        params = dataclasses.replace(run.sampling(step), n=r.critic_samples, max_new_tokens=r.critic_max_new_tokens)
+        crit, labels, too_long = self.judge(pairs, params)
+
+        # Rewards by the matrix; a policy sample's is the mean over its pair's parseable verdicts.
+        crit_scores, pol_votes = [], {}
+        for o, lab in zip(crit, labels):
+            j = pairs[o.prompt_index]
+            if lab is None:
+                crit_scores.append(0.0)
+                continue
+            rc, rp = judge_rewards(lab, j.expert_pos, tau_crit=r.tau_crit, tau_pol=r.tau_pol)
+            crit_scores.append(rc)
+            if j.policy_row is not None:
+                pol_votes.setdefault(j.policy_row, []).append(rp)
+        pol_scores = [sum(pol_votes[i]) / len(pol_votes[i]) if i in pol_votes else 0.0 for i in range(len(pol))]
+
+        # One joint batch: policy groups by question, critic groups by pair; left-out rows masked.
+        crit_rows = [dataclasses.replace(o, prompt_index=len(prompts) + o.prompt_index) for o in crit]
+        batch = run.batch(pol + crit_rows, torch.tensor(pol_scores + crit_scores, dtype=torch.float32))
+        keep = torch.tensor([i in pol_votes for i in range(len(pol))] + [lab is not None for lab in labels])
+        batch.response_mask = batch.response_mask * keep[:, None].float()
+        roles = torch.tensor([POLICY] * len(pol) + [CRITIC] * len(crit))
+        batch.ref_logprobs = run.reference(batch)
+        adv = outcome_advantages("grpo", batch.scores, batch.group_ids, batch.response_mask)
+        batch.advantages = adv * role_weights(roles, batch.response_mask,
+                                              {POLICY: r.lambda_pol, CRITIC: r.lambda_crit})[:, None]
+        stats = run.update(batch)
+        run.sync()
+        parsed = [(lab, pairs[o.prompt_index].expert_pos) for o, lab in zip(crit, labels) if lab is not None]
+        n_crit = max(len(crit), 1)
+        return {"raro/critic_acc": critic_acc(parsed),
+                "raro/tie_rate": sum(l == TIE for l, _ in parsed) / max(len(parsed), 1),
+                "raro/unparseable_rate": sum(lab is None for lab in labels) / n_crit,
+                "raro/policy_reward": sum(pol_scores[i] for i in pol_votes) / max(len(pol_votes), 1),
+                "raro/buffer_size": float(len(self.buffer)),
+                "raro/replayed_pairs": float(len(replayed)),
+                "raro/overlong_policy": float(len(pol) - len(kept)),
+                "raro/critic_prompt_too_long": float(too_long),
+                "reward/mean": batch.scores[keep].mean().item() if keep.any() else 0.0, **stats}
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy: the policy answers each held-out question; the critic judges it against the
+        expert's answer (expert first for even questions, second for odd ones)."""
+        if not self.val:
+            return {}
+        run = self.run
+        share = self.val[run.ctx.rank::run.ctx.world_size]
+        greedy = SamplingParams(n=1, max_new_tokens=run.cfg.rollout.max_new_tokens, temperature=0.0)
+        pol = run.engine.generate([p.ids for p in share], greedy)
+        texts = [run.tok.decode(o.output_ids, skip_special_tokens=True) for o in pol]
+        pairs = [Judged(p.example.prompt, p.example.answer, t, 1 + i % 2, i) for i, (p, t) in enumerate(zip(share, texts))]
+        crit, labels, _ = self.judge(pairs, dataclasses.replace(greedy, max_new_tokens=self.r.critic_max_new_tokens))
+        parsed = [(lab, pairs[o.prompt_index].expert_pos) for o, lab in zip(crit, labels) if lab is not None]
+        pol_r = [judge_rewards(lab, e, tau_crit=self.r.tau_crit, tau_pol=self.r.tau_pol)[1] for lab, e in parsed]
+        out = {"val/critic_acc": critic_acc(parsed),
+               "val/tie_rate": sum(l == TIE for l, _ in parsed) / max(len(parsed), 1),
+               "val/unparseable_rate": sum(lab is None for lab in labels) / max(len(labels), 1),
+               "val/policy_reward": sum(pol_r) / max(len(pol_r), 1)}
+        if self.check is not None:
+            results = self.check(reward_items(pol, texts, [p.example for p in share]))
+            out["val/reward"] = sum(x.score for x in results) / max(len(results), 1)
+        return all_reduce_mean(out)
+
+
+def critic_acc(parsed: list[tuple[int, int]]) -> float:
+    """Of the verdicts that name an answer (ties aside), the share naming the expert's."""
+    named = [(lab, e) for lab, e in parsed if lab != TIE]
+    return sum(lab == e for lab, e in named) / max(len(named), 1)
+
+
+def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
+    """SFT rows for both roles, from the expert answers alone: the policy answers each question;
+    the critic sees the expert's answer and another question's expert answer (a wrong answer that
+    looks right), in random order, and names the expert's."""
+    rng = random.Random(seed)
+    rows = []
+    for i, ex in enumerate(examples):
+        rows.append({"messages": [{"role": "system", "content": r.policy_system},
+                                  {"role": "user", "content": ex.prompt},
+                                  {"role": "assistant", "content": ex.answer}]})
+        other = examples[(i + rng.randrange(1, len(examples))) % len(examples)].answer
+        if other == ex.answer:
+            continue
+        pos = rng.choice((1, 2))
+        j = Judged(ex.prompt, ex.answer, other, pos, None)
+        rows.append({"messages": [{"role": "system", "content": r.critic_system},
+                                  {"role": "user", "content": critic_text(j)},
+                                  {"role": "assistant", "content": f"[Answer {pos}]"}]})
+    return rows
+
+
+def critic_text(j: Judged) -> str:
+    first, second = (j.expert, j.answer) if j.expert_pos == 1 else (j.answer, j.expert)
+    return f"Question:\n{j.question}\n\nAnswer 1:\n{first}\n\nAnswer 2:\n{second}"
+
+
+def write_warm_start(ctx, cfg) -> str:
+    """``<trainer.output_dir>/raro_sft.jsonl``: both roles' SFT rows from data.train (rank 0 writes)."""
+    path = os.path.join(cfg.trainer.output_dir, "raro_sft.jsonl")
+    if ctx.is_main and not os.path.exists(path):
+        data = load_dataset(cfg.data.train, cfg.data.prompt_key, cfg.data.answer_key)
+        examples = [e for e in data.examples if e.answer]
+        if len(examples) < 2:
+            raise ConfigError(f"data.train {cfg.data.train!r}: RARO's warm start needs at least two "
+                              "examples with expert answers")
+        os.makedirs(cfg.trainer.output_dir, exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            for row in warm_start_rows(examples, cfg.raro, cfg.trainer.seed):
+                f.write(json.dumps(row) + "\n")
+        os.replace(tmp, path)
+    barrier()
+    return path

@@ -1,0 +1,45 @@
+"""RARO's verdict parser, reward matrix and role weights."""
+import pytest
+import torch
+
+from fastcrit.algos.raro import judge_rewards, parse_label, role_weights
+
+
+@pytest.mark.parametrize("text,want", [
+    ("Answer 1 reverses the letters. [Answer 1]", 1),
+    ("Both look right.\n[Tie]\n", 0),
+    ("hmm [Answer 1] ... no, on reflection [Answer 2]", 2),
+    ("[Answer 1] or [Tie]", 0),
+    ("[Answer 2] because it is right", None),  # a label, then more text: not the final span
+    ("[answer 2]", None),
+    ("[Answer 3]", None),
+    ("I think Answer 1", None),
+    ("", None),
+    ("reasoning [Answer 1] [maybe]", None),  # the last bracketed span is not a label
+])
+def test_parse_label_takes_only_a_final_label(text, want):
+    assert parse_label(text) == want
+
+
+def test_judge_rewards_matrix():
+    kw = dict(tau_crit=0.55, tau_pol=0.6)
+    assert judge_rewards(1, 1, **kw) == (1.0, 0.0)  # critic right
+    assert judge_rewards(2, 1, **kw) == (0.0, 1.0)  # critic fooled
+    assert judge_rewards(0, 2, **kw) == (0.55, 0.6)  # tie
+
+
+def test_role_weights_make_the_token_mean_a_weighted_sum_of_role_means():
+    g = torch.Generator().manual_seed(0)
+    mask = (torch.rand(6, 5, generator=g) > 0.3).float()
+    mask[:, 0] = 1
+    roles = torch.tensor([0, 0, 1, 1, 1, 0])
+    per_token = torch.randn(6, 5, generator=g)
+    w = role_weights(roles, mask, {0: 1 / 9, 1: 8 / 9})
+    joint = (per_token * w[:, None] * mask).sum() / mask.sum()
+
+    def mean(r):
+        m = mask[roles == r]
+        return (per_token[roles == r] * m).sum() / m.sum()
+
+    assert joint.item() == pytest.approx((mean(0) / 9 + 8 * mean(1) / 9).item(), rel=1e-5)
+    assert role_weights(roles, torch.zeros(6, 5), {0: 0.5, 1: 0.5}).abs().sum() == 0
