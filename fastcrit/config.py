@@ -402,7 +402,9 @@ def validate(cfg: Config) -> None:
     need(cfg.algorithm.name != "rloo" or cfg.rollout.n > 1, "algorithm.name=rloo needs rollout.n > 1")
     need(cfg.algorithm.name != "pacs" or cfg.rollout.n > 1,
          "algorithm.name=pacs needs rollout.n > 1 (advantages within each prompt's samples)")
-    parts = cfg.reward.name.split("+")
+    need(cfg.reward.name != "" or cfg.algorithm.name == "raro",
+         f"reward.name: empty; algorithm.name={cfg.algorithm.name} needs a reward (only raro trains without one)")
+    parts = cfg.reward.name.split("+") if cfg.reward.name else []
     need(all(parts), f"reward.name: empty part in {cfg.reward.name!r}")
     need(not cfg.reward.weights or len(cfg.reward.weights) == len(parts),
          f"reward.weights: {len(cfg.reward.weights)} weights for {len(parts)} reward parts {parts}")
