@@ -52,10 +52,20 @@ def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size
     gradients reduced in fp32); a frozen one is simply stored in ``dtype``.
     """
     trainable = optim is not None
-    compute = parse_dtype(dtype)
-    lm = load_model(model_path, dtype=torch.float32 if trainable else compute, device="cpu")
+    lm = load_model(model_path, dtype=torch.float32 if trainable else parse_dtype(dtype), device="cpu")
     lm.config.use_cache = False
-    module = CausalLMLogprobs(lm).to(device)
+    return wrap_trainable(CausalLMLogprobs(lm), dtype=dtype, device=device, world_size=world_size,
+                          optim=optim, total_updates=total_updates)
+
+
+def wrap_trainable(module: torch.nn.Module, *, dtype: str, device: torch.device, world_size: int,
+                   optim: OptimConfig | None, total_updates: int) -> Actor:
+    """Move ``module`` (loaded in fp32 when trainable, else in ``dtype``) to ``device``, shard it with
+    FSDP2 (mixed precision in ``dtype`` when trainable) and give it AdamW and the lr schedule by
+    ``optim``; frozen (no gradients, no optimizer) when ``optim`` is None."""
+    trainable = optim is not None
+    compute = parse_dtype(dtype)
+    module = module.to(device)
     module.train(trainable)
     if not trainable:
         module.requires_grad_(False)

@@ -8,8 +8,7 @@ import torch.nn as nn
 
 from fastcrit.config import AlgorithmConfig, OptimConfig, PPOConfig
 from fastcrit.models.hf import load_value_model, parse_dtype
-from fastcrit.train.actor import Actor, _micro_slices, _weight, lr_factor, optimizer_step
-from fastcrit.train.policy import shard
+from fastcrit.train.actor import Actor, _micro_slices, _weight, optimizer_step, wrap_trainable
 from fastcrit.types import RolloutBatch
 from fastcrit_kernels import value_loss
 
@@ -37,20 +36,9 @@ def build_value_actor(model_path: str, *, dtype: str, device: torch.device, worl
                       optim: OptimConfig | None = None, total_updates: int = 0) -> Actor:
     """A value model (head kept from a value-head checkpoint, fresh on a causal LM), sharded with
     FSDP2, with AdamW by ``optim``, or frozen when ``optim`` is None (a reward model)."""
-    trainable = optim is not None
-    compute = parse_dtype(dtype)
-    module = ValueModel(load_value_model(model_path, dtype=torch.float32 if trainable else compute)).to(device)
-    module.train(trainable)
-    if not trainable:
-        module.requires_grad_(False)
-    mixed = trainable and compute != torch.float32
-    shard(module, world_size, device, param_dtype=compute if mixed else None)
-    if not trainable:
-        return Actor(module, None, None, device)
-    opt = torch.optim.AdamW(module.parameters(), lr=optim.lr, betas=(optim.beta1, optim.beta2),
-                            eps=optim.eps, weight_decay=optim.weight_decay, foreach=True)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(optim, total_updates))
-    return Actor(module, opt, sched, device)
+    dtype_load = torch.float32 if optim is not None else parse_dtype(dtype)
+    return wrap_trainable(ValueModel(load_value_model(model_path, dtype=dtype_load)), dtype=dtype,
+                          device=device, world_size=world_size, optim=optim, total_updates=total_updates)
 
 
 def _values(actor: Actor, mb: RolloutBatch) -> torch.Tensor:

@@ -17,3 +17,4 @@ def _assert_same_checkpoint(run_a: str, run_b: str, step: int) -> None:
 @pytest.fixture
 def same_checkpoint():
     return _assert_same_checkpoint
+

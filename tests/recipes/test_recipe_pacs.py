@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from fastcrit.cli import main
+from recipe_cli import metric_rows as rows, run_cli, stable
 
 SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model.tiny.heads=2",
         "model.tiny.kv_heads=1", "model.tiny.intermediate=128",
@@ -13,19 +13,10 @@ SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model
         "sft.steps=3", "sft.batch_size=8", "optim.lr=1e-3", "algorithm.kl_coef=0.01",
         "trainer.micro_batch_size=3", "trainer.progress=false", "trainer.seed=3"]
 CPU_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "cpu", "pacs.yaml")
-VOLATILE = ("time/", "throughput/")
 
 
 def train(out, *extra):
-    argv = ["train", CPU_CONFIG]
-    for s in SETS + [f"trainer.output_dir={out}", *extra]:
-        argv += ["--set", s]
-    return main(argv)
-
-
-def rows(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return run_cli("train", CPU_CONFIG, SETS, f"trainer.output_dir={out}", *extra)
 
 
 def test_pacs_logs_its_metrics_and_resumes_exactly(tmp_path, same_checkpoint):
@@ -43,7 +34,6 @@ def test_pacs_logs_its_metrics_and_resumes_exactly(tmp_path, same_checkpoint):
 
     assert train(resumed, "trainer.total_steps=2", "trainer.save_every=2") == 0
     assert train(resumed, "trainer.total_steps=3", "trainer.save_every=2") == 0
-    stable = lambda row: {k: v for k, v in row.items() if not k.startswith(VOLATILE)}  # noqa: E731
     for x, y in zip(r, rows(resumed)):
         assert stable(x) == pytest.approx(stable(y), rel=1e-6, abs=1e-7)
     same_checkpoint(straight, resumed, 3)

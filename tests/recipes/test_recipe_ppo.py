@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from recipe_cli import metric_rows as rows, run_cli, stable
 from fastcrit.cli import main
 
 SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model.tiny.heads=2",
@@ -15,19 +16,10 @@ SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model
         "optim.lr=1e-3", "ppo.critic_lr=1e-3", "ppo.kl_in_reward_coef=0.05", "algorithm.kl_coef=0.01",
         "trainer.micro_batch_size=3", "trainer.progress=false", "trainer.seed=3"]
 CPU_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "cpu", "ppo.yaml")
-VOLATILE = ("time/", "throughput/")
 
 
 def run(cmd, out, *extra):
-    argv = [cmd, CPU_CONFIG]
-    for s in SETS + [f"trainer.output_dir={out}", f"reward.model_path={out}/rm/final", *extra]:
-        argv += ["--set", s]
-    return main(argv)
-
-
-def rows(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return run_cli(cmd, CPU_CONFIG, SETS, f"trainer.output_dir={out}", f"reward.model_path={out}/rm/final", *extra)
 
 
 def test_rm_then_ppo_with_critic_metrics_and_exact_resume(tmp_path, same_checkpoint, capsys):
@@ -53,7 +45,6 @@ def test_rm_then_ppo_with_critic_metrics_and_exact_resume(tmp_path, same_checkpo
     # A second run trains its own reward model first, then resumes exactly, critic included.
     assert run("train", resumed, "trainer.total_steps=2", "trainer.save_every=2") == 0
     assert run("train", resumed, "trainer.total_steps=3", "trainer.save_every=2") == 0
-    stable = lambda row: {k: v for k, v in row.items() if not k.startswith(VOLATILE)}  # noqa: E731
     for x, y in zip(r, rows(resumed)):
         assert stable(x) == pytest.approx(stable(y), rel=1e-5, abs=1e-6)
     same_checkpoint(straight, resumed, 3)

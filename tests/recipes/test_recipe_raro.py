@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from fastcrit.cli import main
+from recipe_cli import metric_rows as rows, run_cli, stable
 
 SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model.tiny.heads=2",
         "model.tiny.kv_heads=1", "model.tiny.intermediate=128", "algorithm.name=raro",
@@ -16,19 +16,10 @@ SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model
         "sft.steps=25", "sft.lr=3e-3", "sft.batch_size=16", "optim.lr=1e-3", "algorithm.kl_coef=0.01", "reward.name=rule",
         "trainer.micro_batch_size=4", "trainer.progress=false", "trainer.seed=3"]
 CPU_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "cpu", "grpo.yaml")
-VOLATILE = ("time/", "throughput/")
 
 
 def train(out, *extra):
-    argv = ["train", CPU_CONFIG]
-    for s in SETS + [f"trainer.output_dir={out}", *extra]:
-        argv += ["--set", s]
-    return main(argv)
-
-
-def rows(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return run_cli("train", CPU_CONFIG, SETS, f"trainer.output_dir={out}", *extra)
 
 
 def test_raro_steps_buffer_and_exact_resume(tmp_path, same_checkpoint):
@@ -50,7 +41,6 @@ def test_raro_steps_buffer_and_exact_resume(tmp_path, same_checkpoint):
 
     assert train(resumed, "trainer.total_steps=2", "trainer.save_every=2") == 0
     assert train(resumed, "trainer.total_steps=3", "trainer.save_every=2") == 0
-    stable = lambda row: {k: v for k, v in row.items() if not k.startswith(VOLATILE)}  # noqa: E731
     for x, y in zip(r, rows(resumed)):
         assert stable(x) == pytest.approx(stable(y), rel=1e-5, abs=1e-6)
     same_checkpoint(straight, resumed, 3)
