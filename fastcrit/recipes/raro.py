@@ -26,12 +26,12 @@ import random
 import torch
 
 from fastcrit.algos.advantages import outcome_advantages
-from fastcrit.algos.raro import TIE, judge_rewards, parse_label, role_weights
+from fastcrit.algos.raro import TIE, role_weights
 from fastcrit.data.datasets import load_dataset
 from fastcrit.data.prompts import encode_prompts, render_chat
 from fastcrit.data.replay import ReplayBuffer
 from fastcrit.recipes.scaffold import Run, reward_items
-from fastcrit.reward import make_reward
+from fastcrit.reward import RewardItem, get_reward_manager, make_reward
 from fastcrit.config import ConfigError
 from fastcrit.train.dist import all_reduce_mean, barrier
 from fastcrit.types import SamplingParams
@@ -57,6 +57,7 @@ class RARO:
         self.prompts = self._prompts(c.data.train, "train")
         self.val = self._prompts(c.data.val, "test")[:c.data.val_size] if c.data.val else []
         self.check = make_reward(c, run.out, run.ctx.rank, run.ctx.device) if c.reward.name else None
+        self.verdicts = get_reward_manager("raro", tau_crit=c.raro.tau_crit, tau_pol=c.raro.tau_pol)
 
     def _prompts(self, spec: str, split: str):
         c = self.run.cfg.data
@@ -81,14 +82,15 @@ class RARO:
         return tok.encode(render_chat(tok, critic_text(j), self.r.critic_system), add_special_tokens=False)
 
     def judge(self, pairs: list[Judged], params: SamplingParams):
-        """Critic rollouts for the pairs whose prompt fits, their parsed labels, and the count left out."""
+        """Critic rollouts for the pairs whose prompt fits, their verdicts scored by the `raro`
+        reward manager (a cut-off verdict counts as unparseable), and how many prompts were too long."""
         ids = [self.critic_ids(j) for j in pairs]
         fits = [i for i, x in enumerate(ids) if len(x) <= self.run.cfg.data.max_prompt_len]
         outs = self.run.generate([ids[i] for i in fits], params)
         outs = [dataclasses.replace(o, prompt_index=fits[o.prompt_index]) for o in outs]
-        labels = [parse_label(self.run.tok.decode(o.output_ids, skip_special_tokens=True))
-                  if o.finish_reason != "length" else None for o in outs]
-        return outs, labels, len(pairs) - len(fits)
+        items = [RewardItem("", self.run.tok.decode(o.output_ids, skip_special_tokens=True) if o.finish_reason != "length"
+                            else "", "", {"expert_pos": pairs[o.prompt_index].expert_pos}) for o in outs]
+        return outs, self.verdicts(items), len(pairs) - len(fits)
 
     # -- one step ---------------------------------------------------------------------------------
 
@@ -107,19 +109,15 @@ class RARO:
             self.buffer.push((j.question, j.expert, j.answer))
         pairs = fresh + replayed
         params = dataclasses.replace(run.sampling(step), n=r.critic_samples, max_new_tokens=r.critic_max_new_tokens)
-        crit, labels, too_long = self.judge(pairs, params)
+        crit, verdicts, too_long = self.judge(pairs, params)
+        labels = [None if v.info["unparseable"] else v.info["label"] for v in verdicts]
 
-        # Rewards by the matrix; a policy sample's is the mean over its pair's parseable verdicts.
-        crit_scores, pol_votes = [], {}
-        for o, lab in zip(crit, labels):
-            j = pairs[o.prompt_index]
-            if lab is None:
-                crit_scores.append(0.0)
-                continue
-            rc, rp = judge_rewards(lab, j.expert_pos, tau_crit=r.tau_crit, tau_pol=r.tau_pol)
-            crit_scores.append(rc)
-            if j.policy_row is not None:
-                pol_votes.setdefault(j.policy_row, []).append(rp)
+        # Critic rewards by the matrix; a policy sample's is the mean over its pair's parseable verdicts.
+        crit_scores, pol_votes = [v.score for v in verdicts], {}
+        for o, v in zip(crit, verdicts):
+            row = pairs[o.prompt_index].policy_row
+            if not v.info["unparseable"] and row is not None:
+                pol_votes.setdefault(row, []).append(v.info["policy_reward"])
         pol_scores = [sum(pol_votes[i]) / len(pol_votes[i]) if i in pol_votes else 0.0 for i in range(len(pol))]
 
         # One joint batch: policy groups by question, critic groups by pair; left-out rows masked.
@@ -157,9 +155,10 @@ class RARO:
         pol = run.engine.generate([p.ids for p in share], greedy)
         texts = [run.tok.decode(o.output_ids, skip_special_tokens=True) for o in pol]
         pairs = [Judged(p.example.prompt, p.example.answer, t, 1 + i % 2, i) for i, (p, t) in enumerate(zip(share, texts))]
-        crit, labels, _ = self.judge(pairs, dataclasses.replace(greedy, max_new_tokens=self.r.critic_max_new_tokens))
+        crit, verdicts, _ = self.judge(pairs, dataclasses.replace(greedy, max_new_tokens=self.r.critic_max_new_tokens))
+        labels = [None if v.info["unparseable"] else v.info["label"] for v in verdicts]
         parsed = [(lab, pairs[o.prompt_index].expert_pos) for o, lab in zip(crit, labels) if lab is not None]
-        pol_r = [judge_rewards(lab, e, tau_crit=self.r.tau_crit, tau_pol=self.r.tau_pol)[1] for lab, e in parsed]
+        pol_r = [v.info["policy_reward"] for v in verdicts if not v.info["unparseable"]]
         out = {"val/critic_acc": critic_acc(parsed),
                "val/tie_rate": sum(l == TIE for l, _ in parsed) / max(len(parsed), 1),
                "val/unparseable_rate": sum(lab is None for lab in labels) / max(len(labels), 1),

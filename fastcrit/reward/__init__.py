@@ -5,6 +5,7 @@ import os
 
 from fastcrit.reward import code  # noqa: F401  (registers "code")
 from fastcrit.reward import math_answer  # noqa: F401  (registers "math")
+from fastcrit.reward import raro  # noqa: F401  (registers "raro")
 from fastcrit.reward import rule  # noqa: F401  (registers "rule", "reverse", "exact_match")
 from fastcrit.reward.model import CombinedReward  # registers "model"
 from fastcrit.reward.base import (RewardItem, RewardManager, RewardResult, get_reward_manager,

@@ -43,3 +43,18 @@ def test_role_weights_make_the_token_mean_a_weighted_sum_of_role_means():
 
     assert joint.item() == pytest.approx((mean(0) / 9 + 8 * mean(1) / 9).item(), rel=1e-5)
     assert role_weights(roles, torch.zeros(6, 5), {0: 0.5, 1: 0.5}).abs().sum() == 0
+
+
+def test_raro_reward_manager_by_name():
+    from fastcrit.reward import RewardItem, get_reward_manager
+
+    mgr = get_reward_manager("raro", tau_crit=0.55, tau_pol=0.6)
+    out = mgr([RewardItem("", "it is the first. [Answer 1]", "", {"expert_pos": 1}),
+               RewardItem("", "[Answer 1]", "", {"expert_pos": 2}),
+               RewardItem("", "same. [Tie]", "", {"expert_pos": 2}),
+               RewardItem("", "no idea", "", {"expert_pos": 1}),
+               RewardItem("", "[Answer 1]", "", {})])
+    assert [r.score for r in out] == [1.0, 0.0, 0.55, 0.0, 0.0]
+    assert [r.info.get("policy_reward") for r in out] == [0.0, 1.0, 0.6, None, None]
+    assert [r.info["unparseable"] for r in out] == [False, False, False, True, True]
+    assert "expert_pos" in out[4].info["reason"]
