@@ -125,24 +125,23 @@ def cmd_train(args) -> int:
     return 0
 
 
-def cmd_sft(args) -> int:
+def _launch_steps(args, section: str, entry) -> int:
+    """`fastcrit sft` / `fastcrit rm`: ``<section>.steps`` must be > 0; run ``entry`` on every rank."""
     cfg = _load(args)
-    if cfg.sft.steps <= 0:
-        raise ConfigError(f"{args.config}: sft.steps must be > 0 for `fastcrit sft`")
+    if getattr(cfg, section).steps <= 0:
+        raise ConfigError(f"{args.config}: {section}.steps must be > 0 for `fastcrit {args.command}`")
     from fastcrit.train.dist import launch
 
-    launch(_sft_entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device)
+    launch(entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device)
     return 0
+
+
+def cmd_sft(args) -> int:
+    return _launch_steps(args, "sft", _sft_entry)
 
 
 def cmd_rm(args) -> int:
-    cfg = _load(args)
-    if cfg.rm.steps <= 0:
-        raise ConfigError(f"{args.config}: rm.steps must be > 0 for `fastcrit rm`")
-    from fastcrit.train.dist import launch
-
-    launch(_rm_entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device)
-    return 0
+    return _launch_steps(args, "rm", _rm_entry)
 
 
 def cmd_ctrl_synth(args) -> int:

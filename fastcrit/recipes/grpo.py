@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 
 from fastcrit.algos.advantages import outcome_advantages
-from fastcrit.data.datasets import load_dataset
-from fastcrit.data.prompts import EncodedPrompt, encode_prompts
+from fastcrit.data.prompts import EncodedPrompt
 from fastcrit.recipes.scaffold import Run, info_means, reward_items
 from fastcrit.reward import make_reward
 from fastcrit.train.dist import all_reduce_mean
@@ -23,29 +22,26 @@ class GRPO:
         c = run.cfg
         self.run = run
         self.reward = make_reward(c, run.out, run.ctx.rank, run.ctx.device)
-        self.prompts = self._prompts(c.data.train, "train")
-        self.val = self._prompts(c.data.val, "test")[:c.data.val_size] if c.data.val else []
-
-    def _prompts(self, spec: str, split: str) -> list[EncodedPrompt]:
-        c = self.run.cfg.data
-        data = load_dataset(spec, c.prompt_key, c.answer_key, split)
-        prompts, too_long = encode_prompts(self.run.tok, data.examples, system=c.system_prompt,
-                                           max_len=c.max_prompt_len)
-        for msg in data.skipped + too_long:
-            self.run.log.write(f"data: skipped {msg}")
-        return prompts
+        self.prompts = run.load_prompts(c.data.train, "train")
+        self.val = run.load_prompts(c.data.val, "test")[:c.data.val_size] if c.data.val else []
 
     def score(self, prompts: list[EncodedPrompt], rollouts) -> tuple[torch.Tensor, dict]:
         texts = [self.run.tok.decode(r.output_ids, skip_special_tokens=True) for r in rollouts]
         results = self.reward(reward_items(rollouts, texts, [p.example for p in prompts]))
         return torch.tensor([r.score for r in results], dtype=torch.float32), results
 
-    def step(self, step: int) -> dict[str, float]:
+    def sample_and_score(self, step: int):
+        """This rank's prompts of the step, their rollout.n samples, and the samples' rewards."""
         run = self.run
         prompts = run.share(self.prompts, step)
         rollouts = run.generate([p.ids for p in prompts], run.sampling(step))
         with run.timer("reward"):
             scores, results = self.score(prompts, rollouts)
+        return prompts, rollouts, scores, results
+
+    def step(self, step: int) -> dict[str, float]:
+        run = self.run
+        prompts, rollouts, scores, results = self.sample_and_score(step)
         batch = run.batch(rollouts, scores)
         batch.ref_logprobs = run.reference(batch)
         a = run.cfg.algorithm

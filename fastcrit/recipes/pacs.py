@@ -32,10 +32,7 @@ class PACS(GRPO):
 
     def step(self, step: int) -> dict[str, float]:
         run = self.run
-        prompts = run.share(self.prompts, step)
-        rollouts = run.generate([p.ids for p in prompts], run.sampling(step))
-        with run.timer("reward"):
-            scores, results = self.score(prompts, rollouts)
+        _, rollouts, scores, results = self.sample_and_score(step)
         labels = outcome_labels(scores, run.cfg.reward.name)
         batch = run.batch(rollouts, labels)
         batch.ref_logprobs = run.reference(batch)

@@ -19,7 +19,7 @@ import dataclasses
 
 import torch
 
-from fastcrit.algos.advantages import gae, masked_whiten
+from fastcrit.algos.advantages import gae, last_valid_index, masked_whiten
 from fastcrit.config import ConfigError
 from fastcrit.models.hf import load_tokenizer
 from fastcrit.recipes.grpo import GRPO
@@ -49,10 +49,7 @@ class PPO(GRPO):
 
     def step(self, step: int) -> dict[str, float]:
         run, c = self.run, self.run.cfg
-        prompts = run.share(self.prompts, step)
-        rollouts = run.generate([p.ids for p in prompts], run.sampling(step))
-        with run.timer("reward"):
-            scores, results = self.score(prompts, rollouts)
+        _, rollouts, scores, results = self.sample_and_score(step)
         batch = run.batch(rollouts, scores)
         batch.ref_logprobs = run.reference(batch)
         with run.timer("values"):
@@ -90,7 +87,7 @@ def token_rewards(batch, kl_coef: float, kl_kind: str) -> tuple[torch.Tensor, fl
     the per-token KL of the behaviour policy to the reference (when kl_coef != 0). Also the mean KL."""
     mask = batch.response_mask
     rewards = torch.zeros_like(mask, dtype=torch.float32)
-    last = (mask.shape[1] - 1 - mask.flip(1).argmax(1)).clamp(min=0)
+    last = last_valid_index(mask)
     has = mask.sum(1) > 0
     rewards[has, last[has]] = batch.scores[has].float()
     if kl_coef == 0.0 or batch.ref_logprobs is None:

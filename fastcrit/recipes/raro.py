@@ -28,7 +28,7 @@ import torch
 from fastcrit.algos.advantages import outcome_advantages
 from fastcrit.algos.raro import TIE, role_weights
 from fastcrit.data.datasets import load_dataset
-from fastcrit.data.prompts import encode_prompts, render_chat
+from fastcrit.data.prompts import render_chat
 from fastcrit.data.replay import ReplayBuffer
 from fastcrit.recipes.scaffold import Run, reward_items
 from fastcrit.reward import RewardItem, get_reward_manager, make_reward
@@ -54,20 +54,13 @@ class RARO:
         c = run.cfg
         self.run, self.r = run, c.raro
         self.buffer = ReplayBuffer(c.raro.replay_capacity, c.raro.replay_mode, seed=c.trainer.seed + run.ctx.rank)
-        self.prompts = self._prompts(c.data.train, "train")
-        self.val = self._prompts(c.data.val, "test")[:c.data.val_size] if c.data.val else []
+        has_answer = lambda e: bool(e.answer)  # noqa: E731 (the expert's answer is the critic's reference)
+        load = lambda spec, split: run.load_prompts(spec, split, c.raro.policy_system, has_answer,  # noqa: E731
+                                                    why="without an expert answer")
+        self.prompts = load(c.data.train, "train")
+        self.val = load(c.data.val, "test")[:c.data.val_size] if c.data.val else []
         self.check = make_reward(c, run.out, run.ctx.rank, run.ctx.device) if c.reward.name else None
         self.verdicts = get_reward_manager("raro", tau_crit=c.raro.tau_crit, tau_pol=c.raro.tau_pol)
-
-    def _prompts(self, spec: str, split: str):
-        c = self.run.cfg.data
-        data = load_dataset(spec, c.prompt_key, c.answer_key, split)
-        no_answer = [f"example {i}: no expert answer" for i, e in enumerate(data.examples) if not e.answer]
-        prompts, too_long = encode_prompts(self.run.tok, [e for e in data.examples if e.answer],
-                                           system=self.r.policy_system, max_len=c.max_prompt_len)
-        for msg in data.skipped + no_answer + too_long:
-            self.run.log.write(f"data: skipped {msg}")
-        return prompts
 
     def state_dict(self) -> dict:
         return {"buffer": self.buffer.state_dict()}

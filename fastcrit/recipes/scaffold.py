@@ -31,6 +31,8 @@ import torch
 
 from fastcrit.algos.losses import Objective
 from fastcrit.config import Config
+from fastcrit.data.datasets import load_dataset
+from fastcrit.data.prompts import EncodedPrompt, encode_prompts
 from fastcrit.models.hf import load_tokenizer
 from fastcrit.recipes.common import prepare_output_dir, resolve_model, step_indices
 from fastcrit.recipes.sft import run_sft
@@ -82,6 +84,22 @@ class Run:
         idx = step_indices(len(items), c.data.prompts_per_step, step, c.trainer.seed,
                            self.ctx.rank, self.ctx.world_size)
         return [items[i] for i in idx]
+
+    def load_prompts(self, spec: str, split: str, system: str | None = None, keep=None,
+                     why: str = "not kept") -> list[EncodedPrompt]:
+        """``spec``'s examples (those ``keep`` accepts, when given; the others counted as ``why``) as
+        chat-templated prompt ids with ``system`` (default ``data.system_prompt``); skipped rows and
+        over-long prompts are logged."""
+        c = self.cfg.data
+        data = load_dataset(spec, c.prompt_key, c.answer_key, split)
+        examples = [e for e in data.examples if keep is None or keep(e)]
+        n_out = len(data.examples) - len(examples)
+        dropped = [f"{spec}: {n_out} examples {why}"] if n_out else []
+        prompts, too_long = encode_prompts(self.tok, examples, system=c.system_prompt if system is None else system,
+                                           max_len=c.max_prompt_len)
+        for msg in data.skipped + dropped + too_long:
+            self.log.write(f"data: skipped {msg}")
+        return prompts
 
     def sampling(self, step: int) -> SamplingParams:
         """``rollout.*`` sampling, seeded by (seed, step, rank) so a resumed run draws the same."""

@@ -11,7 +11,7 @@ import torch
 
 from fastcrit.config import ConfigError
 from fastcrit.data.prompts import render_chat
-from fastcrit.models.hf import VALUE_HEAD_KINDS, load_tokenizer, load_value_model
+from fastcrit.models.hf import load_tokenizer, load_value_model
 from fastcrit.reward.base import RewardItem, RewardResult, register
 
 
@@ -40,9 +40,6 @@ class ModelReward:
         if not path:
             raise ConfigError("reward.name uses 'model': set reward.model_path to a reward model directory")
         self.model = load_value_model(path, dtype=dtype, device=device)
-        archs = self.model.config.architectures or []
-        if not any(a.endswith(VALUE_HEAD_KINDS) for a in archs):  # pragma: no cover (set on load)
-            raise ConfigError(f"reward.model_path {path!r}: not a reward model")
         if getattr(self.model, "_fresh_value_head", False):
             raise ConfigError(f"reward.model_path {path!r} is a causal LM without a reward head; train one "
                               "with `fastcrit rm CONFIG` (or point to a reward model directory)")

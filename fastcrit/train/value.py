@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from fastcrit.algos.advantages import last_valid_index
 from fastcrit.config import AlgorithmConfig, OptimConfig, PPOConfig
 from fastcrit.models.hf import load_value_model, parse_dtype
 from fastcrit.train.actor import Actor, _micro_slices, _weight, optimizer_step, wrap_trainable
@@ -102,7 +103,7 @@ def last_token_values(actor: Actor, input_ids: torch.Tensor, attention_mask: tor
     """[B] the value at each row's last valid token (any padding side): a reward model's score."""
     d = actor.device
     pos = (torch.cumsum(attention_mask, 1) - 1).clamp(min=0)
-    last = (attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)).to(d)
+    last = last_valid_index(attention_mask).to(d)
     v = actor.module(input_ids.to(d), attention_mask.to(d), pos.to(d))
     return v.gather(1, last[:, None])[:, 0]
 
