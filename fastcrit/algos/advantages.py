@@ -54,7 +54,6 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
 
 
 def last_valid_index(mask: torch.Tensor) -> torch.Tensor:
-    """[B] the position of each row's last nonzero mask entry (any padding side; the last position for
-    an empty row, which callers skip):
-    where a sequence reward sits, and where a reward model reads its score."""
+    """[B] the position of each row's last nonzero mask entry, any padding side (the last position
+    for an empty row, which callers skip): where a sequence reward sits and a reward model reads."""
     return mask.shape[1] - 1 - (mask != 0).flip(1).int().argmax(1)
