@@ -14,16 +14,14 @@ differentiable group step.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from fastcrit_kernels._dispatch import resolve_backend
+from fastcrit_kernels._dispatch import Variant, device_guard, jit, resolve_backend, tl
 
 ESTIMATORS = {"grpo": 1, "rloo": 2, "naive": 3}
 _BLOCK = 128
 
 
-@triton.jit
+@jit
 def _group_adv_kernel(
     s_ptr,  # [B] scores (any float dtype)
     perm_ptr,  # [B] int64 sample indices sorted by group
@@ -136,6 +134,20 @@ def _group_advantages_torch(s, inv, num_groups, est, norm_by_std, eps):
     return centred / (torch.where(single, torch.ones_like(std), std) + eps)
 
 
+def _norm_flag(est: int, norm_by_std: bool) -> bool:
+    """NORM matters to GRPO only; fixing it elsewhere halves the compiled variants."""
+    return bool(norm_by_std) and est == ESTIMATORS["grpo"]
+
+
+def _gpu_variants() -> list[Variant]:
+    """Every compilation a GPU launch of this module can ask for."""
+    return [Variant.of(_group_adv_kernel, dt, dict(s_ptr=dt, perm_ptr="i64", start_ptr="i64", out_ptr="fp32"),
+                       floats=("eps",), constexprs=dict(EST=est, NORM=norm, BLOCK=_BLOCK))
+            for dt in ("fp32", "bf16", "fp16")
+            for est in sorted(ESTIMATORS.values())
+            for norm in sorted({_norm_flag(est, False), _norm_flag(est, True)})]
+
+
 def group_advantages(
     scores: torch.Tensor,
     index,
@@ -173,10 +185,11 @@ def group_advantages(
             return _group_advantages_torch(scores.to(out_dtype), inv, G, est, norm_by_std, eps)
         perm, starts, _ = group_segments(inv, G)
         out = torch.empty(B, dtype=torch.float32, device=scores.device)
-        _group_adv_kernel[(G,)](
-            scores.contiguous(), perm, starts, out, float(eps),
-            EST=est, NORM=bool(norm_by_std), BLOCK=_BLOCK,
-        )
+        with device_guard(scores):
+            _group_adv_kernel[(G,)](
+                scores.contiguous(), perm, starts, out, float(eps),
+                EST=est, NORM=_norm_flag(est, norm_by_std), BLOCK=_BLOCK,
+            )
         return out.to(out_dtype)
 
 

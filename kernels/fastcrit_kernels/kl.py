@@ -15,17 +15,15 @@ verl's straight-through ``"k3+"`` variants are not provided.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from fastcrit_kernels._dispatch import resolve_backend
+from fastcrit_kernels._dispatch import Variant, device_guard, jit, resolve_backend, tl, triton
 
 KL_KINDS = {"k1": 1, "kl": 1, "abs": 2, "k2": 3, "mse": 3, "k3": 4, "low_var_kl": 4}
 _BLOCK = 1024
 _CHUNK = 1 << 18  # elements per chunk on the torch path: its temporaries stay chunk-sized
 
 
-@triton.jit
+@jit
 def _kl_term(lp, ref, KIND: tl.constexpr):
     """Value and derivative wrt lp of one KL kind, in float32 (derivative wrt ref is its negative)."""
     diff = lp - ref
@@ -49,7 +47,7 @@ def _kl_term(lp, ref, KIND: tl.constexpr):
     return val, dval
 
 
-@triton.jit
+@jit
 def _kl_fwd_kernel(
     lp_ptr,  # [N] logp, any float dtype
     ref_ptr,  # [N] ref_logp
@@ -66,17 +64,17 @@ def _kl_fwd_kernel(
     tl.store(out_ptr + offs, val.to(out_ptr.dtype.element_ty), mask=m)
 
 
-@triton.jit
+@jit(do_not_specialize=("write_lp", "write_ref"))
 def _kl_bwd_kernel(
     lp_ptr,  # [N] logp
     ref_ptr,  # [N] ref_logp
     go_ptr,  # [N] upstream gradient
-    glp_ptr,  # [N] gradient wrt logp (written if WRITE_LP)
-    gref_ptr,  # [N] gradient wrt ref_logp (written if WRITE_REF)
+    glp_ptr,  # [N] gradient wrt logp (written if write_lp)
+    gref_ptr,  # [N] gradient wrt ref_logp (written if write_ref)
     N,
+    write_lp,  # run-time flags: a uniform branch costs nothing here, and keeps 4 variants, not 12
+    write_ref,
     KIND: tl.constexpr,
-    WRITE_LP: tl.constexpr,
-    WRITE_REF: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -86,9 +84,9 @@ def _kl_bwd_kernel(
     go = tl.load(go_ptr + offs, mask=m, other=0.0).to(tl.float32)
     _, dval = _kl_term(lp, ref, KIND)
     g = go * dval
-    if WRITE_LP:
+    if write_lp:
         tl.store(glp_ptr + offs, g.to(glp_ptr.dtype.element_ty), mask=m)
-    if WRITE_REF:
+    if write_ref:
         tl.store(gref_ptr + offs, (-g).to(gref_ptr.dtype.element_ty), mask=m)
 
 
@@ -129,7 +127,8 @@ class _KLPenalty(torch.autograd.Function):
             out = torch.empty(lp.shape, dtype=out_dtype, device=lp.device)
             n = lp.numel()
             if n:
-                _kl_fwd_kernel[_grid(n)](lp, ref, out, n, KIND=code, BLOCK=_BLOCK)
+                with device_guard(lp):
+                    _kl_fwd_kernel[_grid(n)](lp, ref, out, n, KIND=code, BLOCK=_BLOCK)
         else:
             out = torch.empty(lp.shape, dtype=out_dtype, device=lp.device)
             o, a, b = out.view(-1), lp.view(-1), ref.view(-1)
@@ -149,10 +148,11 @@ class _KLPenalty(torch.autograd.Function):
             gref = torch.empty_like(ref) if need_ref else None
             n = lp.numel()
             if n:
-                _kl_bwd_kernel[_grid(n)](
-                    lp, ref, go, glp if need_lp else lp, gref if need_ref else ref, n,
-                    KIND=ctx.code, WRITE_LP=need_lp, WRITE_REF=need_ref, BLOCK=_BLOCK,
-                )
+                with device_guard(lp):
+                    _kl_bwd_kernel[_grid(n)](
+                        lp, ref, go, glp if need_lp else lp, gref if need_ref else ref, n,
+                        int(need_lp), int(need_ref), KIND=ctx.code, BLOCK=_BLOCK,
+                    )
         else:
             glp = torch.empty_like(lp) if need_lp else None
             gref = torch.empty_like(ref) if need_ref else None
@@ -164,6 +164,20 @@ class _KLPenalty(torch.autograd.Function):
                 if need_ref:
                     gref.view(-1)[c] = g.neg_()
         return glp, gref, None, None
+
+
+def _gpu_variants() -> list[Variant]:
+    """Every compilation a GPU launch of this module can ask for, with logp, ref_logp and the
+    upstream gradient in one dtype (mixed dtypes compile the same code with other load types)."""
+    out = []
+    for dt in ("fp32", "bf16", "fp16"):
+        for kind in sorted(set(KL_KINDS.values())):
+            out.append(Variant.of(_kl_fwd_kernel, dt, dict(lp_ptr=dt, ref_ptr=dt, out_ptr=dt),
+                                  constexprs=dict(KIND=kind, BLOCK=_BLOCK)))
+            out.append(Variant.of(_kl_bwd_kernel, dt, dict(lp_ptr=dt, ref_ptr=dt, go_ptr=dt, glp_ptr=dt,
+                                                           gref_ptr=dt),
+                                  constexprs=dict(KIND=kind, BLOCK=_BLOCK)))
+    return out
 
 
 def kl_penalty(

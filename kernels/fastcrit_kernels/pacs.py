@@ -24,11 +24,9 @@ grad[b, t] = upstream * m[b, t] * coef[b]. Nothing of size [B, T] is kept beyond
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from fastcrit_kernels._dispatch import resolve_backend
-from fastcrit_kernels.advantages import ESTIMATORS, group_ids, group_segments
+from fastcrit_kernels._dispatch import Variant, check_on_host, device_guard, jit, resolve_backend, tl, triton
+from fastcrit_kernels.advantages import ESTIMATORS, _norm_flag, group_ids, group_segments
 from fastcrit_kernels.ppo import _row_chunks
 
 REWARD_METHODS = ("1", "2")
@@ -38,7 +36,7 @@ _BLOCK_G = 128
 _BLOCK = 1024
 
 
-@triton.jit
+@jit
 def _row_reduce_kernel(
     lp_ptr,  # [B, T] logp
     old_ptr,  # [B, T] old_logp (read only if RATIO)
@@ -66,7 +64,7 @@ def _row_reduce_kernel(
     tl.store(cnt_ptr + row, tl.sum(cnt))
 
 
-@triton.jit
+@jit(do_not_specialize=("wmode",))
 def _pacs_group_kernel(
     r_ptr,  # [B] float32 per-sample reward (logit)
     y_ptr,  # [B] float32 label in {0, 1}
@@ -77,9 +75,9 @@ def _pacs_group_kernel(
     dr_ptr,  # [B] float32 d loss / d r (out)
     inv_b,  # 1 / B
     eps,
+    wmode,  # weight mode (WEIGHT_MODES), a run-time value: a select per sample, 4x fewer variants
     EST: tl.constexpr,
     NORM: tl.constexpr,
-    WMODE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     g = tl.program_id(0)
@@ -127,16 +125,10 @@ def _pacs_group_kernel(
             a = r
         else:
             a = (r - mean) * scale
-        if WMODE == 1:
-            both = (npos > 0) & (npos < nf)
-            n_c = tl.where(y > 0.5, npos, nf - npos)
-            w = tl.where(both, nf / (2.0 * tl.maximum(n_c, 1.0)), 1.0)
-        elif WMODE == 2:
-            w = y
-        elif WMODE == 3:
-            w = 1.0 - y
-        else:
-            w = tl.full(a.shape, 1.0, tl.float32)
+        both = (npos > 0) & (npos < nf)
+        n_c = tl.where(y > 0.5, npos, nf - npos)
+        balanced = tl.where(both, nf / (2.0 * tl.maximum(n_c, 1.0)), 1.0)
+        w = tl.where(wmode == 1, balanced, tl.where(wmode == 2, y, tl.where(wmode == 3, 1.0 - y, 1.0)))
         bce = tl.maximum(a, 0.0) - a * y + tl.log(1.0 + tl.exp(-tl.abs(a)))
         sig = 1.0 / (1.0 + tl.exp(-a))
         gg = tl.where(jm, w * (sig - y) * inv_b, 0.0)
@@ -164,7 +156,7 @@ def _pacs_group_kernel(
             tl.store(dr_ptr + idx, dr, mask=jm)
 
 
-@triton.jit
+@jit
 def _pacs_bwd_kernel(
     mask_ptr,  # [N] float32 mask (N = B * T)
     coef_ptr,  # [B] float32 per-row coefficient d loss / d logp[b, t] / m[b, t]
@@ -237,7 +229,8 @@ class _PACSLoss(torch.autograd.Function):
             rsum = torch.empty(B, dtype=torch.float32, device=logp.device)
             cnt = torch.empty(B, dtype=torch.float32, device=logp.device)
             if B:
-                _row_reduce_kernel[(B,)](logp, old_logp, mask_f, rsum, cnt, T, RATIO=ratio, BLOCK=_BLOCK_T)
+                with device_guard(logp):
+                    _row_reduce_kernel[(B,)](logp, old_logp, mask_f, rsum, cnt, T, RATIO=ratio, BLOCK=_BLOCK_T)
         else:
             mask_f = mask  # any dtype; converted chunk by chunk
             rsum = torch.empty(B, dtype=torch.float32, device=logp.device)
@@ -258,10 +251,11 @@ class _PACSLoss(torch.autograd.Function):
         if backend == "triton":
             perm, starts, _ = group_segments(inv, G)
             adv, per, dr = (torch.empty(B, dtype=torch.float32, device=logp.device) for _ in range(3))
-            _pacs_group_kernel[(G,)](
-                r.contiguous(), y, perm, starts, adv, per, dr, 1.0 / B, float(eps),
-                EST=est, NORM=bool(norm_by_std), WMODE=wmode, BLOCK=_BLOCK_G,
-            )
+            with device_guard(logp):
+                _pacs_group_kernel[(G,)](
+                    r.contiguous(), y, perm, starts, adv, per, dr, 1.0 / B, float(eps), wmode,
+                    EST=est, NORM=_norm_flag(est, norm_by_std), BLOCK=_BLOCK_G,
+                )
         else:
             adv, per, dr = _pacs_group_torch(r, y, inv, G, est, norm_by_std, eps, wmode, B)
         ctx.save_for_backward(mask_f, beta * dr * inv_len)
@@ -280,13 +274,36 @@ class _PACSLoss(torch.autograd.Function):
             n = mask_f.numel()
             if n:
                 go = grad_loss.reshape(1).to(torch.float32).contiguous()
-                _pacs_bwd_kernel[(triton.cdiv(n, _BLOCK),)](mask_f, coef, go, grad, n, mask_f.shape[1], BLOCK=_BLOCK)
+                with device_guard(mask_f):
+                    _pacs_bwd_kernel[(triton.cdiv(n, _BLOCK),)](mask_f, coef, go, grad, n, mask_f.shape[1],
+                                                                BLOCK=_BLOCK)
         else:
             grad = torch.empty(mask_f.shape, dtype=ctx.lp_dtype, device=mask_f.device)
             c = coef * grad_loss.float()
             for rows in _row_chunks(*mask_f.shape):
                 torch.mul(mask_f[rows], c[rows, None], out=grad[rows])
         return (grad,) + (None,) * 12
+
+
+def _gpu_variants() -> list[Variant]:
+    """Every compilation a GPU launch of this module can ask for (the group kernel sees fp32 only)."""
+    out = []
+    for dt in ("fp32", "bf16", "fp16"):
+        for ratio in (False, True):
+            out.append(Variant.of(_row_reduce_kernel, dt, dict(lp_ptr=dt, old_ptr=dt, mask_ptr="fp32",
+                                                              sum_ptr="fp32", cnt_ptr="fp32"),
+                                  constexprs=dict(RATIO=ratio, BLOCK=_BLOCK_T)))
+        out.append(Variant.of(_pacs_bwd_kernel, dt, dict(mask_ptr="fp32", coef_ptr="fp32", go_ptr="fp32",
+                                                        grad_ptr=dt),
+                              constexprs=dict(BLOCK=_BLOCK)))
+    for est in sorted(ESTIMATORS.values()):
+        for norm in sorted({_norm_flag(est, False), _norm_flag(est, True)}):
+            out.append(Variant.of(
+                _pacs_group_kernel, "fp32",
+                dict(r_ptr="fp32", y_ptr="fp32", perm_ptr="i64", start_ptr="i64", adv_ptr="fp32",
+                     loss_ptr="fp32", dr_ptr="fp32"),
+                floats=("inv_b", "eps"), constexprs=dict(EST=est, NORM=norm, BLOCK=_BLOCK_G)))
+    return out
 
 
 def pacs_loss(
@@ -318,6 +335,9 @@ def pacs_loss(
     Returns:
         (loss: float32 scalar, stats: dict of detached float32 scalars ``reward_mean``,
         ``advantage_mean`` and ``accuracy`` = fraction of samples with (A > 0) == label).
+        Scores other than 0/1 raise on CPU; on a GPU that check would add a device sync, so it runs
+        only with ``FASTCRIT_KERNELS_VALIDATE=1`` and such scores otherwise give a NaN loss. (The
+        group count still costs one sync per call on a GPU: the launch grid needs it.)
     """
     if not isinstance(logp, torch.Tensor) or logp.dim() != 2 or not logp.is_floating_point():
         raise ValueError(f"logp must be a 2-D float tensor [B, T], got {getattr(logp, 'shape', type(logp))}")
@@ -335,9 +355,12 @@ def pacs_loss(
     if weight_mode not in WEIGHT_MODES:
         raise ValueError(f"weight_mode must be one of {list(WEIGHT_MODES)}, got {weight_mode!r}")
     y = scores.to(torch.float32).to(logp.device).contiguous()
-    if bool(((y != 0) & (y != 1)).any()):
-        bad = y[(y != 0) & (y != 1)][:3].tolist()
-        raise ValueError(f"scores must be 0 or 1 (PACS labels), got values such as {bad}")
+    not_01 = (y != 0) & (y != 1)
+    if check_on_host(y):  # on a GPU only with FASTCRIT_KERNELS_VALIDATE=1: it costs a device sync
+        if bool(not_01.any()):
+            raise ValueError(f"scores must be 0 or 1 (PACS labels), got values such as "
+                             f"{y[not_01][:3].tolist()}")
+        not_01 = None
     if B == 0:
         raise ValueError("pacs_loss needs at least one sample (B = 0)")
     inv, G = group_ids(index, B, logp.device)
@@ -346,4 +369,6 @@ def pacs_loss(
         logp.contiguous(), old_logp.contiguous(), y, mask, inv, G, float(beta), reward_method,
         ESTIMATORS[estimator], bool(norm_by_std), float(eps), WEIGHT_MODES[weight_mode], chosen,
     )
+    if not_01 is not None:  # unchecked on the GPU: a score other than 0/1 gives a NaN loss
+        loss = torch.where(not_01.any(), float("nan"), loss)
     return loss, {"reward_mean": stats[0], "advantage_mean": stats[1], "accuracy": stats[2]}

@@ -27,34 +27,32 @@ gradient of the chosen branch, where torch's max would split it in halves.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from fastcrit_kernels._dispatch import resolve_backend
+from fastcrit_kernels._dispatch import Variant, device_guard, jit, resolve_backend, tl, triton
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 _BLOCK = 1024
 _CHUNK = 1 << 18  # elements per row chunk on the torch path (fewer, larger ops: cheaper thread syncs)
 
 
-@triton.jit
+@jit(do_not_specialize=("with_grad",))
 def _ppo_fwd_kernel(
     lp_ptr,  # [N] logp (N = B * T, row-major)
     old_ptr,  # [N] old_logp
     adv_ptr,  # [N] advantages, or [B] per row if ADV_ROW
     mask_ptr,  # [N] float32 response mask
     rowf_ptr,  # [B] float32 aggregation factor per row
-    grad_ptr,  # [N] float32 d loss / d logp (written if WITH_GRAD)
-    part_ptr,  # [5, num_blocks] float32 partial sums: loss, clipped, lower, kl, (unused)
+    grad_ptr,  # [N] float32 d loss / d logp (written if with_grad)
+    part_ptr,  # [4, num_blocks] float32 partial sums: loss, clipped, lower, kl
     N,
     T,
     num_blocks,
+    with_grad,  # a run-time flag: a uniform branch costs nothing here, and halves the variants
     clip_lo,
     clip_hi,
     clip_c,
     DUAL: tl.constexpr,
     ADV_ROW: tl.constexpr,
-    WITH_GRAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -84,7 +82,7 @@ def _ppo_fwd_kernel(
         loss = tl.where(lower, l3, loss)
         dloss = tl.where(lower, 0.0, dloss)
     w = m * f
-    if WITH_GRAD:
+    if with_grad:
         tl.store(grad_ptr + offs, w * dloss, mask=valid)
     tl.store(part_ptr + pid, tl.sum(w * loss))
     tl.store(part_ptr + num_blocks + pid, tl.sum(tl.where(clipped, m, 0.0)))
@@ -92,20 +90,20 @@ def _ppo_fwd_kernel(
     tl.store(part_ptr + 3 * num_blocks + pid, tl.sum(-d * m))
 
 
-@triton.jit
+@jit(do_not_specialize=("with_grad",))
 def _value_fwd_kernel(
     v_ptr,  # [N] values
     vold_ptr,  # [N] old values
     ret_ptr,  # [N] returns
     mask_ptr,  # [N] float32 response mask
     rowf_ptr,  # [B] float32 aggregation factor per row (0.5 folded in)
-    grad_ptr,  # [N] float32 d loss / d values (written if WITH_GRAD)
+    grad_ptr,  # [N] float32 d loss / d values (written if with_grad)
     part_ptr,  # [2, num_blocks] float32 partial sums: loss, clipped
     N,
     T,
     num_blocks,
+    with_grad,  # run-time flag, as in _ppo_fwd_kernel
     clip,
-    WITH_GRAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -124,7 +122,7 @@ def _value_fwd_kernel(
     clipped = l2 > l1
     loss = tl.where(clipped, l2, l1)
     w = m * f
-    if WITH_GRAD:
+    if with_grad:
         # l2 > l1 only when v lies outside the clip interval, where vc has no gradient
         tl.store(grad_ptr + offs, tl.where(clipped, 0.0, 2.0 * e1) * w, mask=valid)
     tl.store(part_ptr + pid, tl.sum(w * loss))
@@ -247,9 +245,29 @@ def _launch_partials(kernel, args, n_sums: int, device, with_grad: bool, **meta)
     grad = torch.empty(args[0].shape, dtype=torch.float32, device=device) if with_grad else part
     if n:
         T = args[0].shape[-1]
-        kernel[(num_blocks,)](*args, grad, part, n, T, num_blocks, *meta.pop("scalars"), WITH_GRAD=with_grad,
-                              BLOCK=_BLOCK, **meta)
+        with device_guard(args[0]):
+            kernel[(num_blocks,)](*args, grad, part, n, T, num_blocks, int(with_grad), *meta.pop("scalars"),
+                                  BLOCK=_BLOCK, **meta)
     return part.sum(-1), (grad if with_grad else None)
+
+
+def _gpu_variants() -> list[Variant]:
+    """Every compilation a GPU launch of this module can ask for, with the float inputs in one dtype
+    (mixed dtypes compile the same code with other load types)."""
+    out = []
+    for dt in ("fp32", "bf16", "fp16"):
+        for dual in (False, True):
+            for adv_row in (False, True):
+                out.append(Variant.of(
+                    _ppo_fwd_kernel, dt, dict(lp_ptr=dt, old_ptr=dt, adv_ptr=dt, mask_ptr="fp32",
+                                              rowf_ptr="fp32", grad_ptr="fp32", part_ptr="fp32"),
+                    floats=("clip_lo", "clip_hi", "clip_c"),
+                    constexprs=dict(DUAL=dual, ADV_ROW=adv_row, BLOCK=_BLOCK)))
+        out.append(Variant.of(
+            _value_fwd_kernel, dt, dict(v_ptr=dt, vold_ptr=dt, ret_ptr=dt, mask_ptr="fp32", rowf_ptr="fp32",
+                                        grad_ptr="fp32", part_ptr="fp32"),
+            floats=("clip",), constexprs=dict(BLOCK=_BLOCK)))
+    return out
 
 
 def _masked_stats(sums: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
