@@ -13,14 +13,30 @@ of O(tokens x V). Guarantees and departures:
 - Padded vocab columns enter the log-sum-exp as -inf, never as 0.
 - The entropy gradient is computed from the logits, ``dH/dz_v = -p_v (z_v - lse + H)``, which is
   finite where ``p_v`` underflows to 0 (the ``p log p`` form gives NaN there).
+- Logits of -inf (a bias masking tokens) are exact: such a token has log-prob -inf and adds 0 to
+  the entropy (0 log 0 = 0) and to every gradient, also where a whole tile, chunk or vocab split
+  holds nothing else (the online log-sum-exp shifts by 0 while its running max is -inf). A row
+  whose logits are all -inf gives NaN, as torch's log_softmax does.
 - Labels equal to ``ignore_index`` give log-prob 0, entropy 0 and no gradient. Any other label
-  outside ``[0, V)`` is an error.
-- Computation is in fp32 (fp64 when the inputs are fp64); outputs are fp32 (fp64 for fp64 inputs);
-  gradients come back in the dtype of each input. With bf16/fp16 inputs the torch path upcasts the
-  whole weight to fp32 once per call (O(V x H) memory, never O(tokens x V)).
-- The Triton backward computes d_logits tile by tile in a kernel and leaves the two matmuls
-  ``d_hidden += d_logits @ W_chunk`` and ``d_W_chunk = d_logits^T @ hidden`` to torch, one vocab
+  outside ``[0, V)`` is an error on CPU, and NaN on a GPU unless FASTCRIT_KERNELS_VALIDATE=1 (the
+  check needs a device sync).
+- Log-sum-exp and softmax math are in fp32; outputs are fp32; gradients come back in the dtype of
+  each input. fp64 inputs always run the torch path, in fp64 end to end (fp64 tiles would not fit a
+  GPU's shared memory). With bf16/fp16 inputs the torch path upcasts the weight to fp32 one vocab
   chunk at a time.
+- Triton GEMMs take their operands in the inputs' dtype (bf16/fp16: tensor cores) and accumulate
+  in fp32. fp32 operands use exact fp32 ("ieee", no tensor cores) unless TF32 is asked for
+  (``allow_tf32=True`` or FASTCRIT_KERNELS_ALLOW_TF32=1). Mixed hidden/weight dtypes are promoted
+  to one (a copy of the narrower tensor).
+- The Triton backward computes d_logits tile by tile in a kernel and stores it in the inputs'
+  dtype, then leaves the two GEMMs ``d_hidden += d_logits @ W_chunk`` and ``d_W_chunk = d_logits^T
+  @ hidden`` to torch, one vocab chunk at a time, with operands in that dtype and fp32 accumulation
+  (as verl's fused linear kernels do): d_hidden accumulates over chunks in fp32 (on CUDA via
+  ``torch.mm(..., out_dtype=torch.float32)`` where torch has it, else each chunk's product is
+  rounded once), d_W rows come from one GEMM each and are rounded once to the weight's dtype.
+- GPU launches are autotuned over a few tile configs (see ``_TILES_16BIT`` / ``_TILES_FP32``) on
+  their first call for each (H, dtype): run one step before capturing a CUDA graph. Nothing else
+  on the Triton path syncs with the host.
 - Cost: forward + backward is four [N, H] x [H, V]-sized products (logits, recomputed logits,
   d_hidden, d_W) against three for the unfused path, which keeps its logits. Where matmuls dominate
   (CPU) that is the price of the memory saving; see benchmarks/bench_fused_logprobs.py.
@@ -28,79 +44,86 @@ of O(tokens x V). Guarantees and departures:
 from __future__ import annotations
 
 import math
+import os
 
 import torch
-import triton
-import triton.language as tl
 
-from fastcrit_kernels._dispatch import resolve_backend, triton_interpreting
+from fastcrit_kernels._dispatch import (Tile, Variant, check_on_host, device_guard, jit, resolve_backend,
+                                        tl, triton, tuned)
 
-# Bytes of fp32 logits one chunk may hold. The torch path keeps two [chunk_tokens, V] buffers alive,
-# the Triton backward one [tokens, chunk_vocab] buffer.
+# Bytes of logits one chunk may hold. The torch path keeps two fp32 [chunk_tokens, V] buffers alive,
+# the Triton backward one [tokens, chunk_vocab] d_logits buffer in the inputs' dtype.
 CPU_CHUNK_BYTES = 64 * 1024 * 1024
 GPU_CHUNK_BYTES = 512 * 1024 * 1024
+
+# GPU tile configs, autotuned once per (H, dtype, dot precision); the first is the default (and the
+# only one with FASTCRIT_KERNELS_AUTOTUNE=0). Each compiles for sm_80 and sm_90a within the A100's
+# shared memory and without register spills: tests/kernels/test_gpu_compile.py checks that by
+# compiling every one (compile only; their speed has not been measured here).
+_TILES_16BIT = (
+    Tile(BLOCK_N=64, BLOCK_V=128, BLOCK_H=64, num_warps=8, num_stages=3),
+    Tile(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=16, num_stages=2),  # 3 stages spill on sm_90
+    Tile(BLOCK_N=64, BLOCK_V=256, BLOCK_H=64, num_warps=16, num_stages=3),
+)
+_TILES_FP32 = (
+    Tile(BLOCK_N=32, BLOCK_V=64, BLOCK_H=32, num_warps=4, num_stages=3),
+    Tile(BLOCK_N=64, BLOCK_V=128, BLOCK_H=32, num_warps=8, num_stages=3),
+)
+_TUNE_KEY = ("H", "DOT_PRECISION")
 
 
 # ----------------------------------------------------------------------------------------------
 # Triton kernels
 # ----------------------------------------------------------------------------------------------
-@triton.jit
-def _scaled_logits_tile(
-    h_ptr,  # [N, H] hidden states, row stride stride_hn, unit column stride
-    w_ptr,  # [V, H] lm_head weight, row stride stride_wv, unit column stride
-    b_ptr,  # [V] bias (read only when HAS_BIAS)
-    rows,  # [BLOCK_N] token rows of this tile, row_ok masks them
-    row_ok,
-    cols,  # [BLOCK_V] vocab columns of this tile, col_ok masks them
-    col_ok,
+@jit
+def _logits_tile(
+    h_rows,  # [BLOCK_N, 1] pointers to the first element of each token row of hidden [N, H]
+    w_rows,  # [BLOCK_V, 1] pointers to the first element of each vocab row of weight [V, H]
+    row_ok,  # [BLOCK_N] rows that exist
+    col_ok,  # [BLOCK_V] vocab rows that exist
     H,
-    stride_hn,
-    stride_wv,
-    inv_t,
-    HAS_BIAS: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    """(h[rows] @ w[cols].T + b[cols]) / T for one [BLOCK_N, BLOCK_V] tile, fp32 accumulation."""
+    """h[rows] @ w[cols].T for one [BLOCK_N, BLOCK_V] tile: operands in the inputs' dtype, fp32
+    accumulation. ``DOT_PRECISION`` matters for fp32 operands only ("ieee": exact, "tf32").
+    ``UPCAST`` (the interpreter only) takes the operands to fp32 first: the interpreter's tl.dot
+    multiplies the raw bits of bf16 operands (Triton 3.9)."""
     acc = tl.zeros([BLOCK_N, BLOCK_V], tl.float32)
     for k0 in range(0, H, BLOCK_H):
         ks = k0 + tl.arange(0, BLOCK_H)
         k_ok = ks < H
-        h = tl.load(h_ptr + rows[:, None] * stride_hn + ks[None, :],
-                    mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptr + cols[:, None] * stride_wv + ks[None, :],
-                    mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if DOT_FP32:
-            acc = tl.dot(h.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(h, tl.trans(w), acc)
-    if HAS_BIAS:
-        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        acc += b[None, :]
-    return acc * inv_t
+        h = tl.load(h_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if UPCAST:
+            h = h.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
+    return acc
 
 
-@triton.jit
+@jit
 def _logprobs_fwd_kernel(
-    h_ptr,  # [N, H] hidden states, row stride stride_hn, unit column stride
-    w_ptr,  # [V, H] lm_head weight, row stride stride_wv, unit column stride
-    b_ptr,  # [V] bias (read only when HAS_BIAS)
+    h_ptr,  # [N, H] hidden states (fp32, bf16 or fp16), row stride stride_hn, unit column stride
+    w_ptr,  # [V, H] lm_head weight, h's dtype, row stride stride_wv, unit column stride
+    b_ptr,  # [V] fp32 bias (zeros for a layer without one)
     labels_ptr,  # [N] int64 labels
-    part_ptr,  # [4, S, N] fp32 out: per vocab split s, running max m, sum exp(z - m),
-    #            sum exp(z - m) z (when WITH_ENT) and the label's logit (0 if not in the split)
+    m_ptr,  # [S, N] fp32 out: per vocab split s, the running max m of the scaled logits z
+    s0_ptr,  # [S, N] fp32 out: sum exp(z - m)
+    s1_ptr,  # [S, N] fp32 out: sum exp(z - m) z (the entropy's term)
+    zl_ptr,  # [S, N] fp32 out: the label's logit (0 where the label lies in another split)
     N,
     V,
     H,
-    S,
     V_SPLIT,
     stride_hn,
     stride_wv,
     inv_t,
-    HAS_BIAS: tl.constexpr,
-    WITH_ENT: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -109,7 +132,8 @@ def _logprobs_fwd_kernel(
     pid_s = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    labels = tl.load(labels_ptr + rows, mask=row_ok, other=-1)
+    h_rows = h_ptr + rows.to(tl.int64)[:, None] * stride_hn  # int64: N * H may pass 2**31
+    labels = tl.load(labels_ptr + rows, mask=row_ok, other=-1).to(tl.int32)  # V < 2**31
     v_lo = pid_s * V_SPLIT
     v_hi = tl.minimum(v_lo + V_SPLIT, V)
 
@@ -120,38 +144,44 @@ def _logprobs_fwd_kernel(
     for v0 in range(v_lo, v_hi, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
         col_ok = cols < v_hi
-        z = _scaled_logits_tile(h_ptr, w_ptr, b_ptr, rows, row_ok, cols, col_ok, H, stride_hn,
-                                stride_wv, inv_t, HAS_BIAS, DOT_FP32, BLOCK_N, BLOCK_V, BLOCK_H)
+        w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wv  # int64: V * H may pass 2**31
+        acc = _logits_tile(h_rows, w_rows, row_ok, col_ok, H, DOT_PRECISION, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
+        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
         # padded columns must not count: -inf, not 0
-        z = tl.where(col_ok[None, :], z, float("-inf"))
+        z = tl.where(col_ok[None, :], (acc + b[None, :]) * inv_t, float("-inf"))
         m_new = tl.maximum(m, tl.max(z, axis=1))
-        scale = tl.exp(m - m_new)
-        p = tl.exp(z - m_new[:, None])
+        # A row whose logits so far are all -inf (a bias of -inf masking a whole tile) still has
+        # m = -inf: shift it by 0, as exp(-inf - -inf) would put NaN in the sums.
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        scale = tl.exp(m - shift)
+        p = tl.exp(z - shift[:, None])
         s0 = s0 * scale + tl.sum(p, axis=1)
-        if WITH_ENT:
-            s1 = s1 * scale + tl.sum(p * tl.where(col_ok[None, :], z, 0.0), axis=1)
+        # columns with p == 0 add nothing (where z = -inf, p * z would be 0 * -inf = NaN)
+        s1 = s1 * scale + tl.sum(p * tl.where(p > 0.0, z, 0.0), axis=1)
         m = m_new
-        hit = (cols[None, :] == labels[:, None]) & col_ok[None, :]
+        # A tile never straddles a split's end (V_SPLIT is a multiple of BLOCK_V), so a label
+        # matches in exactly one tile of one split; comparing tile-local indices saves registers.
+        hit = tl.arange(0, BLOCK_V)[None, :] == (labels - v0)[:, None]
         z_label += tl.sum(tl.where(hit, z, 0.0), axis=1)
 
-    base = part_ptr + pid_s * N + rows
-    tl.store(base, m, mask=row_ok)
-    tl.store(base + S * N, s0, mask=row_ok)
-    tl.store(base + 2 * S * N, s1, mask=row_ok)
-    tl.store(base + 3 * S * N, z_label, mask=row_ok)
+    out = pid_s.to(tl.int64) * N + rows
+    tl.store(m_ptr + out, m, mask=row_ok)
+    tl.store(s0_ptr + out, s0, mask=row_ok)
+    tl.store(s1_ptr + out, s1, mask=row_ok)
+    tl.store(zl_ptr + out, z_label, mask=row_ok)
 
 
-@triton.jit
+@jit
 def _logprobs_bwd_dlogits_kernel(
-    h_ptr,  # [N, H] hidden states, row stride stride_hn
-    w_ptr,  # [V, H] lm_head weight, row stride stride_wv
-    b_ptr,  # [V] bias (read only when HAS_BIAS)
+    h_ptr,  # [N, H] hidden states (fp32, bf16 or fp16), row stride stride_hn
+    w_ptr,  # [V, H] lm_head weight, h's dtype, row stride stride_wv
+    b_ptr,  # [V] fp32 bias (zeros for a layer without one)
     labels_ptr,  # [N] int64 labels
     lse_ptr,  # [N] fp32 log-sum-exp from the forward
-    ent_ptr,  # [N] fp32 entropy from the forward (read only when WITH_ENT)
+    ent_ptr,  # [N] fp32 entropy from the forward (zeros when it was not asked for)
     glp_ptr,  # [N] fp32 upstream gradient of the log-probs, 0 on ignored rows
-    gent_ptr,  # [N] fp32 upstream gradient of the entropy, 0 on ignored rows (WITH_ENT)
-    dz_ptr,  # [N, Vc] fp32 out: d loss / d raw logits for vocab columns [v_start, v_end)
+    gent_ptr,  # [N] fp32 upstream gradient of the entropy, 0 on ignored rows (zeros when none)
+    dz_ptr,  # [N, Vc] out, h's dtype: d loss / d raw logits for vocab columns [v_start, v_end)
     N,
     H,
     v_start,
@@ -160,9 +190,8 @@ def _logprobs_bwd_dlogits_kernel(
     stride_wv,
     stride_dzn,
     inv_t,
-    HAS_BIAS: tl.constexpr,
-    WITH_ENT: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -174,66 +203,115 @@ def _logprobs_bwd_dlogits_kernel(
     local = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     cols = v_start + local
     col_ok = cols < v_end
+    h_rows = h_ptr + rows.to(tl.int64)[:, None] * stride_hn  # int64: N * H may pass 2**31
+    w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wv  # int64: V * H may pass 2**31
 
-    z = _scaled_logits_tile(h_ptr, w_ptr, b_ptr, rows, row_ok, cols, col_ok, H, stride_hn,
-                            stride_wv, inv_t, HAS_BIAS, DOT_FP32, BLOCK_N, BLOCK_V, BLOCK_H)
+    acc = _logits_tile(h_rows, w_rows, row_ok, col_ok, H, DOT_PRECISION, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
+    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
+    z = (acc + b[None, :]) * inv_t
 
-    labels = tl.load(labels_ptr + rows, mask=row_ok, other=-1)
+    labels = tl.load(labels_ptr + rows, mask=row_ok, other=-1).to(tl.int32)  # V < 2**31
     lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
+    ent = tl.load(ent_ptr + rows, mask=row_ok, other=0.0)
     glp = tl.load(glp_ptr + rows, mask=row_ok, other=0.0)
+    gent = tl.load(gent_ptr + rows, mask=row_ok, other=0.0)
     logp = z - lse[:, None]
     p = tl.where(col_ok[None, :], tl.exp(logp), 0.0)
-    coef = glp[:, None] + tl.zeros([BLOCK_N, BLOCK_V], tl.float32)
-    if WITH_ENT:
-        ent = tl.load(ent_ptr + rows, mask=row_ok, other=0.0)
-        gent = tl.load(gent_ptr + rows, mask=row_ok, other=0.0)
-        # dH/dz = -p (z - lse + H): finite where p == 0 because logp stays finite
-        coef += gent[:, None] * (logp + ent[:, None])
-    hit = cols[None, :] == labels[:, None]
+    # dH/dz = -p (z - lse + H), from the logits: finite where p underflows to 0. Columns with
+    # p == 0 add nothing; flooring their logp keeps 0 * inf = NaN out where z = -inf.
+    coef = glp[:, None] + gent[:, None] * (tl.where(p > 0.0, logp, 0.0) + ent[:, None])
+    hit = local[None, :] == (labels - v_start)[:, None]
     dz = tl.where(hit, glp[:, None], 0.0) - p * coef
     dz = tl.where(col_ok[None, :], dz * inv_t, 0.0)
-    tl.store(dz_ptr + rows[:, None] * stride_dzn + local[None, :], dz,
+    dz_rows = dz_ptr + rows.to(tl.int64)[:, None] * stride_dzn  # int64: N * Vc may pass 2**31
+    tl.store(dz_rows + local[None, :], dz.to(dz_ptr.dtype.element_ty),
              mask=row_ok[:, None] & col_ok[None, :])
 
 
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
-def _block_h(H: int) -> int:
-    return max(16, min(64, triton.next_power_of_2(H)))
+def _on_gpu(t: torch.Tensor) -> bool:
+    """Whether a launch takes the GPU configs (autotuned tiles); the interpreter takes one small tile.
+    (A test points this at CPU tensors to run the GPU launch code under the interpreter.)"""
+    return t.is_cuda
 
 
-def _triton_forward(h, w, b, labels, inv_t, ignore_index, with_ent):
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _gemm_aligned(h: torch.Tensor, w: torch.Tensor) -> bool:
+    """H and both row strides multiples of 16 elements, rows 16-byte aligned: what every LLM's
+    hidden size gives, what the GPU kernels are compiled for in tests/kernels/test_gpu_compile.py,
+    and what lets their loads pipeline. Anything else takes the torch path on a GPU."""
+    return all(t.shape[1] % 16 == 0 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0
+               for t in (h, w))
+
+
+def _gpu_tiles(dtype: torch.dtype) -> tuple[Tile, ...]:
+    return _TILES_16BIT if dtype in (torch.bfloat16, torch.float16) else _TILES_FP32
+
+
+def _interpreter_tile(H: int) -> Tile:
+    """The one config of the interpreter: small tiles keep the CPU tests fast and deterministic."""
+    return Tile(BLOCK_N=16, BLOCK_V=64, BLOCK_H=max(16, min(64, triton.next_power_of_2(H))),
+                num_warps=4, num_stages=1)
+
+
+def _dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
+    """tl.dot's input_precision: exact fp32 ("ieee", no tensor cores) unless TF32 is allowed.
+    bf16/fp16 operands always take the tensor cores; they get "ieee" so that one compiled kernel
+    serves both settings."""
+    return "tf32" if allow_tf32 and dtype == torch.float32 else "ieee"
+
+
+def _vocab_step(h: torch.Tensor) -> int:
+    """Vocab splits and chunks are multiples of every config's BLOCK_V."""
+    if _on_gpu(h):
+        return max(t.BLOCK_V for t in _gpu_tiles(h.dtype))
+    return _interpreter_tile(h.shape[1]).BLOCK_V
+
+
+def _launch(kernel, h: torch.Tensor, grid, args, precision: str) -> None:
+    """``kernel[grid(BLOCK_N, BLOCK_V)](*args)``: autotuned over the GPU tiles on a GPU, with the
+    interpreter's one tile on CPU."""
+    if _on_gpu(h):
+        with device_guard(h):
+            tuned(kernel, _gpu_tiles(h.dtype), _TUNE_KEY)[
+                lambda meta: grid(meta["BLOCK_N"], meta["BLOCK_V"])](*args, DOT_PRECISION=precision,
+                                                                     UPCAST=False)
+    else:
+        t = _interpreter_tile(h.shape[1])
+        kernel[grid(t.BLOCK_N, t.BLOCK_V)](*args, DOT_PRECISION=precision, UPCAST=True, **t.meta())
+
+
+def _triton_forward(h, w, b, labels, inv_t, ignore_index, with_ent, precision):
+    """h and w share one dtype (fp32, bf16 or fp16); b is fp32 [V]."""
     N, H = h.shape
     V = w.shape[0]
     dev = h.device
-    interp = triton_interpreting() and not h.is_cuda
-    BLOCK_N = 16 if interp else 64
-    BLOCK_V = 64 if interp else 128
-    n_blocks = triton.cdiv(N, BLOCK_N)
-    v_blocks = triton.cdiv(V, BLOCK_V)
+    step = _vocab_step(h)
+    v_blocks = triton.cdiv(V, step)
     # Split the vocabulary over programs so that few tokens still fill the GPU (about 4 programs
-    # per SM); the interpreter uses 2 splits so the tests cover the combine step.
-    if h.is_cuda:
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    # per SM at the default tile); the interpreter uses 2 splits so the tests cover the combine step.
+    if _on_gpu(h):
+        sms = _sm_count(dev)
+        n_blocks = triton.cdiv(N, _gpu_tiles(h.dtype)[0].BLOCK_N)
         splits = max(1, min(v_blocks, triton.cdiv(4 * sms, max(n_blocks, 1))))
     else:
         splits = min(2, v_blocks)
-    v_split = triton.cdiv(v_blocks, splits) * BLOCK_V
+    v_split = triton.cdiv(v_blocks, splits) * step
     splits = triton.cdiv(V, v_split)
     part = torch.empty(4, splits, max(N, 1), device=dev, dtype=torch.float32)
     if N > 0:
-        _logprobs_fwd_kernel[(n_blocks, splits)](
-            h, w, b if b is not None else h, labels, part,
-            N, V, H, splits, v_split, h.stride(0), w.stride(0), inv_t,
-            HAS_BIAS=b is not None, WITH_ENT=with_ent,
-            DOT_FP32=interp or h.dtype != w.dtype or h.dtype not in (torch.bfloat16, torch.float16),
-            BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, BLOCK_H=_block_h(H), num_warps=4 if interp else 8,
-        )
-    part = part[:, :, :N]
-    m_s, s0_s, s1_s, zl_s = part
+        _launch(_logprobs_fwd_kernel, h,
+                lambda block_n, _: (triton.cdiv(N, block_n), splits),
+                (h, w, b, labels, part[0], part[1], part[2], part[3],
+                 N, V, H, v_split, h.stride(0), w.stride(0), inv_t), precision)
+    m_s, s0_s, s1_s, zl_s = part[:, :, :N]
     m = m_s.amax(dim=0)
-    scale = torch.exp(m_s - m)
+    scale = torch.exp(m_s - m)  # a split of only -inf logits (m_s = -inf, sums 0) weighs 0
     s0 = (s0_s * scale).sum(0)
     lse = m + s0.log()
     valid = labels != ignore_index
@@ -246,42 +324,79 @@ def _triton_forward(h, w, b, labels, inv_t, ignore_index, with_ent):
     return lp, lse, ent
 
 
-def _triton_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need_b, chunk_bytes):
-    """d_hidden [N, H] fp32, d_weight [V, H] fp32 or None, d_bias [V] fp32 or None."""
+# torch.mm(a, b, out_dtype=torch.float32): a bf16/fp16 GEMM with an fp32 result (cuBLAS accumulates
+# in fp32 either way); the overload came with pytorch#150812 (torch 2.8) and works on CUDA only.
+# Not run here: this machine has no GPU, so the CPU fallback below is what the tests exercise.
+_MM_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
+
+
+def _add_mm_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc (fp32) += a @ b, with a and b in the GEMM dtype; the GEMM itself accumulates in fp32."""
+    if a.dtype == torch.float32:
+        acc.addmm_(a, b)
+    elif a.is_cuda and _MM_OUT_DTYPE:
+        acc.add_(torch.mm(a, b, out_dtype=torch.float32))
+    else:  # CPU (the interpreter's tests) or an older torch: this chunk's product is rounded once
+        acc.add_(torch.mm(a, b))
+
+
+def _triton_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need_b, chunk_bytes,
+                     precision):
+    """d_hidden [N, H] fp32, d_weight [V, H] in w's dtype or None, d_bias [V] fp32 or None.
+
+    d_logits is stored in the inputs' dtype, one vocab chunk at a time, and both gradient GEMMs take
+    it with h or w as operands in that dtype (tensor cores for bf16/fp16) with fp32 accumulation:
+    d_hidden accumulates over the chunks in fp32; each chunk's rows of d_weight come from one GEMM
+    over all tokens, rounded once to w's dtype."""
     N, H = h.shape
     V = w.shape[0]
     dev = h.device
-    interp = triton_interpreting() and not h.is_cuda
-    BLOCK_N = 16 if interp else 64
-    BLOCK_V = 64 if interp else 128
-    with_ent = g_ent is not None
     d_h = torch.zeros(N, H, device=dev, dtype=torch.float32)
-    d_w = torch.zeros(V, H, device=dev, dtype=torch.float32) if need_w else None
+    d_w = (torch.empty if N else torch.zeros)(V, H, device=dev, dtype=w.dtype) if need_w else None
     d_b = torch.zeros(V, device=dev, dtype=torch.float32) if need_b else None
     if N == 0:
         return d_h, d_w, d_b
-    vc = max(BLOCK_V, (chunk_bytes // (4 * N)) // BLOCK_V * BLOCK_V)
-    vc = min(vc, triton.cdiv(V, BLOCK_V) * BLOCK_V)
-    dz = torch.empty(N, vc, device=dev, dtype=torch.float32)
-    h32 = h.float()
+    step = _vocab_step(h)
+    vc = max(step, (chunk_bytes // (h.element_size() * N)) // step * step)
+    vc = min(vc, triton.cdiv(V, step) * step)
+    dz = torch.empty(N, vc, device=dev, dtype=h.dtype)
     for v0 in range(0, V, vc):
         v1 = min(v0 + vc, V)
-        grid = (triton.cdiv(N, BLOCK_N), triton.cdiv(v1 - v0, BLOCK_V))
-        _logprobs_bwd_dlogits_kernel[grid](
-            h, w, b if b is not None else h, labels, lse, ent if with_ent else lse,
-            g_lp, g_ent if with_ent else g_lp, dz,
-            N, H, v0, v1, h.stride(0), w.stride(0), dz.stride(0), inv_t,
-            HAS_BIAS=b is not None, WITH_ENT=with_ent,
-            DOT_FP32=interp or h.dtype != w.dtype or h.dtype not in (torch.bfloat16, torch.float16),
-            BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, BLOCK_H=_block_h(H), num_warps=4 if interp else 8,
-        )
+        _launch(_logprobs_bwd_dlogits_kernel, h,
+                lambda block_n, block_v: (triton.cdiv(N, block_n), triton.cdiv(v1 - v0, block_v)),
+                (h, w, b, labels, lse, ent, g_lp, g_ent, dz,
+                 N, H, v0, v1, h.stride(0), w.stride(0), dz.stride(0), inv_t), precision)
         d = dz[:, : v1 - v0]
-        d_h.addmm_(d, w[v0:v1].float())
+        _add_mm_fp32(d_h, d, w[v0:v1])
         if need_w:
-            torch.mm(d.t(), h32, out=d_w[v0:v1])
+            torch.mm(d.t(), h, out=d_w[v0:v1])
         if need_b:
-            d_b[v0:v1] = d.sum(0)
+            torch.sum(d, dim=0, dtype=torch.float32, out=d_b[v0:v1])
     return d_h, d_w, d_b
+
+
+def _gpu_variants() -> list[Variant]:
+    """Every compilation a GPU launch of this module can ask for (see ``Variant``)."""
+    out = []
+    for dtype, precisions in (("fp32", ("ieee", "tf32")), ("bf16", ("ieee",)), ("fp16", ("ieee",))):
+        tiles = _gpu_tiles(getattr(torch, {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]))
+        for kernel, pointers in (
+            (_logprobs_fwd_kernel, dict(h_ptr=dtype, w_ptr=dtype, b_ptr="fp32", labels_ptr="i64",
+                                        m_ptr="fp32", s0_ptr="fp32", s1_ptr="fp32", zl_ptr="fp32")),
+            (_logprobs_bwd_dlogits_kernel, dict(h_ptr=dtype, w_ptr=dtype, b_ptr="fp32", labels_ptr="i64",
+                                                lse_ptr="fp32", ent_ptr="fp32", glp_ptr="fp32",
+                                                gent_ptr="fp32", dz_ptr=dtype)),
+        ):
+            for precision in precisions:
+                for t in tiles:
+                    out.append(Variant.of(
+                        kernel, dtype, pointers, floats=("inv_t",), aligned=("H", "stride_hn", "stride_wv",
+                                                                             "stride_dzn"),
+                        constexprs=dict(DOT_PRECISION=precision, UPCAST=False, BLOCK_N=t.BLOCK_N,
+                                        BLOCK_V=t.BLOCK_V, BLOCK_H=t.BLOCK_H),
+                        num_warps=t.num_warps, num_stages=t.num_stages,
+                        tensor_cores=dtype != "fp32" or precision == "tf32"))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -344,12 +459,15 @@ def _torch_forward(h, w, b, labels, inv_t, ignore_index, with_ent, chunk_bytes):
         rows, cols = _label_slot(labels, v0, v1)
         z_lab[rows] = z[rows, cols]
         m_new = torch.maximum(m, z.amax(dim=1))
-        scale = torch.exp(m - m_new)
+        # rows whose logits so far are all -inf (a bias of -inf) shift by 0: -inf - -inf is NaN
+        shift = torch.where(m_new == float("-inf"), 0.0, m_new)
+        scale = torch.exp(m - shift)
         if with_ent:
-            e = torch.sub(z, m_new[:, None]).exp_()
-            s1.mul_(scale).add_(torch.linalg.vecdot(e, z))
+            e = torch.sub(z, shift[:, None]).exp_()
+            # p == 0 exactly where z = -inf; flooring z there keeps 0 * -inf = NaN out of sum p z
+            s1.mul_(scale).add_(torch.linalg.vecdot(e, z.clamp_(min=torch.finfo(cd).min)))
         else:
-            e = z.sub_(m_new[:, None]).exp_()  # in place: z is not needed any more
+            e = z.sub_(shift[:, None]).exp_()  # in place: z is not needed any more
         s0.mul_(scale).add_(e.sum(dim=1))
         m = m_new
         del z, e
@@ -373,9 +491,11 @@ def _torch_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need_
         v1 = min(v0 + vc, V)
         logp, w_c = _scaled_logits(h_c, w, b, v0, v1, inv_t, cd, shift=lse)
         if g_ent is not None:
-            # dz = (onehot g_lp - p (g_lp + g_ent (logp + H))) / T: finite where p == 0
+            # dz = (onehot g_lp - p (g_lp + g_ent (logp + H))) / T: finite where p underflows to 0.
+            # The floor changes logp only where p == 0 (exp(-1e4) is 0 in fp64 too), and keeps
+            # 0 * inf = NaN out of p * coef where a logit is -inf.
             dz = torch.exp(logp)
-            coef = logp.add_(ent[:, None]).mul_(g_ent[:, None]).add_(g_lp[:, None])
+            coef = logp.clamp_(min=-1e4).add_(ent[:, None]).mul_(g_ent[:, None]).add_(g_lp[:, None])
             dz.mul_(coef).mul_(-inv_t)
             del coef
         else:
@@ -397,15 +517,17 @@ def _torch_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need_
 # ----------------------------------------------------------------------------------------------
 class _FusedLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, inv_t, ignore_index, with_ent, backend, chunk_bytes):
+    def forward(ctx, hidden, weight, bias, labels, inv_t, ignore_index, with_ent, backend, chunk_bytes,
+                precision):
         if backend == "triton":
-            lp, lse, ent = _triton_forward(hidden, weight, bias, labels, inv_t, ignore_index, with_ent)
+            lp, lse, ent = _triton_forward(hidden, weight, bias, labels, inv_t, ignore_index, with_ent,
+                                           precision)
         else:
             lp, lse, ent = _torch_forward(hidden, weight, bias, labels, inv_t, ignore_index,
                                           with_ent, chunk_bytes)
         ctx.save_for_backward(hidden, weight, bias, labels, lse, ent)
         ctx.inv_t, ctx.ignore_index, ctx.with_ent = inv_t, ignore_index, with_ent
-        ctx.backend, ctx.chunk_bytes = backend, chunk_bytes
+        ctx.backend, ctx.chunk_bytes, ctx.precision = backend, chunk_bytes, precision
         # An output that does not reach the loss gets None (not zeros), so e.g. an entropy kept only
         # for logging adds no work to the backward.
         ctx.set_materialize_grads(False)
@@ -415,34 +537,35 @@ class _FusedLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_lp, g_ent):
+        none = (None,) * 10
         hidden, weight, bias, labels, lse, ent = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         if not (need_h or need_w or need_b):
-            return (None,) * 9
+            return none
         valid = labels != ctx.ignore_index
         cd = lse.dtype
         if g_lp is None and (g_ent is None or not ctx.with_ent):
-            return (None,) * 9
+            return none
         g_lp = torch.zeros_like(lse) if g_lp is None else torch.where(valid, g_lp.to(cd), 0.0)
         if ctx.with_ent and g_ent is not None:
             g_ent = torch.where(valid, g_ent.to(cd), 0.0)
         else:
             g_ent = None
-        safe = torch.where(valid, labels, torch.zeros_like(labels))
         if ctx.backend == "triton":
+            # the kernel always takes the entropy's terms: zeros add nothing
+            g_ent = torch.zeros_like(lse) if g_ent is None else g_ent.contiguous()
             d_h, d_w, d_b = _triton_backward(
-                hidden, weight, bias, labels, lse, ent, g_lp.contiguous(),
-                None if g_ent is None else g_ent.contiguous(), ctx.inv_t, need_w, need_b,
-                ctx.chunk_bytes)
+                hidden, weight, bias, labels, lse, ent, g_lp.contiguous(), g_ent, ctx.inv_t, need_w,
+                need_b, ctx.chunk_bytes, ctx.precision)
         else:
+            safe = torch.where(valid, labels, torch.zeros_like(labels))
             d_h, d_w, d_b = _torch_backward(hidden, weight, bias, safe, lse, ent, g_lp, g_ent,
                                             ctx.inv_t, need_w, need_b, ctx.chunk_bytes)
         return (
             d_h.to(hidden.dtype) if need_h else None,
             d_w.to(weight.dtype) if need_w else None,
             d_b.to(bias.dtype) if need_b else None,
-            None, None, None, None, None, None,
-        )
+        ) + none[3:]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -484,6 +607,7 @@ def fused_logprobs(
     ignore_index: int = -100,
     backend: str = "auto",
     chunk_bytes: int | None = None,
+    allow_tf32: bool | None = None,
 ):
     """Log-probs (and entropies) of ``labels`` under ``softmax((hidden @ weight.T + bias) / T)``.
 
@@ -492,17 +616,23 @@ def fused_logprobs(
         weight: ``[V, H]`` lm_head weight.
         labels: ``[...]`` integer token ids in ``[0, V)``, or ``ignore_index``.
         temperature: divides the logits (sampling temperature), > 0.
-        bias: optional ``[V]`` lm_head bias.
+        bias: optional ``[V]`` lm_head bias; ``-inf`` entries mask tokens out.
         return_entropy: also return the entropy ``[...]`` of each token's distribution.
-        backend: ``"auto" | "triton" | "torch"`` (see ``fastcrit_kernels._dispatch``).
-        chunk_bytes: bytes of fp32 logits one chunk may hold (default: 64 MiB on CPU, 512 MiB on GPU).
+        backend: ``"auto" | "triton" | "torch"`` (see ``fastcrit_kernels._dispatch``); fp64 inputs
+            always take the torch path.
+        chunk_bytes: bytes of logits one chunk may hold (default: 64 MiB on CPU, 512 MiB on GPU).
+        allow_tf32: fp32 inputs on the Triton path: TF32 tensor cores for the logits GEMM instead of
+            exact fp32 (default: ``FASTCRIT_KERNELS_ALLOW_TF32=1``, else off). bf16/fp16 inputs
+            always use the tensor cores; the torch GEMMs follow torch's own TF32 setting.
 
     Returns:
         ``logp [...]`` fp32 (fp64 for fp64 inputs), 0 where ignored; with ``return_entropy`` a pair
-        ``(logp, entropy)``. Differentiable in ``hidden``, ``weight`` and ``bias``.
+        ``(logp, entropy)``. Differentiable in ``hidden``, ``weight`` and ``bias``. A label outside
+        ``[0, V)`` raises on CPU; on a GPU the check would cost a device sync on every call, so it
+        runs only with ``FASTCRIT_KERNELS_VALIDATE=1`` and such a label otherwise gives NaN.
     """
     _check_inputs(hidden, weight, labels, temperature, bias)
-    which = resolve_backend(backend, hidden, weight)
+    which = resolve_backend(backend, hidden, weight, bias)
     lead = hidden.shape[:-1]
     H = hidden.shape[-1]
     V = weight.shape[0]
@@ -512,17 +642,32 @@ def fused_logprobs(
     w2 = weight if weight.stride(-1) == 1 else weight.contiguous()
     lab = labels.reshape(-1).to(torch.int64)
     bad = (lab != ignore_index) & ((lab < 0) | (lab >= V))
-    if bool(bad.any()):
-        first = int(lab[bad][0])
-        raise ValueError(f"labels must lie in [0, V={V}) or equal ignore_index={ignore_index}; got {first}")
+    if check_on_host(lab):
+        if bool(bad.any()):
+            first = int(lab[bad][0])
+            raise ValueError(f"labels must lie in [0, V={V}) or equal ignore_index={ignore_index}; "
+                             f"got {first}")
+        bad = None
     if chunk_bytes is None:
         chunk_bytes = GPU_CHUNK_BYTES if hidden.is_cuda else CPU_CHUNK_BYTES
+    if allow_tf32 is None:
+        allow_tf32 = os.environ.get("FASTCRIT_KERNELS_ALLOW_TF32", "0") not in ("", "0")
+    precision = None
     if which == "triton":
+        # One dtype for both GEMM operands (a mixed pair is promoted, copying the smaller side) and
+        # an fp32 bias (zeros without one): fewer kernel variants, each one compile-checked.
+        gd = torch.promote_types(h2.dtype, w2.dtype)
+        h2, w2 = h2.to(gd), w2.to(gd)
+        if _on_gpu(h2) and not _gemm_aligned(h2, w2):
+            which = "torch"
+    if which == "triton":
+        bias = torch.zeros(V, device=w2.device) if bias is None else bias.float().contiguous()
         lab = lab.contiguous()
-        if bias is not None:
-            bias = bias.contiguous()
+        precision = _dot_precision(gd, bool(allow_tf32))
     lp, ent = _FusedLogprobs.apply(h2, w2, bias, lab, 1.0 / float(temperature), int(ignore_index),
-                                   bool(return_entropy), which, int(chunk_bytes))
+                                   bool(return_entropy), which, int(chunk_bytes), precision)
+    if bad is not None:  # unchecked on the GPU: an out-of-range label gives NaN, not a wrong number
+        lp = torch.where(bad, float("nan"), lp)
     lp = lp.reshape(lead)
     if return_entropy:
         return lp, ent.reshape(lead)
@@ -545,5 +690,7 @@ def logprobs_reference(hidden, weight, labels, *, temperature=1.0, bias=None, re
     lp = torch.where(valid, lp, torch.zeros_like(lp))
     if not return_entropy:
         return lp
-    ent = -(logp_all.exp() * logp_all).sum(-1)
+    p = logp_all.exp()
+    # 0 log 0 = 0 (torch.special.entr's convention): a logit of -inf adds nothing, not NaN
+    ent = -(p * logp_all.masked_fill(p == 0, 0.0)).sum(-1)
     return lp, torch.where(valid, ent, torch.zeros_like(ent))

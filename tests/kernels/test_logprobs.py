@@ -3,15 +3,18 @@ interpreter on CPU), plus parity with Liger-Kernel's chunked log-prob forward.""
 import pytest
 import torch
 
-from fastcrit_kernels import fused_logprobs
+import fastcrit_kernels.logprobs as L
+from fastcrit_kernels import fused_logprobs, resolve_backend
 from fastcrit_kernels.logprobs import logprobs_reference
 
 # One tolerance table for this module: input dtype -> (value atol, value rtol, grad atol, grad rtol).
-# Values are computed in fp32 for every input dtype, so bf16 only loosens the gradients, which come
-# back in bf16 (8 mantissa bits).
+# Values are computed in fp32 for every input dtype, so bf16 / fp16 only loosen the gradients, which
+# come back in bf16 (8 mantissa bits) / fp16 (11), through a d_logits buffer of that dtype on the
+# Triton path.
 TOL = {
     torch.float32: (2e-5, 1e-5, 2e-5, 1e-4),
     torch.bfloat16: (2e-5, 1e-5, 2e-2, 2e-2),
+    torch.float16: (2e-5, 1e-5, 4e-3, 4e-3),
 }
 # Triton on CPU tensors runs only under the interpreter, which tests/conftest.py turns on only where
 # there is no GPU; on a GPU machine the compiled kernels are tested on CUDA tensors instead.
@@ -66,7 +69,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_reference(case, backend, dtype):
@@ -215,3 +218,133 @@ def test_everything_ignored_strided_hidden_int32_labels(backend):
     lp = fused_logprobs(hidden, weight, labels, backend=backend)
     torch.testing.assert_close(lp.double(), logprobs_reference(hidden, weight, labels.long()).detach(),
                                atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_minus_inf_bias_masks_whole_tiles(backend):
+    """A bias of -inf over the first 150 of 200 columns: the first vocab split, whole Triton tiles and
+    whole torch chunks hold only -inf, where an unguarded online log-sum-exp gives NaN (exp(-inf -
+    -inf)). Log-probs must be torch's log_softmax (-inf for a masked label), entropies torch's
+    Categorical entropy, and gradients finite and equal to the reference's."""
+    N, H, V = 9, 16, 200
+    hidden, weight, _, labels = _inputs((N,), H, V, torch.float32, seed=7)
+    b = torch.zeros(V)
+    b[:150] = float("-inf")
+    b = b.requires_grad_()
+    labels = 150 + labels % 50
+    labels[2] = 10  # a masked label: log-prob -inf, as torch's
+    lp, ent = fused_logprobs(hidden, weight, labels, bias=b, temperature=0.9, return_entropy=True,
+                             backend=backend, chunk_bytes=4 * N * 50)
+    z = (hidden.detach().double() @ weight.detach().double().t() + b.detach().double()) / 0.9
+    want_lp = torch.log_softmax(z, -1).gather(-1, labels[:, None]).squeeze(-1)
+    want_ent = torch.distributions.Categorical(logits=z).entropy()
+    assert want_lp[2] == float("-inf") and lp[2] == float("-inf")
+    torch.testing.assert_close(lp.double(), want_lp, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(ent.double(), want_ent, atol=2e-5, rtol=1e-5)
+
+    keep = torch.arange(N) != 2  # the -inf log-prob cannot enter a finite loss
+    u = torch.randn(N, generator=torch.Generator().manual_seed(2)) * 1.7 + 0.3
+    got = torch.autograd.grad((lp * u)[keep].sum() + (ent * u).sum(), [hidden, weight, b])
+    p64 = [t.detach().double().requires_grad_() for t in (hidden, weight, b)]
+    rlp, rent = logprobs_reference(p64[0], p64[1], labels, bias=p64[2], temperature=0.9,
+                                   return_entropy=True)
+    want = torch.autograd.grad((rlp * u.double())[keep].sum() + (rent * u.double()).sum(), p64)
+    for a, e in zip(got, want):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a.double(), e, atol=2e-5 * max(1.0, e.abs().max().item()), rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_all_minus_inf_row_is_nan_like_torch(backend):
+    """Every logit -inf: torch's log_softmax and entropy are NaN, and so are ours (not a number
+    that looks valid)."""
+    hidden, weight, _, labels = _inputs((4,), 8, 70, torch.float32)
+    b = torch.full((70,), float("-inf"))
+    lp, ent = fused_logprobs(hidden, weight, labels, bias=b, return_entropy=True, backend=backend)
+    z = hidden.detach() @ weight.detach().t() + b
+    assert torch.log_softmax(z, -1).isnan().all()
+    assert lp.isnan().all() and ent.isnan().all()
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton", "torch"])
+def test_fp64_takes_the_torch_path(backend):
+    """fp64 inputs always run the fp64 torch path: exact to fp64 rounding (the kernels compute in
+    fp32, and fp64 tiles would not fit a GPU's shared memory)."""
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(7, 12, dtype=torch.float64, generator=g)
+    w = torch.randn(90, 12, dtype=torch.float64, generator=g)
+    labels = torch.randint(0, 90, (7,), generator=g)
+    assert resolve_backend(backend, h, w) == "torch"
+    lp = fused_logprobs(h, w, labels, backend=backend)
+    assert lp.dtype == torch.float64
+    torch.testing.assert_close(lp, logprobs_reference(h, w, labels), atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is off on a GPU machine")
+@pytest.mark.parametrize("tiles", ["_TILES_16BIT", "_TILES_FP32"])
+def test_gpu_launch_path_every_tile_under_the_interpreter(monkeypatch, tiles):
+    """The GPU branch of the launchers (the triton.autotune wrapper, grids from the chosen tile,
+    vocab splits and chunks in steps of the largest tile) run under the interpreter on CPU tensors,
+    with each GPU tile in turn as the only config. The operands are fp32 for both tile sets (the
+    interpreter's tl.dot mis-reads bf16 unless upcast, which the GPU branch does not do). Whether
+    the tiles compile for sm_80 / sm_90a is test_gpu_compile.py's business."""
+    monkeypatch.setenv("FASTCRIT_KERNELS_AUTOTUNE", "0")  # one config: nothing to benchmark
+    monkeypatch.setattr(L, "_on_gpu", lambda t: True)
+    monkeypatch.setattr(L, "_sm_count", lambda device: 3)
+    launched = []
+    real_tuned = L.tuned
+    monkeypatch.setattr(L, "tuned", lambda kernel, tiles, key: (
+        launched.append(tiles[0]), real_tuned(kernel, tiles, key))[1])
+    tile_set = getattr(L, tiles)
+    for i in range(len(tile_set)):
+        monkeypatch.setattr(L, "_gpu_tiles", lambda dtype, i=i: tile_set[i:] + tile_set[:i])
+        launched.clear()
+        _compare("triton", torch.float32, (3, 47), 48, 700, temperature=0.8, bias=True, ignore=(5,),
+                 chunk_bytes=4 * 141 * 256)
+        assert set(launched) == {tile_set[i]} and len(launched) == 1 + 3  # forward, 3 chunks
+    # H = 40 is not a multiple of 16: a GPU sends it to the torch path (no kernel compiled for it)
+    launched.clear()
+    _compare("triton", torch.float32, (3, 5), 40, 100)
+    assert not launched
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is off on a GPU machine")
+def test_fp32_dot_is_exact_unless_tf32_is_asked_for(monkeypatch):
+    """fp32 inputs launch with input_precision "ieee" (no tensor cores) by default; allow_tf32=True
+    or FASTCRIT_KERNELS_ALLOW_TF32=1 asks for "tf32"; bf16/fp16 ignore the setting. (The
+    interpreter ignores input_precision; test_gpu_compile.py checks what each one compiles to.)"""
+    seen = []
+    real = L._launch
+    monkeypatch.setattr(L, "_launch", lambda kernel, h, grid, args, precision: (
+        seen.append(precision), real(kernel, h, grid, args, precision))[1])
+
+    def run(dtype, **kw):
+        seen.clear()
+        hidden, weight, _, labels = _inputs((5,), 16, 40, dtype)
+        fused_logprobs(hidden, weight, labels, backend="triton", **kw).sum().backward()
+        assert len(seen) == 2  # forward and backward
+        return set(seen)
+
+    assert run(torch.float32) == {"ieee"}
+    assert run(torch.float32, allow_tf32=True) == {"tf32"}
+    monkeypatch.setenv("FASTCRIT_KERNELS_ALLOW_TF32", "1")
+    assert run(torch.float32) == {"tf32"}
+    assert run(torch.float32, allow_tf32=False) == {"ieee"}
+    assert run(torch.bfloat16) == {"ieee"}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unchecked_out_of_range_label_gives_nan(monkeypatch, backend):
+    """Where the label check is skipped (a GPU without FASTCRIT_KERNELS_VALIDATE=1: it would sync
+    on every call), an out-of-range label gives NaN at its position, never a plausible number, and
+    the other positions and the gradient are untouched."""
+    monkeypatch.setattr(L, "check_on_host", lambda t: False)
+    hidden, weight, _, labels = _inputs((6,), 16, 50, torch.float32)
+    labels[1], labels[4] = 50, -3
+    lp = fused_logprobs(hidden, weight, labels, backend=backend)
+    assert lp[1].isnan() and lp[4].isnan()
+    ok = torch.tensor([True, False, True, True, False, True])
+    ref = logprobs_reference(hidden, weight, torch.where(ok, labels, 0))
+    torch.testing.assert_close(lp[ok].double(), ref[ok].detach(), atol=2e-5, rtol=1e-5)
+    lp[ok].sum().backward()
+    assert torch.isfinite(hidden.grad).all() and torch.isfinite(weight.grad).all()
