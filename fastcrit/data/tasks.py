@@ -3,6 +3,9 @@
 `minicode` (programming problems for CTRL, and chat SFT data for the tiny coder): see
 fastcrit.data.minicode.
 
+`math` (arithmetic word problems with boxed answers for the `math` reward, and chat SFT data for
+the warm start): see fastcrit.data.math_words.
+
 `reverse`: reverse a sequence of 5 space-separated lowercase letters. With the byte-level BPE
 tokenizer each " x" is one token, so the task is about order, not spelling. The rule reward gives
 partial credit per position (see fastcrit.reward.rule.reverse_reward).
@@ -92,12 +95,13 @@ def shipped_tasks() -> list[str]:
 
 
 def write_shipped() -> None:
+    from fastcrit.data.math_words import make_math
     from fastcrit.data.minicode import make_minicode
 
     os.makedirs(TASK_DIR, exist_ok=True)
     reverse = make_reverse()
     reverse["prefs"] = make_reverse_prefs(reverse["train"])
-    for name, splits in (("reverse", reverse), ("minicode", make_minicode())):
+    for name, splits in (("reverse", reverse), ("minicode", make_minicode()), ("math", make_math())):
         for split, rows in splits.items():
             with open(task_path(name, split), "w") as f:
                 for r in rows:

@@ -21,6 +21,18 @@ def test_equivalent_answers_score_1(response, answer):
     assert r.score == 1.0 and r.info["correct"] is True and r.info["no_answer"] is False
 
 
+HALF = ("1/2", "0.5", "\\frac{1}{2}")
+
+
+@pytest.mark.parametrize("said", HALF)
+@pytest.mark.parametrize("reference", HALF)
+def test_one_half_in_any_form_matches_any_other(said, reference):
+    """1/2, 0.5 and \\frac{1}{2} agree both ways, boxed or bare, and none of them equals 1/3."""
+    for response in (f"so \\boxed{{{said}}}", f"The answer is {said}"):
+        assert math_score(response, reference).score == 1.0, (response, reference)
+    assert math_score(f"\\boxed{{{said}}}", "1/3").score == 0.0
+
+
 @pytest.mark.parametrize("response,answer", [
     ("\\boxed{2}", "3"),
     ("\\boxed{3}, or maybe \\boxed{2}", "3"),
