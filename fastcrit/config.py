@@ -119,6 +119,13 @@ class RAROConfig:
     tau_pol: float = 0.6
     lambda_pol: float = 1.0 / 9.0  # role weights of the joint loss
     lambda_crit: float = 8.0 / 9.0
+    # The warm start (sft.data "" = made from data.train) teaches both roles' formats. Policy rows
+    # answer with the expert's answer, except a share warm_start_cut of them, cut short at a random
+    # point: a starting policy that often stops early, a gap a critic can see. Critic rows show the
+    # expert's answer and another question's and name the expert's ("expert"), or name one at random
+    # ("random": the critic learns the verdict format only and starts at chance, still exploring).
+    warm_start_cut: float = 0.0
+    warm_start_critic: Literal["expert", "random"] = "expert"
 
 
 @dataclass
@@ -179,6 +186,11 @@ class CTRLConfig:
     solutions_per_problem: int = 1  # initial solutions sampled from the generator per problem
     solution_temperature: float = 1.0  # sampling temperature of the initial solutions
     sft_balance: bool = True  # repeat the rarer judgment's critiques until both are as many
+    # Training reward: a critique whose own review contradicts itself (a part marked "ok" whose
+    # needed and present text differ, or "wrong" where they agree, or a verdict against its review;
+    # fastcrit.data.critique.review_agrees) is invalid: it scores 0 and is not executed, as a
+    # critique without a judgment. Reads only the critique. Off = the paper's rule alone.
+    consistent_review: bool = False
     rounds: int = 1  # critique -> revision rounds at test time (`fastcrit critique`)
     critic: str = ""  # test time: critic model dir; "" = newest checkpoint of trainer.output_dir
     critic_endpoint: str = ""  # test time: an OpenAI-compatible critic instead of a local one
@@ -418,6 +430,7 @@ def validate(cfg: Config) -> None:
     need(0.0 <= cfg.raro.replay_ratio < 1.0, "raro.replay_ratio: must be in [0, 1)")
     need(cfg.raro.replay_capacity >= 1, "raro.replay_capacity: must be >= 1")
     need(cfg.raro.critic_samples >= 1, "raro.critic_samples: must be >= 1")
+    need(0.0 <= cfg.raro.warm_start_cut <= 1.0, "raro.warm_start_cut: must be in [0, 1]")
     need(cfg.raro.lambda_pol >= 0 and cfg.raro.lambda_crit >= 0, "raro.lambda_pol, raro.lambda_crit: must be >= 0")
     need(cfg.pacs.beta > 0, f"pacs.beta: must be > 0, got {cfg.pacs.beta}")
     need(cfg.ctrl.rounds >= 1, f"ctrl.rounds: must be >= 1, got {cfg.ctrl.rounds}")

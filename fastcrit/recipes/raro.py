@@ -61,12 +61,14 @@ class RARO:
         self.val = load(c.data.val, "test")[:c.data.val_size] if c.data.val else []
         self.check = make_reward(c, run.out, run.ctx.rank, run.ctx.device) if c.reward.name else None
         self.verdicts = get_reward_manager("raro", tau_crit=c.raro.tau_crit, tau_pol=c.raro.tau_pol)
+        self.start_answers: list[str] | None = None  # the starting policy's held-out answers (evaluate)
 
     def state_dict(self) -> dict:
-        return {"buffer": self.buffer.state_dict()}
+        return {"buffer": self.buffer.state_dict(), "start_answers": self.start_answers}
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer.load_state_dict(state["buffer"])
+        self.start_answers = state.get("start_answers")
 
     # -- the critic's prompt and verdicts --------------------------------------------------------
 
@@ -139,7 +141,12 @@ class RARO:
 
     def evaluate(self) -> dict[str, float]:
         """Greedy: the policy answers each held-out question; the critic judges it against the
-        expert's answer (expert first for even questions, second for odd ones)."""
+        expert's answer (expert first for even questions, second for odd ones). The two roles move
+        together, so each is also measured against the other's start: the critic judges the
+        *starting* policy's answers as well (``val/critic_acc_fixed``: did the critic learn to tell
+        them from the expert's?), and ``val/start_policy_reward`` is what those answers earn from
+        the current critic (the current policy's ``val/policy_reward`` above it: did the policy learn
+        what the critic looks for?)."""
         if not self.val:
             return {}
         run = self.run
@@ -147,19 +154,54 @@ class RARO:
         greedy = SamplingParams(n=1, max_new_tokens=run.cfg.rollout.max_new_tokens, temperature=0.0)
         pol = run.engine.generate([p.ids for p in share], greedy)
         texts = [run.tok.decode(o.output_ids, skip_special_tokens=True) for o in pol]
-        pairs = [Judged(p.example.prompt, p.example.answer, t, 1 + i % 2, i) for i, (p, t) in enumerate(zip(share, texts))]
-        crit, verdicts, _ = self.judge(pairs, dataclasses.replace(greedy, max_new_tokens=self.r.critic_max_new_tokens))
-        labels = [None if v.info["unparseable"] else v.info["label"] for v in verdicts]
-        parsed = [(lab, pairs[o.prompt_index].expert_pos) for o, lab in zip(crit, labels) if lab is not None]
-        pol_r = [v.info["policy_reward"] for v in verdicts if not v.info["unparseable"]]
-        out = {"val/critic_acc": critic_acc(parsed),
-               "val/tie_rate": sum(l == TIE for l, _ in parsed) / max(len(parsed), 1),
-               "val/unparseable_rate": sum(lab is None for lab in labels) / max(len(labels), 1),
-               "val/policy_reward": sum(pol_r) / max(len(pol_r), 1)}
+        if self.start_answers is None:
+            self.start_answers = texts
+        critic_params = dataclasses.replace(greedy, max_new_tokens=self.r.critic_max_new_tokens)
+        out = {f"val/{k}": v for k, v in self._judged(share, texts, critic_params).items()}
+        fixed = self._judged(share, self.start_answers, critic_params)
+        out["val/critic_acc_fixed"] = fixed["critic_acc"]
+        out["val/start_policy_reward"] = fixed["policy_reward"]
         if self.check is not None:
             results = self.check(reward_items(pol, texts, [p.example for p in share]))
             out["val/reward"] = sum(x.score for x in results) / max(len(results), 1)
         return all_reduce_mean(out)
+
+    def summary(self, first: dict, last: dict) -> dict:
+        """Each role against the other's start: the critic's accuracy on the starting policy's
+        held-out answers before and after training, and what the starting and the final policy's
+        answers earn from the final critic."""
+        if not first or not last:
+            return {}
+        out = {"critic_acc_start": first["val/critic_acc_fixed"], "critic_acc_end": last["val/critic_acc_fixed"],
+               "policy_reward_start": last["val/start_policy_reward"], "policy_reward_end": last["val/policy_reward"]}
+        if "val/reward" in first:
+            out.update(reward_start=first["val/reward"], reward_end=last["val/reward"])
+        return {"eval": out}
+
+    def summary_lines(self, summary: dict) -> list[str]:
+        e = summary.get("eval")
+        if not e:
+            return []
+        lines = [f"  critic accuracy on the starting policy's held-out answers: "
+                 f"{e['critic_acc_start']:.3f} -> {e['critic_acc_end']:.3f}",
+                 f"  policy reward from the final critic, starting -> final policy: "
+                 f"{e['policy_reward_start']:.3f} -> {e['policy_reward_end']:.3f}"]
+        if "reward_start" in e:
+            lines.append(f"  held-out task reward (reward.name, never trained on): "
+                         f"{e['reward_start']:.3f} -> {e['reward_end']:.3f}")
+        return lines
+
+    def _judged(self, share, texts: list[str], params: SamplingParams) -> dict[str, float]:
+        """The critic's greedy verdicts on (expert, answer) for each held-out question."""
+        pairs = [Judged(p.example.prompt, p.example.answer, t, 1 + i % 2, i) for i, (p, t) in enumerate(zip(share, texts))]
+        crit, verdicts, _ = self.judge(pairs, params)
+        labels = [None if v.info["unparseable"] else v.info["label"] for v in verdicts]
+        parsed = [(lab, pairs[o.prompt_index].expert_pos) for o, lab in zip(crit, labels) if lab is not None]
+        pol_r = [v.info["policy_reward"] for v in verdicts if not v.info["unparseable"]]
+        return {"critic_acc": critic_acc(parsed),
+                "tie_rate": sum(l == TIE for l, _ in parsed) / max(len(parsed), 1),
+                "unparseable_rate": sum(lab is None for lab in labels) / max(len(labels), 1),
+                "policy_reward": sum(pol_r) / max(len(pol_r), 1)}
 
 
 def critic_acc(parsed: list[tuple[int, int]]) -> float:
@@ -169,23 +211,28 @@ def critic_acc(parsed: list[tuple[int, int]]) -> float:
 
 
 def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
-    """SFT rows for both roles, from the expert answers alone: the policy answers each question;
-    the critic sees the expert's answer and another question's expert answer (a wrong answer that
-    looks right), in random order, and names the expert's."""
+    """SFT rows for both roles, from the expert answers alone: the policy answers each question (a
+    share ``r.warm_start_cut`` of its answers cut short at a random word); the critic sees the
+    expert's answer and another question's expert answer (a wrong answer that looks right), in
+    random order, and names the expert's, or (``r.warm_start_critic == "random"``) one at random."""
     rng = random.Random(seed)
     rows = []
     for i, ex in enumerate(examples):
+        answer, words = ex.answer, ex.answer.split(" ")
+        if len(words) > 1 and rng.random() < r.warm_start_cut:
+            answer = " ".join(words[:rng.randrange(1, len(words))])
         rows.append({"messages": [{"role": "system", "content": r.policy_system},
                                   {"role": "user", "content": ex.prompt},
-                                  {"role": "assistant", "content": ex.answer}]})
+                                  {"role": "assistant", "content": answer}]})
         other = examples[(i + rng.randrange(1, len(examples))) % len(examples)].answer
         if other == ex.answer:
             continue
         pos = rng.choice((1, 2))
         j = Judged(ex.prompt, ex.answer, other, pos, None)
+        label = pos if r.warm_start_critic == "expert" else rng.choice((1, 2))
         rows.append({"messages": [{"role": "system", "content": r.critic_system},
                                   {"role": "user", "content": critic_text(j)},
-                                  {"role": "assistant", "content": f"[Answer {pos}]"}]})
+                                  {"role": "assistant", "content": f"[Answer {label}]"}]})
     return rows
 
 

@@ -36,11 +36,44 @@ def test_raro_steps_buffer_and_exact_resume(tmp_path, same_checkpoint):
     state = torch.load(os.path.join(straight, "checkpoints", "step_2", "recipe_rank0.pt"), weights_only=False)
     assert len(state["buffer"]["items"]) == r[1]["raro/buffer_size"]
     summary = json.load(open(os.path.join(straight, "summary.json")))
-    for key in ("val_critic_acc_end", "val_policy_reward_end", "val_unparseable_rate_end", "val_reward_end"):
+    for key in ("val_critic_acc_end", "val_policy_reward_end", "val_unparseable_rate_end", "val_reward_end",
+                "val_critic_acc_fixed_end", "val_start_policy_reward_end"):
         assert summary[key] is not None, key
+    e = summary["eval"]  # each role against the other's start
+    assert e["critic_acc_start"] == summary["val_critic_acc_fixed_start"] == summary["val_critic_acc_start"]
+    assert e["policy_reward_end"] == summary["val_policy_reward_end"]
+    assert e["policy_reward_start"] == summary["val_start_policy_reward_end"]
+    assert len(state["start_answers"]) == 4  # the starting policy's held-out answers, kept for resume
 
     assert train(resumed, "trainer.total_steps=2", "trainer.save_every=2") == 0
     assert train(resumed, "trainer.total_steps=3", "trainer.save_every=2") == 0
     for x, y in zip(r, rows(resumed)):
         assert stable(x) == pytest.approx(stable(y), rel=1e-5, abs=1e-6)
     same_checkpoint(straight, resumed, 3)
+
+
+def test_warm_start_rows_cut_policy_answers_and_random_critic_labels():
+    from types import SimpleNamespace
+
+    from fastcrit.config import RAROConfig
+    from fastcrit.recipes.raro import warm_start_rows
+
+    ex = [SimpleNamespace(prompt=f"Reverse the letters: {w}", answer=" ".join(reversed(w.split())))
+          for w in ("a b c d e", "f g h i j", "k l m n o", "p q r s t")] * 50
+    full = warm_start_rows(ex, RAROConfig())
+    policy = [r["messages"][-1]["content"] for r in full if r["messages"][0]["content"] == RAROConfig.policy_system]
+    assert policy == [e.answer for e in ex]
+    critic = [r for r in full if r["messages"][0]["content"] != RAROConfig.policy_system]
+    # "expert": the label names the expert's answer
+    for r in critic:
+        q = r["messages"][1]["content"]
+        expert = next(e.answer for e in ex if e.prompt in q)
+        assert q.split(f"Answer {r['messages'][-1]['content'][-2]}:\n")[1].startswith(expert)
+    cut = warm_start_rows(ex, RAROConfig(warm_start_cut=0.5, warm_start_critic="random"))
+    policy = [(r["messages"][1]["content"], r["messages"][-1]["content"]) for r in cut
+              if r["messages"][0]["content"] == RAROConfig.policy_system]
+    short = [a for q, a in policy if len(a.split()) < 5]
+    assert 0.35 < len(short) / len(policy) < 0.65
+    assert all(" ".join(reversed(q.split(": ")[1].split())).startswith(a) for q, a in policy)  # prefixes
+    labels = [r["messages"][-1]["content"] for r in cut if r["messages"][0]["content"] != RAROConfig.policy_system]
+    assert 0.35 < labels.count("[Answer 1]") / len(labels) < 0.65
