@@ -143,15 +143,23 @@ def suggested_line(critique: str) -> str | None:
 
 
 _PART_RE = re.compile(r"needs `([^`\n]*)`, has `([^`\n]*)`: (ok|wrong)\b")
+_LINE_RE = re.compile(r"needs `([^`\n]*)` and the code has `([^`\n]*)`")
 
 
 def review_agrees(critique: str) -> bool | None:
-    """Whether a critique is true to its own part-by-part review: every part marked "wrong" exactly
-    when what it says the problem needs differs from what it says the code has, and the verdict
-    Incorrect exactly when some part differs. None when it has no such review or no verdict."""
+    """Whether a critique is true to its own review: in a part-by-part review every part marked
+    "wrong" exactly when what it says the problem needs differs from what it says the code has; in
+    a whole-line review ("the problem needs `...` and the code has `...`") or a part-by-part one,
+    the verdict Incorrect exactly when something differs. None when it has no such review or no
+    verdict."""
     verdict, part_marks = parse_judgment(critique), _PART_RE.findall(critique)
-    if verdict is None or not part_marks:
+    if verdict is None:
         return None
-    differ = [needs.strip() != has.strip() for needs, has, _ in part_marks]
-    marks_ok = all((mark == "wrong") == d for d, (_, _, mark) in zip(differ, part_marks))
-    return marks_ok and verdict == (not any(differ))
+    if part_marks:
+        differ = [needs.strip() != has.strip() for needs, has, _ in part_marks]
+        marks_ok = all((mark == "wrong") == d for d, (_, _, mark) in zip(differ, part_marks))
+        return marks_ok and verdict == (not any(differ))
+    lines = _LINE_RE.findall(critique)
+    if lines:
+        return verdict == all(needs.strip() == has.strip() for needs, has in lines)
+    return None

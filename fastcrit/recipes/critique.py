@@ -97,13 +97,14 @@ def sample_solutions(generator: ChatModel, problems: list[Problem], *, k: int, t
 
 
 def revise(generator: ChatModel, attempts: list[Attempt], critiques: list[str], *,
-           max_new_tokens: int, temperature: float = 0.0
+           max_new_tokens: int, temperature: float = 0.0, skip: set[int] = frozenset()
            ) -> tuple[list[bool | None], list[tuple[int, str]]]:
     """The generator revises each solution after its critique. A critique with no overall
-    judgment is not sent, and neither is a revision prompt the generator cannot take. Returns every
-    critique's judgment and the (critique index, revision text) pairs to execute."""
+    judgment is not sent, nor one in ``skip`` (judged invalid by the caller), nor a revision prompt
+    the generator cannot take. Returns every critique's judgment and the (critique index, revision
+    text) pairs to execute."""
     judged = [parse_judgment(t) for t in critiques]
-    valid = [i for i, j in enumerate(judged) if j is not None]
+    valid = [i for i, j in enumerate(judged) if j is not None and i not in skip]
     outs = generator.chat([revision_messages(attempts[i].problem.question, attempts[i].solution,
                                              critiques[i]) for i in valid],
                           max_new_tokens=max_new_tokens, temperature=temperature)

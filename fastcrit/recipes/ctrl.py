@@ -71,7 +71,8 @@ class CTRL:
         with run.timer("revise"):
             judged, sent = revise(self.proxy, attempts, critiques,
                                   max_new_tokens=c.proxy.rollout.max_new_tokens,
-                                  temperature=c.proxy.rollout.temperature)
+                                  temperature=c.proxy.rollout.temperature,
+                                  skip=self._inconsistent(critiques))
         t0, finished = time.perf_counter(), []
         pending = self.reward.submit([RewardItem(attempts[i].problem.question, text, "",
                                                  problem=attempts[i].problem) for i, text in sent])
@@ -89,6 +90,13 @@ class CTRL:
         return {**self._metrics(attempts, critiques, judged, sent, results, scores),
                 "response_len/mean": batch.response_mask.sum(-1).mean().item(), **stats}
 
+    def _inconsistent(self, critiques: list[str]) -> set[int]:
+        """The critiques that contradict their own review, when ``ctrl.consistent_review`` makes
+        them invalid (see CTRLConfig)."""
+        if not self.run.cfg.ctrl.consistent_review:
+            return set()
+        return {i for i, t in enumerate(critiques) if review_agrees(t) is False}
+
     def _metrics(self, attempts, critiques, judged, sent, results, scores) -> dict[str, float]:
         n = max(len(attempts), 1)
         after = {i: r.info.get("total", 0) > 0 and r.info.get("passed") == r.info.get("total")
@@ -105,6 +113,7 @@ class CTRL:
             "critique/judgment_acc": sum(j is not None and j == a.passed
                                          for j, a in zip(judged, attempts)) / n,
             "critique/review_agrees": sum(agree) / max(len(agree), 1),
+            "critique/reviewed_rate": len(agree) / n,
             "revision/pass_rate": sum(after.values()) / max(len(after), 1),
             "revision/fixed": sum(after[i] for i in failing) / max(len(failing), 1),
             "revision/broken": sum(not after[i] for i in passing) / max(len(passing), 1),

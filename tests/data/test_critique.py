@@ -80,4 +80,10 @@ def test_review_agrees_checks_the_verdict_against_the_critique_s_own_review():
     assert review_agrees(right.replace("needs `+ 4`, has `+ 4`: ok", "needs `+ 4`, has `+ 5`: ok")) is False
     assert review_agrees(wrong.replace("has `+ 5`: wrong", "has `+ 5`: ok")) is False
     assert review_agrees("Analysis: fine.\nOverall judgment: Correct") is None  # no part review
+    # a whole-line review (the lines do not cut alike): the verdict must follow it
+    line = synthetic_critique(False, ["AssertionError: x"], "def g(x):\n    return x + 3 * 2\n",
+                              "def g(x):\n    return (x + 3) * 2\n")
+    assert review_agrees(line) is True
+    same = "Analysis: the problem needs `return x` and the code has `return x`.\nOverall judgment: {}"
+    assert review_agrees(same.format("Correct")) is True and review_agrees(same.format("Incorrect")) is False
     assert review_agrees(wrong.replace("Overall judgment: Incorrect", "")) is None  # no verdict

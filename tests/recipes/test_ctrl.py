@@ -122,6 +122,10 @@ def test_reward_rules_invalid_format_scores_zero_and_is_never_executed(workdir):
         assert scores[0] == 0 and scores[2] == 0
         assert scores[1] == results[0].score and scores[3] == results[1].score
         assert all(0.0 <= s <= 1.0 for s in scores.tolist())
+        # ctrl.consistent_review: a critique the caller finds invalid is not sent either
+        judged, sent = revise(proxy, attempts, critiques, max_new_tokens=cfg.proxy.rollout.max_new_tokens,
+                              skip={1})
+        assert judged == [None, False, None, True] and [i for i, _ in sent] == [3]
     finally:
         proxy.close()
         reward.close()
@@ -217,3 +221,23 @@ def test_kept_when_correct_counts_unchanged_revisions_after_a_correct_judgment()
     judged = [True, True, False, True]
     sent = [(0, "```python\nx = 1\n```\n"), (1, "```python\nx = 2\n```"), (2, "```python\nx = 1\n```")]
     assert kept_when_correct(a, judged, sent) == (2, 1)  # 3 was never sent; 2 was judged Incorrect
+
+
+def test_consistent_review_makes_self_contradicting_critiques_invalid():
+    from types import SimpleNamespace
+
+    from fastcrit.data.critique import synthetic_critique
+    from fastcrit.recipes.ctrl import CTRL
+
+    ref, bad = "def g(x):\n    return x * 6 + 4\n", "def g(x):\n    return x * 6 + 5\n"
+    true_wrong = synthetic_critique(False, ["AssertionError: x"], bad, ref)
+    true_right = synthetic_critique(True, [], ref, ref)
+    # the loophole it closes: an identical part marked wrong, the code's own line suggested
+    lie = true_right.replace(": ok", ": wrong").replace("none.", "use `return x * 6 + 4`.") \
+        .replace("Overall judgment: Correct", "Overall judgment: Incorrect")
+    free = "Analysis: looks fine.\nImprovement suggestions: none.\nOverall judgment: Correct"  # no review
+    critiques = [true_wrong, true_right, lie, free]
+    on = SimpleNamespace(run=SimpleNamespace(cfg=SimpleNamespace(ctrl=SimpleNamespace(consistent_review=True))))
+    off = SimpleNamespace(run=SimpleNamespace(cfg=SimpleNamespace(ctrl=SimpleNamespace(consistent_review=False))))
+    assert CTRL._inconsistent(on, critiques) == {2}
+    assert CTRL._inconsistent(off, critiques) == set()
