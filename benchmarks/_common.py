@@ -1,9 +1,16 @@
-"""Measurement helpers shared by the element-wise kernel benchmarks (bench_kl, bench_advantages,
-bench_ppo, bench_pacs): command line, timing quantiles, peak memory, machine facts, CSV rows."""
+"""Measurement helpers shared by the benchmarks: command line, timing quantiles, peak memory,
+machine facts, and the one CSV row writer every script uses (``standardize`` + ``append_csv``).
+
+Every row written through ``append_csv`` carries the standard columns (``STANDARD``): bench,
+variant, settings, metric, median, q20, q80, spread (q80 - q20), repeats, machine, device, commit,
+run. Script-specific columns stay beside them. torch is imported only by the functions that need
+it, so the torch-free benchmarks (bench_sandbox) can use the row writer too.
+"""
 from __future__ import annotations
 
 import argparse
 import csv
+import datetime as _dt
 import os
 import platform
 import subprocess
@@ -11,11 +18,17 @@ import sys
 import threading
 import time
 
-import torch
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS_ENV = "FASTCRIT_BENCH_RESULTS"  # `fastcrit bench --out DIR` points every script here
+RUN_ENV = "FASTCRIT_BENCH_RUN"  # one id shared by all scripts of one `fastcrit bench` call
+STANDARD = ("bench", "variant", "settings", "metric", "median", "q20", "q80", "spread", "repeats",
+            "machine", "device", "commit", "run")
 
 
 def start(doc: str):
     """Parse the shared flags (--quick, --threads), pin the allocator, pick the device."""
+    import torch
+
     fixed_mmap_threshold()
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small shapes, few repeats")
@@ -42,6 +55,8 @@ def _rss() -> int:
 
 def measure(fn, device, repeats: int, warmup: int = 2):
     """Median / q20 / q80 wall time (ms) and peak memory growth (MB) of ``fn()``."""
+    import torch
+
     for _ in range(warmup):
         fn()
     times, peaks = [], []
@@ -76,25 +91,98 @@ def measure(fn, device, repeats: int, warmup: int = 2):
             "peak_mb": max(peaks) / 2**20}
 
 
-def machine() -> dict:
+def git_commit() -> str:
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=HERE).stdout.strip()
     except OSError:
-        commit = ""
+        return ""
+
+
+def machine_line() -> str:
+    """CPU model, core count and the 1-minute load average in one string (load: timings taken on
+    a shared, loaded machine are noisy, and the row should say so)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}"
+
+
+def machine() -> dict:
+    import torch
+
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu x{os.cpu_count()}"
     # the 1-minute load average: on a shared machine, timings taken under load are noisy
     return {"device": dev, "platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "loadavg_1m": round(os.getloadavg()[0], 2), "commit": commit}
+            "loadavg_1m": round(os.getloadavg()[0], 2), "commit": git_commit()}
 
 
-def write_rows(rows: list[dict], name: str) -> str:
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"bench_{name}.csv")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    new = not os.path.exists(out)
-    with open(out, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        if new:
-            w.writeheader()
+def results_dir() -> str:
+    return os.environ.get(RESULTS_ENV) or os.path.join(HERE, "results")
+
+
+def run_id() -> str:
+    """The run a row belongs to: ``fastcrit bench`` sets one id for all its scripts; a script run
+    alone uses the current UTC time."""
+    return os.environ.get(RUN_ENV) or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def standardize(rows: list[dict], *, settings, repeats, metric: str = "ms", median: str = "ms",
+                q20: str = "ms_q20", q80: str = "ms_q80", variant: str = "variant") -> list[dict]:
+    """Add the ``STANDARD`` columns to each row (in place; returned for chaining).
+
+    ``settings``: the keys whose values make the measured setting (joined ``k=v`` with spaces);
+    ``median``/``q20``/``q80``: the keys holding the quantiles of ``metric`` (a unit such as ``ms``
+    or ``exec/s``); ``variant``: the key naming what was measured. Keys already set win, so a
+    script may set e.g. its own ``machine`` string."""
+    run, mline, commit = run_id(), machine_line(), None
+    for r in rows:
+        lo, hi = r.get(q20), r.get(q80)
+        std = {"bench": r.get("bench", ""), "variant": r.get(variant, ""),
+               "settings": " ".join(f"{k}={r[k]}" for k in settings if k in r),
+               "metric": metric, "median": r.get(median), "q20": lo, "q80": hi,
+               "spread": (hi - lo) if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) else None,
+               "repeats": repeats, "machine": mline, "device": r.get("device") or "cpu",
+               "commit": r.get("commit") or (commit := commit or git_commit()), "run": run}
+        for k, v in std.items():
+            if r.get(k) in (None, ""):
+                r[k] = v
+    return rows
+
+
+def append_csv(path: str, rows: list[dict]) -> str:
+    """Append ``rows`` to the CSV at ``path``. When the rows bring columns the file's header lacks,
+    the file is rewritten once with the new columns appended to the old header (old rows get them
+    empty), so every earlier row stays readable under its own column names."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    old_fields, old_rows = [], []
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            old_fields = list(reader.fieldnames or [])
+            new_keys = [k for r in rows for k in r if k not in old_fields]
+            if new_keys:
+                old_rows = list(reader)
+    fields = old_fields + [k for k in dict.fromkeys(k for r in rows for k in r) if k not in old_fields]
+    if old_fields and fields == old_fields:
+        with open(path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=fields).writerows(rows)
+        return path
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(old_rows)
         w.writerows(rows)
-    return out
+    os.replace(tmp, path)
+    return path
+
+
+def write_rows(rows: list[dict], name: str, *, settings, repeats, **keys) -> str:
+    """``standardize`` the rows (``keys``: its median / q20 / q80 / metric / variant arguments) and
+    append them to <results>/bench_<name>.csv."""
+    return append_csv(os.path.join(results_dir(), f"bench_{name}.csv"),
+                      standardize(rows, settings=settings, repeats=repeats, **keys))

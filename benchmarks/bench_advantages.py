@@ -39,7 +39,7 @@ def main() -> None:
         for k, r in res.items():
             rows.append({"bench": NAME, "variant": k, "B": B, "group_size": n, "dtype": "float32", **r,
                          "time_ratio_vs_loop": r["ms"] / base["ms"], **info})
-    path = write_rows(rows, NAME)
+    path = write_rows(rows, NAME, settings=("B", "group_size", "dtype"), repeats=repeats)
     for r in rows:
         print(f"{r['variant']:16s} B={r['B']:6d} n={r['group_size']:3d}  {r['ms']:10.3f} ms  "
               f"x{r['time_ratio_vs_loop']:.4f} time", file=sys.stderr)

@@ -37,7 +37,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-RESULTS = os.path.join(HERE, "results")
+sys.path.insert(0, HERE)
+from _common import append_csv, results_dir, standardize  # noqa: E402
+
+RESULTS = results_dir()
 CSV_PATH = os.path.join(RESULTS, "fused_logprobs.csv")
 PNG_PATH = os.path.join(RESULTS, "fused_logprobs_memory.png")
 JSONL_PATH = os.path.join(RESULTS, "fused_logprobs.jsonl")  # one summary object per run
@@ -319,14 +322,11 @@ def main(argv=None) -> dict:
                   "peak_mb", "work_mb", "ms_p50", "ms_p20", "ms_p80", "cpu_s_p50", "gbps",
                   "mem_vs_naive", "work_vs_naive", "time_vs_naive", "cpu_vs_naive", "repeats",
                   "threads", "error"]
-        new = not os.path.exists(CSV_PATH)
-        with open(CSV_PATH, "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-            if new:
-                w.writeheader()
-            for r in rows:
-                w.writerow(dict(r, timestamp=stamp, commit=commit, machine=machine, device=device,
-                                dtype="fp32", H=H, V=V))
+        out = [{k: v for k, v in dict(r, timestamp=stamp, commit=commit, machine=machine, device=device,
+                                           dtype="fp32", H=H, V=V, bench="fused_logprobs").items()
+                if k in fields or k == "bench"} for r in rows]
+        append_csv(CSV_PATH, standardize(out, settings=("tokens", "H", "V", "dtype"), repeats=args.repeats,
+                                         median="ms_p50", q20="ms_p20", q80="ms_p80", variant="impl"))
     png = _plot(rows if args.no_csv else _latest_csv_rows(device), device)
     summary = {"bench": "fused_logprobs", "timestamp": stamp, "commit": commit, "machine": machine,
                "device": device, "H": H, "V": V, "dtype": "fp32",

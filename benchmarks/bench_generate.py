@@ -91,7 +91,7 @@ def main() -> None:
                          "tokens": counts[k], "tokens_per_s": tps, **r,
                          "tps_ratio_vs_hf": tps / (counts["hf_generate"] / (res["hf_generate"]["ms"] / 1e3)),
                          "mem_ratio_vs_hf": r["peak_mb"] / max(res["hf_generate"]["peak_mb"], 1e-9), **info})
-    out = write_rows(rows, NAME)
+    out = write_rows(rows, NAME, settings=("prompts", "n", "max_new_tokens", "model", "dtype"), repeats=repeats)
     for r in rows:
         print(f"{r['variant']:14s} prompts={r['prompts']:3d} n={r['n']} new={r['max_new_tokens']:4d}  "
               f"{r['ms']:9.1f} ms  {r['tokens_per_s']:9.1f} tok/s  peak {r['peak_mb']:8.1f} MB  "

@@ -61,7 +61,7 @@ def main() -> None:
             rows.append({"bench": NAME, "variant": k, "B": B, "T": T, "group_size": n, "dtype": "float32", **r,
                          "time_ratio_vs_eager": r["ms"] / base["ms"],
                          "mem_ratio_vs_eager": r["peak_mb"] / max(base["peak_mb"], 1e-9), **info})
-    path = write_rows(rows, NAME)
+    path = write_rows(rows, NAME, settings=("B", "T", "group_size", "dtype"), repeats=repeats)
     for r in rows:
         print(f"{r['variant']:16s} B={r['B']:4d} T={r['T']:5d}  {r['ms']:9.3f} ms  peak {r['peak_mb']:8.2f} MB  "
               f"x{r['time_ratio_vs_eager']:.2f} time  x{r['mem_ratio_vs_eager']:.2f} mem", file=sys.stderr)

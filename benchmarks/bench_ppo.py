@@ -78,7 +78,7 @@ def main() -> None:
             rows.append({"bench": f"{NAME}_{what}", "variant": variant, "B": B, "T": T, "dtype": "float32", **r,
                          "time_ratio_vs_eager": r["ms"] / base["ms"],
                          "mem_ratio_vs_eager": r["peak_mb"] / max(base["peak_mb"], 1e-9), **info})
-    path = write_rows(rows, NAME)
+    path = write_rows(rows, NAME, settings=("B", "T", "dtype"), repeats=repeats)
     for r in rows:
         print(f"{r['bench']:11s} {r['variant']:16s} B={r['B']:4d} T={r['T']:5d}  {r['ms']:9.3f} ms  "
               f"peak {r['peak_mb']:8.2f} MB  x{r['time_ratio_vs_eager']:.2f} time  x{r['mem_ratio_vs_eager']:.2f} mem",

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import csv
 import json
 import os
 import platform
@@ -28,6 +27,8 @@ from fastcrit.sandbox import SandboxConfig, SyncSandboxPool
 from fastcrit.sandbox.bench import humaneval_jobs, humaneval_problems, quantiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import append_csv, results_dir, standardize  # noqa: E402  (torch-free)
 
 
 def _cpu(who) -> float:
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
     ap.add_argument("--isolation", choices=("jail", "none"), default="jail")
     ap.add_argument("--split-ab", action="store_true",
                     help="also time the pool with every assert judged in the process (JSON only)")
-    ap.add_argument("--csv", default=os.path.join(ROOT, "benchmarks", "results", "bench_sandbox.csv"))
+    ap.add_argument("--csv", default=os.path.join(results_dir(), "bench_sandbox.csv"))
     args = ap.parse_args(argv)
 
     problems = humaneval_problems()
@@ -127,13 +128,11 @@ def main(argv=None) -> int:
                      "worker_peak_rss_mb": max(ours["pool"].get("worker_peak_rss_mb") or [0])
                      if name == "fastcrit_pool" else "",
                      "machine": machine, "commit": commit})
-    os.makedirs(os.path.dirname(args.csv), exist_ok=True)
-    new = not os.path.exists(args.csv)
-    with open(args.csv, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        if new:
-            w.writeheader()
-        w.writerows(rows)
+    for r in rows:
+        r["bench"] = "sandbox"
+    append_csv(args.csv, standardize(rows, settings=("workers", "jobs", "isolation"), repeats=args.repeats,
+                                     metric="exec/s", median="exec_per_s_q50", q20="exec_per_s_q20",
+                                     q80="exec_per_s_q80", variant="impl"))
     for r in rows:
         print(",".join(str(v) for v in r.values()), file=sys.stderr)
     print(json.dumps({"bench": "sandbox", "workers": args.workers, "ours_exec_per_s": ours["exec_per_s"],

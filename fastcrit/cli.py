@@ -1,4 +1,4 @@
-"""The face of fastcrit: `fastcrit train | sft | gen | sandbox ...` -> config -> recipe."""
+"""The face of fastcrit: `fastcrit train | sft | gen | sandbox | bench ...` -> config -> recipe."""
 from __future__ import annotations
 
 import argparse
@@ -205,10 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(func=cmd_gen)
 
-    from fastcrit.data.cli import register as register_data  # torch-free, cheap to import
+    from fastcrit.bench import register as register_bench  # torch-free, cheap to import
+    from fastcrit.data.cli import register as register_data
     from fastcrit.rollout.serve import register as register_serve
     from fastcrit.sandbox.cli import register as register_sandbox
 
+    register_bench(sub)
     register_data(sub)
     register_serve(sub)
     register_sandbox(sub)
