@@ -1,0 +1,108 @@
+"""`fastcrit bench`: the parser, the report builder on a hand-written CSV, the CSV writer's header
+rule, and one real (cheapest) part run end to end in a subprocess. No timing is asserted."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastcrit.bench import latest_run, markdown_table, update_readme
+from fastcrit.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+REQUIRED = ("machine", "device", "commit", "settings", "repeats", "median", "spread")
+
+
+def test_parser_knows_the_parts():
+    for part in ("rollout", "train", "e2e", "kernels", "sandbox", "all"):
+        a = build_parser().parse_args(["bench", part, "--quick", "--threads", "1"])
+        assert (a.part, a.quick, a.threads) == (part, True, 1)
+    assert build_parser().parse_args(["bench", "kernels"]).quick is False
+
+
+def test_parser_rejects_an_unknown_part(capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["bench", "kernel"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'kernel'" in err and "kernels" in err and "sandbox" in err
+
+
+def test_only_must_name_a_script_of_the_part(capsys):
+    args = build_parser().parse_args(["bench", "rollout", "--only", "kl", "--out", "unused"])
+    assert args.func(args) == 2
+    assert "--only kl: not in part 'rollout' (its scripts: generate)" in capsys.readouterr().err
+
+
+CSV_TEXT = """bench,variant,ms,commit,settings,metric,median,q20,q80,spread,repeats,machine,device,run
+kl,old,9.0,aaa,B=1,ms,9.0,8.0,10.0,2.0,3,"m, 2 cpus",cpu,R1
+kl,eager_torch,1.0,bbb,B=8 T=512,ms,1.25,1.0,1.5,0.5,3,"m, 2 cpus",cpu,R2
+kl,fastcrit_torch,1.0,bbb,B=8 T=512,ms,0.123456,0.1,0.2,0.1,3,"m, 2 cpus",cpu,R2
+"""
+
+
+def test_report_table_from_a_hand_written_csv(tmp_path):
+    p = tmp_path / "bench_kl.csv"
+    p.write_text(CSV_TEXT)
+    with open(p, newline="") as f:
+        rows = latest_run(list(csv.DictReader(f)))
+    assert [r["variant"] for r in rows] == ["eager_torch", "fastcrit_torch"]  # run R1 left out
+    assert markdown_table(rows) == (
+        "| bench | variant | settings | metric | median | spread | repeats | device | commit | machine |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
+        "| kl | eager_torch | B=8 T=512 | ms | 1.25 | 0.5 | 3 | cpu | bbb | m, 2 cpus |\n"
+        "| kl | fastcrit_torch | B=8 T=512 | ms | 0.1235 | 0.1 | 3 | cpu | bbb | m, 2 cpus |\n")
+
+
+def test_latest_run_of_rows_without_run_ids_is_the_last_commit_block():
+    rows = [{"commit": "a", "v": 1}, {"commit": "b", "v": 2}, {"commit": "b", "v": 3}]
+    assert [r["v"] for r in latest_run(rows)] == [2, 3]
+
+
+def test_readme_table_goes_between_the_markers(tmp_path):
+    p = tmp_path / "README.md"
+    p.write_text("intro\n<!-- bench-table:start -->\nold\n<!-- bench-table:end -->\nafter\n")
+    assert update_readme(p, "| new |\n")
+    assert p.read_text() == "intro\n<!-- bench-table:start -->\n| new |\n<!-- bench-table:end -->\nafter\n"
+    q = tmp_path / "NOMARKS.md"
+    q.write_text("nothing\n")
+    assert not update_readme(q, "x") and q.read_text() == "nothing\n"
+
+
+def test_new_columns_rewrite_the_header_and_keep_old_rows(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from _common import append_csv
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    p = tmp_path / "x.csv"
+    append_csv(str(p), [{"a": 1, "b": 2}])
+    append_csv(str(p), [{"a": 3, "b": 4}])
+    append_csv(str(p), [{"a": 5, "b": 6, "median": 7}])
+    with open(p, newline="") as f:
+        r = csv.reader(f)
+        assert list(r) == [["a", "b", "median"], ["1", "2", ""], ["3", "4", ""], ["5", "6", "7"]]
+
+
+def test_cheapest_real_part_writes_a_full_row_and_ends_with_json(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "fastcrit.cli", "bench", "kernels", "--quick", "--only", "kl",
+                           "--threads", "1", "--out", str(tmp_path)], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["failures"] == [] and summary["parts"] == ["kernels"]
+    assert summary["scripts"][0]["name"] == "kl" and summary["rows_written"] == 2
+    assert summary["report"] == str(tmp_path / "report.md") and summary["readme"] is None
+    with open(tmp_path / "bench_kl.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2
+    for r in rows:
+        assert all(r.get(k) not in (None, "") for k in REQUIRED), r
+        assert float(r["spread"]) >= 0 and int(r["repeats"]) == 3
+    assert "| kl | eager_torch | B=8 T=512 dtype=float32 | ms |" in (tmp_path / "report.md").read_text()
