@@ -36,10 +36,11 @@ ctrl-humaneval: install
 test: install
 	$(BIN)/python -m pytest -q -ra tests
 
-# Every benchmark, one after another (each also runs alone: python benchmarks/bench_<thing>.py).
+# Every benchmark, one after another (each also runs alone: python benchmarks/bench_<thing>.py, or
+# fastcrit bench PART [--quick]); rows to benchmarks/results/*.csv, report.md, PNGs, the README table.
 bench: install
 	$(BIN)/pip install -q -e '.[bench]'
-	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+	$(BIN)/fastcrit bench all
 
 clean:
 	rm -rf $(VENV) build *.egg-info runs
