@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kl import fixed_mmap_threshold, machine, measure, write_rows  # noqa: E402
+from _common import fixed_mmap_threshold, machine, measure, write_rows  # noqa: E402
 
 from fastcrit.models.hf import load_tokenizer, resolve_model_path  # noqa: E402
 from fastcrit.rollout.native import NativeEngine  # noqa: E402

@@ -150,7 +150,7 @@ def plot(rows: list[dict], title: str, path: Path) -> bool:
     return True
 
 
-def build_report(results: Path, out: Path, plots: bool = True) -> tuple[str, list[str]]:
+def build_report(results: Path, out: Path, plots: bool = True, label: str | None = None) -> tuple[str, list[str]]:
     """Markdown with, per part and CSV, the latest run's rows as a table (and its PNG, drawn into
     ``out``); returns (markdown, PNG paths)."""
     sections, pngs, have_mpl = [], [], True
@@ -179,7 +179,7 @@ def build_report(results: Path, out: Path, plots: bool = True) -> tuple[str, lis
                     have_mpl = False
     head = ["# Benchmark report\n",
             f"Written {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} from the CSVs in "
-            f"`{results}` by `fastcrit bench`. median / spread: the median and q80 - q20 of `metric` over "
+            f"`{label or results}` by `fastcrit bench`. median / spread: the median and q80 - q20 of `metric` over "
             f"`repeats`; see benchmarks/README.md.\n"]
     if plots and not have_mpl:
         head.append("No plots: matplotlib is not installed (`pip install -e '.[bench]'`).\n")
@@ -245,11 +245,14 @@ def cmd_bench(args) -> int:
         bar.set_postfix_str(s.name)
         done.append(run_script(s, bdir, results, args.quick, args.threads, env))
     bar.close()
-    md, pngs = build_report(results, results)
+    label = os.path.relpath(results, bdir.parent) if results == default_results else str(results)
+    md, pngs = build_report(results, results, label=label)
     report = results / "report.md"
     report.write_text(md)
     readme = None
-    if results == default_results and update_readme(bdir / "README.md", md.split("\n", 1)[1]):
+    # the README sits one level above results/: its image links get the folder
+    if results == default_results and update_readme(bdir / "README.md",
+                                                     md.split("\n", 1)[1].replace("](", "](results/")):
         readme = str(bdir / "README.md")
     failures = [{k: d[k] for k in ("name", "rc", "error")} for d in done if d["rc"] != 0]
     print(json.dumps({"parts": [args.part] if not args.report_only else [], "quick": args.quick,
