@@ -173,9 +173,7 @@ def build_report(results: Path, out: Path, plots: bool = True, label: str | None
                 if plot(rows, f"{s.csv}: run {r0.get('run', '')}, commit {r0.get('commit', '')}", png):
                     pngs.append(str(png))
                     sections.append(f"\n![{s.csv}]({png.name})\n")
-                elif not rows[0].get("median"):
-                    pass  # rows from before the standard columns: nothing to draw
-                else:
+                elif rows[0].get("median"):  # figures to draw, yet no plot: matplotlib is missing
                     have_mpl = False
     head = ["# Benchmark report\n",
             f"Written {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} from the CSVs in "
