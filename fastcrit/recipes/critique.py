@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from fastcrit.config import Config
 from fastcrit.data.critique import critique_messages, parse_judgment, review_agrees, revision_messages
 from fastcrit.data.problems import Problem
 from fastcrit.reward import RewardItem, make_reward
+from fastcrit.reward.code import extract_program
 from fastcrit.rollout.chat import ChatModel
 
 
@@ -66,8 +67,16 @@ class RoundReport:
 
 
 def unchanged(solution: str, revision: str) -> bool:
-    """The revision is the solution again (whitespace aside)."""
-    return solution.split() == revision.split()
+    """The revision's program is the solution's again (whitespace aside; prose around it aside)."""
+    return extract_program(solution)[0].split() == extract_program(revision)[0].split()
+
+
+def answer_of(text: str) -> str:
+    """What a revision carries into the next round: its program, fenced as answers are written,
+    without the prose around it (a reviser's remarks on the critique are not part of its answer);
+    a text without a fenced program stays as it is."""
+    program, rule = extract_program(text)
+    return f"```python\n{program.rstrip()}\n```" if rule.startswith("fenced") else text
 
 
 def kept_when_correct(attempts: list[Attempt], judged: list[bool | None],
@@ -120,8 +129,9 @@ def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: li
                         max_new_tokens=critic_tokens, temperature=0.0)
     texts = ["" if c.finish_reason == "prompt_too_long" else c.text for c in crits]
     judged, sent = revise(generator, attempts, texts, max_new_tokens=generator_tokens)
-    ran = dict(zip((i for i, _ in sent),
-                   execute(reward, [attempts[i].problem for i, _ in sent], [t for _, t in sent])))
+    raw = dict(sent)  # the revisions as written (prose and all); attempts carry their programs
+    ran = {i: replace(b, solution=answer_of(t)) for (i, t), b in
+           zip(sent, execute(reward, [attempts[i].problem for i, _ in sent], [t for _, t in sent]))}
     valid = sum(j is not None for j in judged)
     new, records = [], []
     report = RoundReport(round_no, 0.0, too_long=sum(c.finish_reason == "prompt_too_long" for c in crits)
@@ -143,7 +153,7 @@ def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: li
                         "passed_before": a.passed, "critique": texts[i],
                         "judgment": None if judged[i] is None else ("Correct" if judged[i] else "Incorrect"),
                         "review_agrees": agrees[i],
-                        "revised": i in ran, "revision": b.solution if i in ran else None,
+                        "revised": i in ran, "revision": raw.get(i),
                         "passed_after": b.passed, "pass_rate_after": b.pass_rate})
     n = max(len(attempts), 1)
     report.pass_at_1 = sum(b.passed for b in new) / n

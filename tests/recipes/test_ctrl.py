@@ -11,7 +11,7 @@ from fastcrit.data.critique import parse_judgment
 from fastcrit.data.minicode import Spec, bugs
 from fastcrit.data.problems import Problem
 from fastcrit.data.tasks import task_path
-from fastcrit.recipes.critique import Attempt, kept_when_correct
+from fastcrit.recipes.critique import Attempt, answer_of, kept_when_correct
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 CPU_CONFIG = os.path.join(ROOT, "configs", "cpu", "ctrl.yaml")
@@ -221,6 +221,14 @@ def test_kept_when_correct_counts_unchanged_revisions_after_a_correct_judgment()
     judged = [True, True, False, True]
     sent = [(0, "```python\nx = 1\n```\n"), (1, "```python\nx = 2\n```"), (2, "```python\nx = 1\n```")]
     assert kept_when_correct(a, judged, sent) == (2, 1)  # 3 was never sent; 2 was judged Incorrect
+    # a reviser that says something before its code keeps the code all the same
+    assert kept_when_correct(a, judged, [(0, "My code is ok.\n```python\nx = 1\n```")]) == (1, 1)
+
+
+def test_a_revision_carries_its_program_into_the_next_round_without_the_prose():
+    assert answer_of("My code is wrong: change it.\n```python\ndef f(x):\n    return x\n```\nDone.") \
+        == "```python\ndef f(x):\n    return x\n```"
+    assert answer_of("return x + 1") == "return x + 1"  # no fenced program: the text as it is
 
 
 def test_consistent_review_makes_self_contradicting_critiques_invalid():
