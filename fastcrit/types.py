@@ -10,6 +10,21 @@ from dataclasses import dataclass, field
 
 import torch
 
+# The greedy rule, the one place it is written: a temperature below this samples greedily (argmax),
+# and its log-probs are scored at temperature 1. SGLang 0.5.23 does the same (sampling_params.py:42
+# `_SAMPLING_EPS = 1e-6`; :245 `0 <= temperature < _SAMPLING_EPS` becomes temperature 1, top_k 1).
+GREEDY_BELOW = 1e-6
+
+
+def is_greedy(temperature: float) -> bool:
+    """True when ``temperature`` means argmax decoding (0 <= T < GREEDY_BELOW)."""
+    return 0.0 <= temperature < GREEDY_BELOW
+
+
+def scoring_temperature(temperature: float) -> float:
+    """The temperature log-probs are computed at: ``temperature`` itself, or 1 when it is greedy."""
+    return 1.0 if is_greedy(temperature) else float(temperature)
+
 
 @dataclass
 class SamplingParams:
@@ -17,7 +32,7 @@ class SamplingParams:
 
     n: int = 1  # samples per prompt; the n samples share one prefill
     max_new_tokens: int = 64
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # below GREEDY_BELOW (0 included) means greedy
     top_p: float = 1.0
     top_k: int = -1  # -1 = off
     stop_token_ids: list[int] = field(default_factory=list)  # EOS is always a stop token
@@ -29,14 +44,15 @@ class Rollout:
     """One generated sample.
 
     ``logprobs[i]`` is log_softmax(logits / temperature)[output_ids[i]] before top-k / top-p, the
-    convention SGLang uses and the trainer reproduces (temperature 0 is scored at temperature 1).
+    convention SGLang uses and the trainer reproduces (a greedy temperature, see ``is_greedy``, is
+    scored at temperature 1).
     """
 
     prompt_index: int  # index of the prompt in the generate() call; samples of one prompt share it
     prompt_ids: list[int]
     output_ids: list[int]  # includes the stop token when one ended the sample
     logprobs: list[float]  # len == len(output_ids)
-    finish_reason: str  # "stop" (EOS / stop token) or "length" (max_new_tokens)
+    finish_reason: str  # "stop" (EOS / stop token) or "length" (max_new_tokens); nothing else
 
 
 @dataclass

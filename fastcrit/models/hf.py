@@ -144,6 +144,38 @@ def load_tokenizer(spec: str | os.PathLike):
     return tok
 
 
+def eos_token_ids(*sources) -> list[int]:
+    """The sorted union of the ``eos_token_id`` of each source (a tokenizer, a model config, a
+    generation config; each names an int, a list of ints, or None).
+
+    Both rollout engines stop on exactly this set. SGLang started with ``skip_tokenizer_init`` has no
+    tokenizer, so it stops only on the config's and generation config's ids (SGLang 0.5.23
+    configs/model_config.py:2190) and on the request's ``stop_token_ids`` (managers/schedule_batch.py:1856);
+    the SGLang engine therefore sends this set as ``stop_token_ids``.
+    """
+    ids: set[int] = set()
+    for source in sources:
+        e = getattr(source, "eos_token_id", None) if source is not None else None
+        if e is None:
+            continue
+        ids.update(int(x) for x in (e if isinstance(e, (list, tuple, set)) else [e]) if x is not None)
+    return sorted(ids)
+
+
+def model_eos_token_ids(spec: str | os.PathLike) -> list[int]:
+    """``eos_token_ids`` of a model directory (tokenizer, config.json, generation_config.json when
+    there is one), read without loading the weights."""
+    from transformers import AutoConfig, GenerationConfig
+
+    path = resolve_model_path(spec)
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    try:
+        generation = GenerationConfig.from_pretrained(path, local_files_only=True)
+    except OSError:  # no generation_config.json
+        generation = None
+    return eos_token_ids(load_tokenizer(path), config, generation)
+
+
 def _full(name: str, t: torch.Tensor) -> torch.Tensor:
     # Gathering a DTensor is a collective, which stays in train/; here it is refused, told apart
     # without importing torch.distributed. Everything else ends contiguous on CPU.

@@ -28,7 +28,7 @@ from fastcrit.recipes.sft import run_sft
 from fastcrit.reward import RewardItem, get_reward_manager
 from fastcrit.reward.model import pad_left, rm_ids
 from fastcrit.rollout import make_engine
-from fastcrit.types import SamplingParams
+from fastcrit.types import SamplingParams, scoring_temperature
 from fastcrit.train.actor import _micro_slices, optimizer_step
 from fastcrit.train.checkpoint import save_hf
 from fastcrit.train.dist import DistContext, all_reduce_mean, barrier
@@ -60,9 +60,9 @@ def on_policy_pairs(ctx: DistContext, cfg: Config, model_path: str, tok, out_dir
     prompts, too_long = encode_prompts(tok, data.examples[:c.prompts], system=cfg.data.system_prompt,
                                        max_len=cfg.data.max_prompt_len)
     engine = make_engine(cfg.rollout, model_path, dtype=cfg.model.dtype, device=ctx.device, seed=cfg.trainer.seed)
-    try:
+    try:  # pairs need different answers: a greedy rollout.temperature samples at 1 here
         params = SamplingParams(n=c.samples_per_prompt, max_new_tokens=cfg.rollout.max_new_tokens,
-                                temperature=cfg.rollout.temperature or 1.0, top_p=cfg.rollout.top_p,
+                                temperature=scoring_temperature(cfg.rollout.temperature), top_p=cfg.rollout.top_p,
                                 top_k=cfg.rollout.top_k, seed=cfg.trainer.seed)
         rollouts = engine.generate([p.ids for p in prompts], params)
     finally:

@@ -45,7 +45,7 @@ from fastcrit.train.checkpoint import latest_checkpoint, load_checkpoint, save_c
 from fastcrit.train.colocate import sync_weights
 from fastcrit.train.dist import DistContext, all_reduce_mean
 from fastcrit.train.metrics import RunLog
-from fastcrit.types import Rollout, RolloutBatch, SamplingParams
+from fastcrit.types import Rollout, RolloutBatch, SamplingParams, scoring_temperature
 
 
 @dataclass
@@ -67,7 +67,7 @@ class Run:
     @property
     def temperature(self) -> float:
         """The temperature log-probs are scored at (greedy rollouts are scored at 1)."""
-        return self.cfg.rollout.temperature or 1.0
+        return scoring_temperature(self.cfg.rollout.temperature)
 
     @contextmanager
     def timer(self, name: str):

@@ -141,7 +141,7 @@ class LocalChat:
 
     All conversations that fit go to the engine in ONE ``generate`` call (n=1), so the engine batches
     them as it likes; conversations whose prompt is too long are answered with ``prompt_too_long``
-    and never sent. ``seed`` is passed to the engine only when sampling (temperature > 0); what a
+    and never sent. ``seed`` is passed to the engine only when sampling (not ``is_greedy``); what a
     seed reproduces is the engine's promise (NativeEngine: same prompts, same batch).
     """
 
@@ -154,7 +154,7 @@ class LocalChat:
 
     def chat(self, conversations: list[list[dict]], *, max_new_tokens: int, temperature: float = 0.0,
              seed: int | None = None) -> list[ChatOutput]:
-        from fastcrit.types import SamplingParams
+        from fastcrit.types import SamplingParams, is_greedy
 
         _check_settings(max_new_tokens, temperature, seed)
         if temperature < 0:
@@ -178,7 +178,7 @@ class LocalChat:
         if not fits:
             return outputs
         params = SamplingParams(n=1, max_new_tokens=max_new_tokens, temperature=float(temperature),
-                                seed=seed if temperature > 0 else None)
+                                seed=None if is_greedy(temperature) else seed)
         rollouts = self.engine.generate([prompts[i] for i in fits], params)
         if len(rollouts) != len(fits):
             raise RuntimeError(f"LocalChat: the engine returned {len(rollouts)} rollouts for {len(fits)} prompts (n=1)")

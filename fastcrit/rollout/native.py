@@ -6,12 +6,14 @@ nothing), the cache and the last logits are then repeated ``n`` times, and all s
 together one token per step. Rows that hit a stop token are dropped from the batch (cache included)
 once they make up ``compact_fraction`` of it, so finished samples stop costing compute.
 
-Sampling follows SGLang: ``temperature == 0`` is greedy; otherwise top-k and top-p are applied to
-the sorted softmax(logits / T) (top-p on the cumulative mass of the unfiltered distribution, as
-SGLang's torch sampler does) and a token is drawn from what is left. The returned log-prob is
-log_softmax(logits / T) at the drawn token, before top-k / top-p, scored at T = 1 when greedy; the
-trainer reproduces it with one forward pass over prompt + response (tests/rollout check 1e-4 in
-fp32).
+Sampling follows SGLang: a temperature below ``fastcrit.types.GREEDY_BELOW`` (1e-6) is greedy;
+otherwise top-k and top-p are applied to the sorted softmax(logits / T) (top-p on the cumulative
+mass of the unfiltered distribution, as SGLang's torch sampler does) and a token is drawn from what
+is left. Sampling stops at ``fastcrit.models.hf.eos_token_ids`` (tokenizer, config and generation
+config), the set the SGLang engine sends as stop ids, and at ``params.stop_token_ids``. The
+returned log-prob is log_softmax(logits / T) at the drawn token, before top-k / top-p, scored at
+T = 1 when greedy; the trainer reproduces it with one forward pass over prompt + response
+(tests/rollout check 1e-4 in fp32).
 
 What seeding does and does not cover: with ``params.seed`` set, the same engine (same weights,
 dtype, device and ``max_batch``) returns the same samples for the same prompts. Changing
@@ -24,9 +26,7 @@ from typing import Iterable
 
 import torch
 
-from fastcrit.types import Rollout, SamplingParams
-
-GREEDY_EPS = 1e-5  # temperatures at or below this are greedy, as in SGLang
+from fastcrit.types import Rollout, SamplingParams, is_greedy
 
 
 class NativeEngine:
@@ -41,7 +41,7 @@ class NativeEngine:
     def __init__(self, model, tokenizer=None, *, dtype: str | torch.dtype | None = None,
                  device: str | torch.device = "cpu", max_batch: int = 256,
                  attn_implementation: str | None = None, compact_fraction: float = 0.25):
-        from fastcrit.models.hf import load_model, load_tokenizer, parse_dtype
+        from fastcrit.models.hf import eos_token_ids, load_model, load_tokenizer, parse_dtype
 
         if max_batch < 1:
             raise ValueError(f"NativeEngine: max_batch={max_batch} must be >= 1")
@@ -61,15 +61,12 @@ class NativeEngine:
         self.vocab_size = int(self.model.config.vocab_size)
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
 
-        eos: set[int] = set()
-        if tokenizer is not None and tokenizer.eos_token_id is not None:
-            eos.add(int(tokenizer.eos_token_id))
-        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        if gen_eos is not None:
-            eos.update(int(e) for e in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]))
-        if not eos:
-            raise ValueError("NativeEngine: neither the tokenizer nor the model's generation config names an EOS token")
-        self.eos_token_ids = sorted(eos)
+        # The same stop set as the SGLang engine: tokenizer, model config and generation config.
+        self.eos_token_ids = eos_token_ids(tokenizer, self.model.config,
+                                           getattr(self.model, "generation_config", None))
+        if not self.eos_token_ids:
+            raise ValueError("NativeEngine: neither the tokenizer nor the model's config or generation config "
+                             "names an EOS token")
         pad = tokenizer.pad_token_id if tokenizer is not None else None
         if pad is None:
             pad = getattr(self.model.config, "pad_token_id", None)
@@ -264,9 +261,9 @@ def sample(logits: torch.Tensor, params: SamplingParams,
     """Draw one token per row of ``logits`` [b, V] (fp32); return (tokens [b], log-probs [b]).
 
     The log-prob is log_softmax(logits / T) at the token before any top-k / top-p filtering
-    (T = 1 when greedy).
+    (T = 1 when greedy, see fastcrit.types.is_greedy).
     """
-    if params.temperature <= GREEDY_EPS:
+    if is_greedy(params.temperature):
         tok = logits.argmax(dim=-1)
         return tok, torch.log_softmax(logits, dim=-1).gather(1, tok[:, None]).squeeze(1)
     logp_all = torch.log_softmax(logits / params.temperature, dim=-1)

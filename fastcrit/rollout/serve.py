@@ -183,6 +183,8 @@ class ChatServer:
 
     def complete(self, body) -> dict:
         """Answer one chat-completions body (already JSON-decoded); raises RequestError."""
+        from fastcrit.types import is_greedy
+
         messages, max_tokens, temperature, top_p, seed = parse_request(body, self.default_max_tokens)
         model = body.get("model")
         if model is not None and model != self.model_name:
@@ -200,7 +202,7 @@ class ChatServer:
             raise RequestError(400, f"this model's maximum context length is {self.max_positions} tokens; the "
                                f"prompt has {len(ids)} and max_tokens={max_tokens}", "messages",
                                "context_length_exceeded")
-        item = _Pending(ids, (max_tokens, temperature, top_p, seed if temperature > 0 else None))
+        item = _Pending(ids, (max_tokens, temperature, top_p, None if is_greedy(temperature) else seed))
         if self._closing.is_set():
             raise RequestError(503, "the server is shutting down", kind="server_error")
         self._queue.put(item)

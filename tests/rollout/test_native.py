@@ -141,6 +141,33 @@ def test_top_k_one_is_greedy_and_top_p_restricts(engine, prompts):
     assert [r.output_ids for r in p0] == [r.output_ids for r in g]
 
 
+def test_one_greedy_rule_for_engines_and_trainer(engine, prompts):
+    """Below GREEDY_BELOW (SGLang's 1e-6) is greedy and scored at T = 1; at it, sampling at T."""
+    from fastcrit.types import GREEDY_BELOW, is_greedy, scoring_temperature
+
+    assert GREEDY_BELOW == 1e-6
+    assert is_greedy(0.0) and is_greedy(9.9e-7) and not is_greedy(1e-6) and not is_greedy(1e-5)
+    assert scoring_temperature(0.0) == scoring_temperature(5e-7) == 1.0 and scoring_temperature(0.7) == 0.7
+    g = engine.generate(prompts, greedy(max_new=6))
+    tiny = engine.generate(prompts, SamplingParams(max_new_tokens=6, temperature=5e-7, seed=0))
+    assert [(r.output_ids, r.logprobs) for r in tiny] == [(r.output_ids, r.logprobs) for r in g]
+    # 1e-5 is no longer greedy: its log-probs are scored at T = 1e-5 (near 0 for the drawn argmax)
+    cold = engine.generate(prompts, SamplingParams(max_new_tokens=6, temperature=1e-5, seed=0))
+    assert max(-lp for r in cold for lp in r.logprobs) < max(-lp for r in g for lp in r.logprobs)
+
+
+def test_stop_set_is_the_one_sglang_is_sent(model_dir):
+    """Tokenizer EOS | config EOS | generation-config EOS: what the native engine stops on and what
+    the SGLang engine sends as stop_token_ids (SGLang without a tokenizer knows only the configs')."""
+    from types import SimpleNamespace
+
+    from fastcrit.models.hf import eos_token_ids, model_eos_token_ids
+
+    assert eos_token_ids(SimpleNamespace(eos_token_id=5), SimpleNamespace(eos_token_id=[7, 5]),
+                         SimpleNamespace(eos_token_id=None), None) == [5, 7]
+    assert NativeEngine(model_dir).eos_token_ids == model_eos_token_ids(model_dir)
+
+
 def test_seeded_sampling_is_reproducible(engine, prompts):
     params = SamplingParams(n=4, max_new_tokens=8, temperature=1.0, top_p=0.95, seed=123)
     a, b = engine.generate(prompts, params), engine.generate(prompts, params)
