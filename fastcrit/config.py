@@ -54,9 +54,13 @@ class RolloutConfig:
     top_k: int = -1
     max_new_tokens: int = 16
     # SGLang only (GPU)
-    mem_fraction_static: float = 0.5
-    tp_size: int = 1
+    mem_fraction_static: float = 0.5  # share of the whole GPU the awake engine holds (weights + KV cache)
+    tp_size: int = 1  # GPUs per engine; > 1 only with trainer.nproc = 1
     weight_bucket_mb: int = 512
+    # Extra keyword arguments of the engine: NativeEngine's (max_batch, compact_fraction,
+    # attn_implementation) or sglang.Engine's by their ServerArgs names, e.g.
+    # {enable_deterministic_inference: true} (SGLang reads per-request seeds only then).
+    engine_args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -290,6 +294,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
         return tuple(value)
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__} {value!r}")
+        key_tp, val_tp = typing.get_args(tp) or (Any, Any)
+        return {_coerce(k, key_tp, where): _coerce(v, val_tp, f"{where}.{k}") for k, v in value.items()}
     if origin is list:
         (item_tp,) = typing.get_args(tp) or (Any,)
         if not isinstance(value, list):
@@ -393,6 +402,14 @@ def validate(cfg: Config) -> None:
     need(cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens: must be >= 1")
     need(cfg.rollout.temperature >= 0, "rollout.temperature: must be >= 0")
     need(0 < cfg.rollout.top_p <= 1, "rollout.top_p: must be in (0, 1]")
+    for name, r in (("rollout", cfg.rollout), ("proxy.rollout", cfg.proxy.rollout)):
+        need(0 < r.mem_fraction_static < 1, f"{name}.mem_fraction_static: must be in (0, 1)")
+        need(r.tp_size >= 1, f"{name}.tp_size: must be >= 1")
+        # Every training process starts its own engine at its own GPU: with tp_size > 1 they overlap.
+        need(r.engine != "sglang" or r.tp_size == 1 or cfg.trainer.nproc == 1,
+             f"{name}.tp_size={r.tp_size} with trainer.nproc={cfg.trainer.nproc}: every training process "
+             f"starts its own engine on GPUs rank..rank+tp_size-1, so the engines would overlap; use "
+             f"tp_size=1 (one engine per GPU) or trainer.nproc=1")
     need(cfg.trainer.total_steps >= 0, "trainer.total_steps: must be >= 0")
     need(cfg.trainer.nproc >= 1, "trainer.nproc: must be >= 1")
     need(cfg.trainer.save_every >= 0, "trainer.save_every: must be >= 0")

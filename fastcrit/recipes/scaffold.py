@@ -137,10 +137,10 @@ class Run:
                                  grad_clip=self.cfg.optim.grad_clip, objective=objective)
 
     def sync(self) -> None:
-        """Wake the engine and load the policy's weights into it, bucket by bucket."""
+        """Wake the engine and load all of the policy's weights into it (one ``load_weights``)."""
         with self.timer("sync"):
             self.engine.wake()
-            sync_weights(self.actor, self.engine, self.cfg.rollout.weight_bucket_mb)
+            sync_weights(self.actor, self.engine)
 
 
 def reward_items(rollouts: list[Rollout], texts: list[str], examples: list) -> list[RewardItem]:

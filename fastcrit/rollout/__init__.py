@@ -11,11 +11,19 @@ if TYPE_CHECKING:  # the package stays light to import (the CLI registers `fastc
 
 def make_engine(rollout_cfg, model_path: str, *, dtype: str, device: "torch.device",
                 seed: int = 0) -> "Engine":
-    """Build the engine named by ``rollout.engine`` for ``model_path``."""
+    """Build the engine named by ``rollout.engine`` for ``model_path``; ``rollout.engine_args`` go to
+    its constructor as keyword arguments."""
     if rollout_cfg.engine == "native":
         from fastcrit.rollout.native import NativeEngine
 
-        return NativeEngine(model_path, dtype=dtype, device=device)
+        import inspect
+
+        known = set(inspect.signature(NativeEngine).parameters) - {"model", "tokenizer", "dtype", "device"}
+        unknown = sorted(set(rollout_cfg.engine_args) - known)
+        if unknown:
+            raise ValueError(f"rollout.engine_args: {unknown} are not NativeEngine arguments "
+                             f"(it takes {sorted(known)})")
+        return NativeEngine(model_path, dtype=dtype, device=device, **rollout_cfg.engine_args)
     if rollout_cfg.engine == "sglang":
         from fastcrit.rollout.sglang import SGLangEngine  # GPU only; imports sglang lazily
 

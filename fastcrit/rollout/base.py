@@ -23,11 +23,17 @@ class Engine(Protocol):
         ...
 
     def wake(self) -> None:
-        """Re-acquire what sleep() released; weights must be loaded again if they changed."""
+        """Re-acquire what sleep() released. SGLang's wake gives the weights' memory back without
+        their values: load every weight again before the next generate (it refuses otherwise)."""
         ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the engine's weights by Hugging Face parameter name; may be called per bucket."""
+        """Replace the engine's weights by Hugging Face parameter name, full (not sharded) tensors.
+
+        One call is one update (for SGLang one weight-update session, bucketed inside); the
+        iterable is consumed lazily, so it may gather tensors as it goes. The native engine accepts
+        any subset; after a wake, pass the full set.
+        """
         ...
 
     def close(self) -> None:

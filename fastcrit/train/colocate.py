@@ -5,16 +5,17 @@ import time
 
 from fastcrit.rollout.base import Engine
 from fastcrit.train.actor import Actor
-from fastcrit.train.policy import buckets, full_named_tensors
+from fastcrit.train.policy import full_named_tensors
 
 
-def sync_weights(actor: Actor, engine: Engine, bucket_mb: int) -> float:
-    """Gather the policy's full weights bucket by bucket and load each into the engine.
+def sync_weights(actor: Actor, engine: Engine) -> float:
+    """Gather the policy's full weights tensor by tensor and load them into the engine in one
+    ``load_weights`` call (for SGLang one weight-update session, bucketed by
+    ``rollout.weight_bucket_mb`` inside the engine; the native engine copies each tensor as it comes).
 
-    A collective: every rank gathers; each rank's engine loads. Returns seconds spent. A bucket is
-    kept alive until ``load_weights`` returns (SGLang consumes tensors asynchronously otherwise).
+    A collective: every rank gathers; each rank's engine loads. Gathering is lazy, so at most one
+    bucket of gathered tensors is alive at a time. Returns seconds spent.
     """
     t0 = time.perf_counter()
-    for bucket in buckets(full_named_tensors(actor.module), max(1, bucket_mb) << 20):
-        engine.load_weights(bucket)
+    engine.load_weights(full_named_tensors(actor.module))
     return time.perf_counter() - t0

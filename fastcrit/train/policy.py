@@ -76,16 +76,3 @@ def full_named_tensors(module: CausalLMLogprobs) -> Iterator[tuple[str, torch.Te
             t = t.full_tensor()
         yield name, t.detach()
 
-
-def buckets(named: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int):
-    """Group tensors into lists of about ``bucket_bytes`` (each tensor in exactly one bucket)."""
-    cur, size = [], 0
-    for name, t in named:
-        nbytes = t.numel() * t.element_size()
-        if cur and size + nbytes > bucket_bytes:
-            yield cur
-            cur, size = [], 0
-        cur.append((name, t))
-        size += nbytes
-    if cur:
-        yield cur

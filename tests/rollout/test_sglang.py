@@ -1,7 +1,14 @@
-"""SGLangEngine against the native engine and a full forward pass. Needs a CUDA GPU and sglang."""
+"""SGLangEngine: its pure pieces on CPU (request building, stop ids, finish reasons, success flags,
+buckets, memory share, the weight ledger), and the engine itself against the native engine on a
+CUDA GPU with sglang (skipped elsewhere). Nothing here stands in for SGLang: the CPU tests call the
+functions the engine calls on SGLang's inputs and outputs, in the shapes SGLang 0.5.23 uses."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+from fastcrit.rollout.sglang import (WeightLedger, buckets, check_success, engine_tensor, finish_reason,
+                                     request_params, sglang_mem_fraction, to_rollout)
 from fastcrit.types import SamplingParams
 
 
@@ -15,19 +22,143 @@ def test_module_imports_without_sglang():
         assert "sglang" not in sys.modules
 
 
+# ---------------------------------------------------------------------------------------- requests
+
+
+def test_request_params_send_the_eos_set_and_the_params_stops():
+    p = SamplingParams(n=3, max_new_tokens=7, temperature=0.0, top_p=0.9, top_k=5, stop_token_ids=[11, 2])
+    got = request_params(p, 6, stop_ids=[2, 9], deterministic=False)
+    assert got == {"n": 1, "max_new_tokens": 7, "temperature": 0.0, "top_p": 0.9, "top_k": 5,
+                   "stop_token_ids": [2, 9, 11]}
+
+
+def test_a_seed_is_sent_only_to_a_deterministic_engine():
+    p = SamplingParams(n=2, max_new_tokens=4, seed=100)
+    shared = request_params(p, 4, stop_ids=[1], deterministic=False)
+    assert isinstance(shared, dict) and "sampling_seed" not in shared
+    per_request = request_params(p, 4, stop_ids=[1], deterministic=True)
+    assert [r["sampling_seed"] for r in per_request] == [100, 101, 102, 103]
+    assert all(r["stop_token_ids"] == [1] and r["n"] == 1 for r in per_request)
+    unseeded = request_params(SamplingParams(), 4, stop_ids=[1], deterministic=True)
+    assert isinstance(unseeded, dict) and "sampling_seed" not in unseeded
+
+
+# ---------------------------------------------------------------------------------------- outputs
+
+
+def _out(triples, kind, **extra):
+    fr = {"type": kind, **extra} if kind is not None else None
+    return {"output_ids": [t[1] for t in triples], "meta_info": {"finish_reason": fr, "output_token_logprobs": triples}}
+
+
+def test_finish_reasons():
+    assert finish_reason({"finish_reason": {"type": "stop", "matched": 2}}) == "stop"
+    assert finish_reason({"finish_reason": {"type": "length", "length": 8}}) == "length"
+    with pytest.raises(RuntimeError, match="aborted a request: out of memory"):
+        finish_reason({"finish_reason": {"type": "abort", "message": "out of memory", "status_code": None}})
+    with pytest.raises(RuntimeError, match="did not finish"):
+        finish_reason({"finish_reason": None})
+
+
+def test_to_rollout_reads_ids_and_logprobs_from_the_same_triples():
+    r = to_rollout(1, [5, 6], _out([(-0.5, 7, None), (-1.25, 2, None)], "stop", matched=2))
+    assert (r.prompt_index, r.prompt_ids, r.output_ids, r.logprobs, r.finish_reason) == \
+        (1, [5, 6], [7, 2], [-0.5, -1.25], "stop")
+    bad = _out([(-0.5, 7, None)], "length")
+    bad["output_ids"] = [8]
+    with pytest.raises(RuntimeError, match="disagree"):
+        to_rollout(0, [5], bad)
+    with pytest.raises(RuntimeError, match="aborted"):
+        to_rollout(0, [5], _out([(-0.5, 7, None)], "abort", message="cancelled"))
+
+
+def test_check_success_raises_on_a_false_flag():
+    assert check_success((True, "Success"), "begin_weight_update") == "Success"
+    with pytest.raises(RuntimeError, match="update_weights_from_tensor failed: must run between"):
+        check_success((False, "must run between begin_weight_update() and end_weight_update()"),
+                      "update_weights_from_tensor")
+    # flush_cache answers with a FlushCacheReqOutput(success, message)
+    assert check_success(SimpleNamespace(success=True, message=""), "flush_cache") == ""
+    with pytest.raises(RuntimeError, match="flush_cache failed"):
+        check_success(SimpleNamespace(success=False, message="requests are running"), "flush_cache")
+    with pytest.raises(TypeError, match="expected a"):  # e.g. release_memory_occupation's None
+        check_success(None, "release_memory_occupation")
+    with pytest.raises(TypeError, match="not a bool"):
+        check_success(SimpleNamespace(success="yes"), "flush_cache")
+
+
+# ---------------------------------------------------------------------------------------- weights
+
+
+def test_buckets_group_by_bytes_in_order_and_lazily():
+    sizes = [3, 3, 10, 1, 1, 1]  # float32 elements: 12, 12, 40, 4, 4, 4 bytes
+    pulled = []
+
+    def named():
+        for i, n in enumerate(sizes):
+            pulled.append(i)
+            yield f"w{i}", torch.zeros(n)
+
+    it = buckets(named(), 24)
+    first = next(it)
+    assert [n for n, _ in first] == ["w0", "w1"] and pulled == [0, 1, 2]  # w2 starts the next bucket
+    rest = [[n for n, _ in b] for b in it]
+    assert rest == [["w2"], ["w3", "w4", "w5"]]  # a tensor larger than a bucket is one of its own
+    with pytest.raises(ValueError):
+        next(buckets(named(), 0))
+
+
+def test_memory_share_of_the_device_becomes_a_share_of_what_is_free():
+    gib = 1 << 30
+    assert sglang_mem_fraction(0.5, 80 * gib, 80 * gib) == pytest.approx(0.5)
+    # the trainer holds 30 GiB: 40 GiB of 80 is 0.8 of the 50 that are free
+    assert sglang_mem_fraction(0.5, 50 * gib, 80 * gib) == pytest.approx(0.8)
+    with pytest.raises(RuntimeError, match="only 30.0 GiB is free"):
+        sglang_mem_fraction(0.5, 30 * gib, 80 * gib)
+    with pytest.raises(ValueError):
+        sglang_mem_fraction(1.0, 80 * gib, 80 * gib)
+
+
+def test_weight_ledger_refuses_generation_until_a_full_load_after_wake():
+    ledger = WeightLedger()
+    assert ledger.valid  # weights from disk
+    ledger.loaded(["a", "b", "c"])
+    ledger.woke()
+    assert not ledger.valid and ledger.missing() == ["a", "b", "c"]
+    ledger.loaded(["a"])
+    assert not ledger.valid and ledger.missing() == ["b", "c"]
+    ledger.loaded(["b", "c"])
+    assert ledger.valid
+    ledger.failed()  # a partial update: SGLang says discard the whole weights
+    assert not ledger.valid
+    ledger.loaded(["a", "b", "c"])
+    assert ledger.valid
+
+
+def test_weight_ledger_needs_a_load_after_a_wake_before_any_load():
+    ledger = WeightLedger()
+    ledger.woke()
+    assert not ledger.valid and ledger.missing() == []
+    ledger.loaded([])
+    assert not ledger.valid
+    ledger.loaded(["a"])
+    assert ledger.valid
+
+
+def test_weight_ledger_with_a_cpu_backup_stays_valid():
+    ledger = WeightLedger(restores_on_wake=True)
+    ledger.loaded(["a"])
+    ledger.woke()
+    assert ledger.valid
+
+
 def _refuse_dtensor(ctx):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from fastcrit.rollout.sglang import SGLangEngine
-
-    # The refusal comes before anything reaches SGLang, so it is checked on an engine object that
-    # was never started (no GPU, no sglang needed): only the state load_weights reads is set.
-    eng = object.__new__(SGLangEngine)
-    eng._closed, eng._asleep = False, False
     sharded = distribute_tensor(torch.ones(4, 2), init_device_mesh("cpu", (1,)), [Shard(0)])
     with pytest.raises(TypeError, match="'lm_head.weight' is a sharded DTensor"):
-        eng.load_weights([("lm_head.weight", sharded)])
+        engine_tensor("lm_head.weight", sharded, torch.device("cpu"))
 
 
 def test_load_weights_refuses_a_dtensor():
@@ -37,17 +168,59 @@ def test_load_weights_refuses_a_dtensor():
     launch(_refuse_dtensor, (), 1, "cpu")
 
 
+def test_engine_tensor_keeps_a_tensor_on_its_device():
+    t = torch.ones(3, requires_grad=True)
+    out = engine_tensor("w", t, torch.device("cpu"))
+    assert not out.requires_grad and out.data_ptr() == t.data_ptr()
+
+
+# ---------------------------------------------------------------------------------------- config
+
+
+def test_config_refuses_overlapping_tensor_parallel_engines():
+    from fastcrit.config import ConfigError, load_config
+
+    load_config(sets=["rollout.engine=sglang", "rollout.tp_size=2", "trainer.nproc=1"])
+    load_config(sets=["rollout.engine=native", "rollout.tp_size=2", "trainer.nproc=2"])  # tp_size unused
+    with pytest.raises(ConfigError, match="engines would overlap"):
+        load_config(sets=["rollout.engine=sglang", "rollout.tp_size=2", "trainer.nproc=2"])
+    with pytest.raises(ConfigError, match="proxy.rollout.tp_size"):
+        load_config(sets=["proxy.rollout.engine=sglang", "proxy.rollout.tp_size=2", "trainer.nproc=2"])
+    with pytest.raises(ConfigError, match="mem_fraction_static"):
+        load_config(sets=["rollout.mem_fraction_static=1.0"])
+
+
+def test_engine_args_reach_the_engine(tiny_model_path):
+    from fastcrit.config import ConfigError, load_config
+    from fastcrit.rollout import make_engine
+
+    cfg = load_config(sets=["rollout.engine_args={max_batch: 3, compact_fraction: 0.5}"])
+    assert cfg.rollout.engine_args == {"max_batch": 3, "compact_fraction": 0.5}
+    eng = make_engine(cfg.rollout, tiny_model_path, dtype="float32", device=torch.device("cpu"))
+    assert (eng.max_batch, eng.compact_fraction) == (3, 0.5)
+    eng.close()
+    bad = load_config(sets=["rollout.engine_args={enable_deterministic_inference: true}"])
+    with pytest.raises(ValueError, match="not NativeEngine arguments"):
+        make_engine(bad.rollout, tiny_model_path, dtype="float32", device=torch.device("cpu"))
+    with pytest.raises(ConfigError, match="rollout.engine_args: expected a mapping"):
+        load_config(sets=["rollout.engine_args=3"])
+
+
+# ---------------------------------------------------------------------------------------- on a GPU
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU; this machine has none")
     pytest.importorskip("sglang")
+    from fastcrit.config import RolloutConfig
     from fastcrit.models.hf import load_tokenizer
     from fastcrit.models.tiny import build_tiny_model
     from fastcrit.rollout.sglang import SGLangEngine
 
     d = build_tiny_model(str(tmp_path_factory.mktemp("tiny") / "m"), hidden=128, layers=2, heads=2, kv_heads=1,
                          intermediate=256, seed=1)
-    from fastcrit.config import RolloutConfig
-
     eng = SGLangEngine(d, RolloutConfig(mem_fraction_static=0.3), dtype="float32", device="cuda:0",
                        disable_cuda_graph=True)
     yield d, eng, load_tokenizer(d)
@@ -81,11 +254,15 @@ def test_sleep_wake_and_weight_sync(setup):
     before = eng.generate(prompts, params)[0].output_ids
     state = load_model(d).state_dict()
     first, eos = before[0], tok.eos_token_id
+    swapped = dict(state)
     head = state["lm_head.weight"].clone()
     head[[first, eos]] = head[[eos, first]]
+    swapped["lm_head.weight"] = head
     eng.sleep()
     eng.wake()
-    eng.load_weights([("lm_head.weight", head)])
+    with pytest.raises(RuntimeError, match="load the full set"):  # the resumed weights hold no values
+        eng.generate(prompts, params)
+    eng.load_weights(swapped.items())  # one session: every weight, the head swapped
     assert eng.generate(prompts, params)[0].output_ids == [eos]
     eng.load_weights(state.items())
     assert eng.generate(prompts, params)[0].output_ids == before
