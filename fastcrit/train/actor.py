@@ -60,12 +60,15 @@ def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size
 
 def wrap_trainable(module: torch.nn.Module, *, dtype: str, device: torch.device, world_size: int,
                    optim: OptimConfig | None, total_updates: int) -> Actor:
-    """Move ``module`` (loaded in fp32 when trainable, else in ``dtype``) to ``device``, shard it with
-    FSDP2 (mixed precision in ``dtype`` when trainable) and give it AdamW and the lr schedule by
-    ``optim``; frozen (no gradients, no optimizer) when ``optim`` is None."""
+    """Shard ``module`` (loaded in fp32 when trainable, else in ``dtype``, on CPU) with FSDP2 onto
+    ``device`` (mixed precision in ``dtype`` when trainable) and give it AdamW and the lr schedule by
+    ``optim``; frozen (no gradients, no optimizer) when ``optim`` is None.
+
+    The module is not moved to ``device`` first: ``fully_shard`` moves each group's parameters and
+    buffers to the mesh's device just before sharding them (torch 2.13 _fsdp_init.py:565-567), so
+    the device holds the shards plus one layer in full, never the whole model."""
     trainable = optim is not None
     compute = parse_dtype(dtype)
-    module = module.to(device)
     module.train(trainable)
     if not trainable:
         module.requires_grad_(False)

@@ -9,11 +9,18 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+
+# How long a rank waits in a collective before the process group gives up. PyTorch's defaults are
+# 10 minutes for NCCL and 30 for gloo (torch 2.13 distributed_c10d.py:832-849, constants.py); ranks
+# roll out different lengths between collectives, and one long generation must not kill the run.
+COLLECTIVE_TIMEOUT = timedelta(minutes=60)
 
 
 @dataclass
@@ -45,7 +52,7 @@ def init(rank: int, world_size: int, device_kind: str) -> DistContext:
         device = torch.device("cpu")
         backend = "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world_size)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
     return DistContext(rank=rank, world_size=world_size, device=device)
 
 
