@@ -28,6 +28,9 @@ class ModelConfig:
     path: str = "tiny"  # a local Hugging Face directory, or "tiny" (built once, cached on disk)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     tiny: TinySettings = field(default_factory=TinySettings)  # built once, cached under $FASTCRIT_CACHE
+    # Liger-Kernel's RMSNorm, SwiGLU and RoPE patches on the trained models, on CUDA only and only
+    # for the architectures fastcrit.models.liger lists (qwen2, llama); elsewhere this does nothing.
+    liger: bool = True
 
 
 @dataclass

@@ -59,7 +59,8 @@ def run_sft(ctx: DistContext, cfg: Config, model_path: str | None = None) -> str
     optim = dataclasses.replace(cfg.optim, lr=cfg.sft.lr, warmup_steps=cfg.sft.warmup_steps,
                                 lr_schedule=cfg.sft.lr_schedule)
     actor = build_actor(model_path, dtype=cfg.model.dtype, device=ctx.device,
-                        world_size=ctx.world_size, optim=optim, total_updates=cfg.sft.steps)
+                        world_size=ctx.world_size, optim=optim, total_updates=cfg.sft.steps,
+                        liger=cfg.model.liger)
     answers = [encode_answer(tok, p.example.answer) for p in prompts]
     for step in range(1, cfg.sft.steps + 1):
         t0 = time.perf_counter()

@@ -15,6 +15,7 @@ import torch
 from fastcrit.algos.losses import Objective, PPOObjective
 from fastcrit.config import AlgorithmConfig, OptimConfig
 from fastcrit.models.hf import load_model, parse_dtype
+from fastcrit.models.liger import apply_liger
 from fastcrit.train.policy import CausalLMLogprobs, shard
 from fastcrit.types import RolloutBatch
 
@@ -44,16 +45,20 @@ def lr_factor(optim: OptimConfig, total_updates: int):
 
 
 def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size: int,
-                optim: OptimConfig | None = None, total_updates: int = 0) -> Actor:
+                optim: OptimConfig | None = None, total_updates: int = 0, liger: bool = False) -> Actor:
     """The FSDP2 policy with AdamW by ``optim``, or a frozen model (a reference) when it is None.
     ``total_updates`` (optimizer steps in the whole run) is where a cosine schedule ends.
 
     A trainable policy keeps fp32 master weights and computes in ``dtype`` (FSDP2 mixed precision,
-    gradients reduced in fp32); a frozen one is simply stored in ``dtype``.
+    gradients reduced in fp32); a frozen one is simply stored in ``dtype``. With ``liger`` on a CUDA
+    device, Liger-Kernel's RMSNorm / SwiGLU / RoPE patches are applied where the architecture is
+    supported (fastcrit.models.liger).
     """
     trainable = optim is not None
     lm = load_model(model_path, dtype=torch.float32 if trainable else parse_dtype(dtype), device="cpu")
     lm.config.use_cache = False
+    if liger and device.type == "cuda":
+        apply_liger(lm)
     return wrap_trainable(CausalLMLogprobs(lm), dtype=dtype, device=device, world_size=world_size,
                           optim=optim, total_updates=total_updates)
 
