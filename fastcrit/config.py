@@ -11,7 +11,7 @@ import os
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 
@@ -78,9 +78,20 @@ class AlgorithmConfig:
     loss_agg: Literal[
         "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
     ] = "token-mean"
+    # seq-mean-token-sum-norm divides each sequence's token sum by this constant (verl's actor
+    # loss_scale_factor); None = rollout.max_new_tokens. Never the longest response of a batch.
+    loss_scale_factor: Optional[float] = None
     entropy_coef: float = 0.0
     ppo_epochs: int = 1
     mini_batches: int = 1  # optimizer steps per rollout step = ppo_epochs * mini_batches
+    # Where PPO's "old" log-probs come from: the trainer recomputes them with one forward pass (true),
+    # or the engine's sampling log-probs are used (false). auto = recompute whenever the two can
+    # differ: rollout.engine=sglang or model.dtype other than float32 (verl always recomputes).
+    recompute_old_logprobs: Union[bool, Literal["auto"]] = "auto"
+    # Truncated importance sampling (verl's tis_imp_ratio_cap / token-level rollout_is): each token's
+    # policy-gradient loss times min(exp(old - engine log-prob), tis_cap), detached; None = off.
+    # Needs recomputed old log-probs (else the weight is 1).
+    tis_cap: Optional[float] = None
 
 
 @dataclass
@@ -431,6 +442,15 @@ def validate(cfg: Config) -> None:
         cfg.algorithm.clip_c is None or cfg.algorithm.clip_c > 1.0,
         f"algorithm.clip_c: the dual-clip constant must be > 1, got {cfg.algorithm.clip_c}",
     )
+    a = cfg.algorithm
+    need(a.loss_scale_factor is None or a.loss_scale_factor > 0,
+         f"algorithm.loss_scale_factor: must be > 0, got {a.loss_scale_factor}")
+    need(a.tis_cap is None or a.tis_cap > 0, f"algorithm.tis_cap: must be > 0, got {a.tis_cap}")
+    need(a.tis_cap is None or recompute_old_logprobs(cfg),
+         "algorithm.tis_cap corrects the gap between the engine's and the trainer's log-probs, which "
+         "it only sees when the trainer recomputes them: set algorithm.recompute_old_logprobs=true")
+    need(a.tis_cap is None or a.name != "pacs",
+         "algorithm.tis_cap weights the PPO policy-gradient loss; PACS's BCE loss has none")
     need(cfg.algorithm.name != "rloo" or cfg.rollout.n > 1, "algorithm.name=rloo needs rollout.n > 1")
     need(cfg.algorithm.name != "pacs" or cfg.rollout.n > 1,
          "algorithm.name=pacs needs rollout.n > 1 (advantages within each prompt's samples)")
@@ -464,6 +484,23 @@ def validate(cfg: Config) -> None:
         SandboxConfig(**dataclasses.asdict(cfg.sandbox))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def recompute_old_logprobs(cfg: Config) -> bool:
+    """``algorithm.recompute_old_logprobs`` resolved: ``auto`` recomputes when the engine's
+    log-probs can differ from the trainer's by more than fp32 rounding (SGLang's kernels, or a
+    low-precision dtype: a review measured bf16 logit rounding alone moving log-probs by 0.07)."""
+    r = cfg.algorithm.recompute_old_logprobs
+    if r == "auto":
+        return cfg.rollout.engine == "sglang" or cfg.model.dtype != "float32"
+    return bool(r)
+
+
+def loss_scale(cfg: Config) -> float:
+    """The constant ``seq-mean-token-sum-norm`` divides by: ``algorithm.loss_scale_factor``, else
+    ``rollout.max_new_tokens``."""
+    f = cfg.algorithm.loss_scale_factor
+    return float(cfg.rollout.max_new_tokens if f is None else f)
 
 
 def to_dict(cfg: Any) -> dict:

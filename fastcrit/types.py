@@ -63,13 +63,16 @@ class RolloutBatch:
     responses: torch.Tensor  # [B, R] long, right-padded with pad_id
     attention_mask: torch.Tensor  # [B, P + R] long, 1 on real prompt and response tokens
     response_mask: torch.Tensor  # [B, R] float, 1 on response tokens that count in the loss
-    old_logprobs: torch.Tensor  # [B, R] float32, behaviour-policy log-probs (0 on padding)
+    # [B, R] float32, the behaviour policy's log-probs that PPO's ratio divides by (0 on padding): the
+    # engine's, or the trainer's recomputation of them (algorithm.recompute_old_logprobs)
+    old_logprobs: torch.Tensor
     group_ids: torch.Tensor  # [B] long, samples of one prompt share an id
     scores: torch.Tensor | None = None  # [B] float32, sequence-level rewards
     ref_logprobs: torch.Tensor | None = None  # [B, R] float32
     advantages: torch.Tensor | None = None  # [B, R] float32
     values: torch.Tensor | None = None  # [B, R] float32, the critic's values at rollout time (PPO)
     returns: torch.Tensor | None = None  # [B, R] float32, the critic's targets (PPO)
+    rollout_logprobs: torch.Tensor | None = None  # [B, R] float32, the engine's sampling log-probs
 
     @property
     def input_ids(self) -> torch.Tensor:  # [B, P + R]

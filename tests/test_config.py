@@ -115,3 +115,34 @@ def test_lr_schedule_is_checked():
         load_config(None, ["optim.lr_schedule=linear-ish"])
     with pytest.raises(ConfigError, match="optim.min_lr_ratio"):
         load_config(None, ["optim.min_lr_ratio=1.5"])
+
+
+def test_old_logprob_recomputation_resolves_and_tis_needs_it(tmp_path):
+    from fastcrit.config import dump_yaml, loss_scale, recompute_old_logprobs
+
+    assert not recompute_old_logprobs(load_config(None))  # fp32 native: the engine's are the trainer's
+    assert recompute_old_logprobs(load_config(None, ["model.dtype=bfloat16"]))
+    assert recompute_old_logprobs(load_config(None, ["rollout.engine=sglang"]))
+    assert recompute_old_logprobs(load_config(None, ["algorithm.recompute_old_logprobs=true"]))
+    assert not recompute_old_logprobs(load_config(None, ["model.dtype=bfloat16",
+                                                         "algorithm.recompute_old_logprobs=false"]))
+    with pytest.raises(ConfigError, match="algorithm.recompute_old_logprobs"):
+        load_config(None, ["algorithm.recompute_old_logprobs=sometimes"])
+    with pytest.raises(ConfigError, match="recompute_old_logprobs=true"):
+        load_config(None, ["algorithm.tis_cap=2"])
+    with pytest.raises(ConfigError, match="algorithm.tis_cap: must be > 0"):
+        load_config(None, ["algorithm.tis_cap=0", "algorithm.recompute_old_logprobs=true"])
+    c = load_config(None, ["algorithm.tis_cap=2", "model.dtype=bfloat16"])
+    assert c.algorithm.tis_cap == 2.0
+    dump_yaml(c, str(tmp_path / "c.yaml"))  # the resolved config reloads
+    assert load_config(str(tmp_path / "c.yaml")).algorithm.recompute_old_logprobs == "auto"
+    assert loss_scale(load_config(None, ["rollout.max_new_tokens=24"])) == 24.0
+    assert loss_scale(load_config(None, ["algorithm.loss_scale_factor=100"])) == 100.0
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if os.sep + "cpu" + os.sep not in p],
+                         ids=lambda p: os.path.relpath(p, ROOT))
+def test_gpu_configs_recompute_old_logprobs(path):
+    from fastcrit.config import recompute_old_logprobs
+
+    assert recompute_old_logprobs(load_config(path))

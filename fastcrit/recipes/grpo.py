@@ -1,9 +1,10 @@
 """GRPO and RLOO with a verifiable reward: rollout -> reward -> advantages -> update -> weight sync.
 
-Departures from verl worth knowing: the behaviour log-probs are the rollout engine's (no extra
-trainer forward to recompute them; on the native engine they are the same fp32 numbers up to
-kernel rounding), and the KL to the frozen reference is a loss term (verl's `use_kl_loss`), never
-folded into the reward.
+Departures from verl worth knowing: on the native engine in fp32 the behaviour log-probs are the
+engine's (no extra trainer forward; they equal the trainer's up to kernel rounding, ~1e-6) unless
+`algorithm.recompute_old_logprobs` is set, while with SGLang or bf16 the trainer recomputes them as
+verl always does (``Run.batch``); and the KL to the frozen reference is a loss term (verl's
+`use_kl_loss`), never folded into the reward.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import dataclasses
 import torch
 
 from fastcrit.algos.advantages import gae, last_valid_index, masked_whiten
-from fastcrit.config import ConfigError
+from fastcrit.config import ConfigError, loss_scale
 from fastcrit.models.hf import load_tokenizer
 from fastcrit.recipes.grpo import GRPO
 from fastcrit.recipes.scaffold import Run, info_means
@@ -60,7 +60,7 @@ class PPO(GRPO):
         with run.timer("critic"):
             critic_stats = update_values(self.critic, batch, c.algorithm, c.ppo,
                                          micro_batch_size=c.trainer.micro_batch_size,
-                                         grad_clip=c.optim.grad_clip)
+                                         grad_clip=c.optim.grad_clip, agg_scale=loss_scale(c))
         stats = run.update(batch) if step > c.ppo.critic_warmup else {}
         run.sync()
         return {"reward/mean": scores.mean().item(), **info_means(results, "reward/"), **rm_means(results),

@@ -14,9 +14,11 @@ and checkpoints. A recipe file holds only what is its own (its data, its step, i
 
 ``Run`` carries the pieces one step composes (policy, reference, engine, timers) and the small
 operations every recipe repeats, each named for what it does in the paper's pseudocode:
-``generate`` (engine rollout), ``batch`` (rollouts -> padded batch; the engine sleeps),
+``generate`` (engine rollout), ``batch`` (rollouts -> padded batch; the engine sleeps; the
+trainer recomputes the behaviour log-probs when ``algorithm.recompute_old_logprobs`` says so),
 ``reference`` (frozen-reference log-probs), ``update`` (the PPO-style policy update) and ``sync``
-(wake the engine, load the new weights).
+(wake the engine, load the new weights). Every step that samples logs ``logprob/gap_mean`` and
+``logprob/gap_max``, the engine's log-probs against the trainer's for the same tokens.
 """
 from __future__ import annotations
 
@@ -29,8 +31,8 @@ from typing import Any, Callable
 
 import torch
 
-from fastcrit.algos.losses import Objective
-from fastcrit.config import Config
+from fastcrit.algos.losses import Objective, PPOObjective
+from fastcrit.config import Config, loss_scale, recompute_old_logprobs
 from fastcrit.data.datasets import load_dataset
 from fastcrit.data.prompts import EncodedPrompt, encode_prompts
 from fastcrit.models.hf import load_tokenizer
@@ -40,7 +42,7 @@ from fastcrit.reward import RewardItem
 from fastcrit.rollout import make_engine
 from fastcrit.rollout.base import Engine
 from fastcrit.rollout.batch import collate
-from fastcrit.train.actor import Actor, build_actor, compute_logprobs, update_policy
+from fastcrit.train.actor import Actor, build_actor, compute_logprobs, logprob_gap, update_policy
 from fastcrit.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from fastcrit.train.colocate import sync_weights
 from fastcrit.train.dist import DistContext, all_reduce_mean
@@ -61,6 +63,7 @@ class Run:
     log: RunLog
     times: dict[str, float] = field(default_factory=dict)  # "time/<name>_s" of the current step
     tokens: int = 0  # tokens (prompt + response) trained on in the current step, this rank
+    metrics: dict[str, float] = field(default_factory=dict)  # the shared pieces' metrics of the step
 
     # -- the pieces of a step -------------------------------------------------------------------
 
@@ -112,14 +115,26 @@ class Run:
         with self.timer("rollout"):
             return self.engine.generate(prompt_ids, params)
 
+    @property
+    def recompute(self) -> bool:
+        """Whether the trainer recomputes the old log-probs (``algorithm.recompute_old_logprobs``)."""
+        return recompute_old_logprobs(self.cfg)
+
     def batch(self, rollouts: list[Rollout], scores: torch.Tensor) -> RolloutBatch:
         """The engine sleeps (training takes the memory); rollouts become a padded batch whose
-        group ids are unique across ranks (each rank rolls out whole groups)."""
+        group ids are unique across ranks (each rank rolls out whole groups). When recomputing,
+        ``old_logprobs`` become the trainer's (one forward pass) and the log-prob gap to the
+        engine's is measured on the whole batch; otherwise ``update`` measures it for free."""
         self.engine.sleep()
         per_rank = self.cfg.data.prompts_per_step // self.ctx.world_size
         batch = collate(rollouts, self.tok.pad_token_id, group_offset=self.ctx.rank * per_rank)
         batch.scores = scores
         self.tokens += int(batch.attention_mask.sum())
+        if self.recompute:
+            with self.timer("old_logprobs"):
+                batch.old_logprobs = compute_logprobs(self.actor, batch, self.temperature,
+                                                      self.cfg.trainer.micro_batch_size)
+            self.metrics.update(logprob_gap(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask))
         return batch
 
     def reference(self, batch: RolloutBatch) -> torch.Tensor | None:
@@ -130,11 +145,15 @@ class Run:
             return compute_logprobs(self.ref, batch, self.temperature, self.cfg.trainer.micro_batch_size)
 
     def update(self, batch: RolloutBatch, objective: Objective | None = None) -> dict[str, float]:
-        """Policy update: PPO's clipped objective on ``batch.advantages``, or ``objective``."""
+        """Policy update: PPO's clipped objective on ``batch.advantages``, or ``objective``. When the
+        old log-probs are the engine's, the log-prob gap is read from its first forward pass (over
+        the first mini-batch; absent on a step without an update, e.g. PPO's critic_warmup)."""
+        c = self.cfg
         with self.timer("update"):
-            return update_policy(self.actor, batch, self.cfg.algorithm, temperature=self.temperature,
-                                 micro_batch_size=self.cfg.trainer.micro_batch_size,
-                                 grad_clip=self.cfg.optim.grad_clip, objective=objective)
+            return update_policy(self.actor, batch, c.algorithm, temperature=self.temperature,
+                                 micro_batch_size=c.trainer.micro_batch_size, grad_clip=c.optim.grad_clip,
+                                 objective=objective or PPOObjective(c.algorithm, loss_scale(c)),
+                                 measure_gap=not self.recompute)
 
     def sync(self) -> None:
         """Wake the engine and load all of the policy's weights into it (one ``load_weights``)."""
@@ -220,11 +239,11 @@ def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any])
         history: list[float] = []
         last = first if start == t.total_steps else {}
         for step in range(start + 1, t.total_steps + 1):
-            run.times, run.tokens = {}, 0
+            run.times, run.tokens, run.metrics = {}, 0, {}
             t0 = time.perf_counter()
             metrics = recipe.step(step)
             dt = time.perf_counter() - t0
-            row = all_reduce_mean({**metrics, **run.times, "time/step_s": dt,
+            row = all_reduce_mean({**metrics, **run.metrics, **run.times, "time/step_s": dt,
                                    "throughput/tokens_per_s": run.tokens / dt})
             row["throughput/tokens_per_s"] *= ctx.world_size  # all processes together
             # The final evaluation goes to the summary; it joins the row only on the eval_every

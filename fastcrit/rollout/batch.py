@@ -7,7 +7,9 @@ from fastcrit.types import Rollout, RolloutBatch
 
 
 def collate(rollouts: list[Rollout], pad_id: int, group_offset: int = 0) -> RolloutBatch:
-    """Left-pad prompts, right-pad responses. ``group_ids = prompt_index + group_offset``.
+    """Left-pad prompts, right-pad responses. ``group_ids = prompt_index + group_offset``. The
+    engine's log-probs fill both ``rollout_logprobs`` and ``old_logprobs`` (which the trainer may
+    replace by its own recomputation).
 
     A response with no tokens (the engine stopped at once) keeps one padded slot with mask 0, so
     shapes stay valid; its loss contribution is zero by the mask.
@@ -35,4 +37,5 @@ def collate(rollouts: list[Rollout], pad_id: int, group_offset: int = 0) -> Roll
             old[i, :o] = torch.tensor(r.logprobs, dtype=torch.float32)
     group_ids = torch.tensor([r.prompt_index + group_offset for r in rollouts], dtype=torch.long)
     return RolloutBatch(prompts=prompts, responses=responses, attention_mask=attn,
-                        response_mask=rmask, old_logprobs=old, group_ids=group_ids)
+                        response_mask=rmask, old_logprobs=old, group_ids=group_ids,
+                        rollout_logprobs=old.clone())

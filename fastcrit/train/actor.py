@@ -1,9 +1,12 @@
 """The trainable policy (and the frozen reference): build, score, update.
 
-Micro-batches are chosen so that the mini-batch loss equals the loss one big batch would give: each
-micro-batch's aggregated loss is weighted by its share of the mini-batch's valid tokens (token-mean)
-or valid sequences (seq-mean-*). Across processes FSDP averages gradients, i.e. the loss is the
-mean over ranks of each rank's loss (as verl does); ranks roll out equal numbers of groups.
+Micro-batches and processes are weighted so that the loss is the one a single batch holding every
+rank's mini-batch would give: each micro-batch's aggregated loss is weighted by its share of the
+valid tokens (token-mean), valid sequences (seq-mean-*) or rows (sample-mean) of the mini-batches
+of ALL ranks (one all-reduce of the count per mini-batch), times the world size, since FSDP averages
+gradients over ranks. This is current verl's ``batch_num_tokens`` / ``global_batch_size`` with
+``* dp_size``; ranks with different numbers of response tokens no longer weigh their tokens
+differently (the mean over ranks of per-rank token-means did).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from fastcrit.algos.losses import Objective, PPOObjective
 from fastcrit.config import AlgorithmConfig, OptimConfig
 from fastcrit.models.hf import load_model, parse_dtype
 from fastcrit.models.liger import apply_liger
+from fastcrit.train.dist import all_reduce, world_size
 from fastcrit.train.policy import CausalLMLogprobs, shard
 from fastcrit.types import RolloutBatch
 
@@ -126,13 +130,56 @@ def compute_logprobs(actor: Actor, batch: RolloutBatch, temperature: float,
     return torch.cat(out) * batch.response_mask
 
 
-def _weight(mb_mask: torch.Tensor, full_mask: torch.Tensor, agg: str) -> float:
+def _agg_count(mask: torch.Tensor, agg: str) -> float:
+    """What ``agg`` divides a batch's summed loss by: its valid tokens (token-mean), its rows
+    (sample-mean: every row counts, with or without valid tokens) or its sequences with a valid
+    token (the seq-mean modes)."""
     if agg == "token-mean":
-        return mb_mask.sum().item() / max(full_mask.sum().item(), 1.0)
-    if agg == "sample-mean":  # every row counts, with or without valid tokens
-        return mb_mask.shape[0] / max(full_mask.shape[0], 1)
-    valid = lambda m: (m.sum(-1) > 0).sum().item()  # noqa: E731 (sequences with a valid token)
-    return valid(mb_mask) / max(valid(full_mask), 1)
+        return float(mask.sum())
+    if agg == "sample-mean":
+        return float(mask.shape[0])
+    return float((mask.sum(-1) > 0).sum())
+
+
+class GlobalWeights:
+    """Weights of micro-batch losses such that their sum, averaged over ranks by FSDP, is the loss
+    aggregated over the mini-batches of all ranks together. A collective: every rank builds one per
+    mini-batch."""
+
+    def __init__(self, mini_mask: torch.Tensor, agg: str):
+        self.agg = agg
+        self.world = world_size()
+        self.total = all_reduce([_agg_count(mini_mask, agg)])[0]
+
+    def __call__(self, mb_mask: torch.Tensor) -> float:
+        return _agg_count(mb_mask, self.agg) * self.world / self.total if self.total > 0 else 0.0
+
+
+def logprob_gap(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """``logprob/gap_mean`` and ``logprob/gap_max``: |trainer - engine| log-prob over the response
+    tokens of all ranks ([B, R] each; collectives, so every rank gets the same numbers)."""
+    gap = GapMeter()
+    gap.add(trainer_logp, engine_logp, mask)
+    return gap.result()
+
+
+class GapMeter:
+    """Sums |trainer - engine| log-prob over batches, then reduces over ranks (``result``)."""
+
+    def __init__(self):
+        self.total, self.count, self.biggest = 0.0, 0.0, 0.0
+
+    def add(self, trainer_logp, engine_logp, mask) -> None:
+        m = mask.to(trainer_logp.device, torch.float32)
+        d = (trainer_logp.detach().float() - engine_logp.to(trainer_logp.device).float()).abs() * m
+        self.total += float(d.sum())
+        self.count += float(m.sum())
+        self.biggest = max(self.biggest, float(d.max()) if d.numel() else 0.0)
+
+    def result(self) -> dict[str, float]:
+        total, count = all_reduce([self.total, self.count])
+        (biggest,) = all_reduce([self.biggest], "max")
+        return {"logprob/gap_mean": total / max(count, 1.0), "logprob/gap_max": biggest}
 
 
 def _mini_batches(batch: RolloutBatch, n: int, whole_groups: bool,
@@ -165,29 +212,36 @@ def _micro_batches(mini: RolloutBatch, micro: int, whole_groups: bool) -> list[t
 
 def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, temperature: float,
                   micro_batch_size: int, grad_clip: float, generator: torch.Generator | None = None,
-                  objective: Objective | None = None) -> dict[str, float]:
+                  objective: Objective | None = None, measure_gap: bool = False) -> dict[str, float]:
     """Optimizer steps on ``batch`` minimising ``objective`` (default: PPO's clipped objective on
     ``batch.advantages`` by ``algo``: clip range, dual clip, loss aggregation, KL and entropy terms).
 
     ``algo`` says how many optimizer steps one batch makes (ppo_epochs x mini_batches). Returns
-    metrics averaged over optimizer steps (loss terms, clip fractions, grad norm, lr).
+    metrics averaged over optimizer steps (loss terms, clip fractions, grad norm, lr); each rank's
+    are its part of the global mean, which averaging over ranks completes. With ``measure_gap``,
+    also ``logprob_gap`` between the first optimizer step's log-probs (the weights have not moved
+    yet) and ``batch.rollout_logprobs``: free, but over the first mini-batch only.
     """
     assert actor.optimizer is not None, "update_policy needs a trainable actor"
     objective = objective or PPOObjective(algo)
     objective.check(batch)
+    gap = GapMeter() if measure_gap and batch.rollout_logprobs is not None else None
     sums: dict[str, float] = {}
     n_steps = 0
     for _ in range(algo.ppo_epochs):
         for mini_idx in _mini_batches(batch, algo.mini_batches, objective.whole_groups, generator):
             mini = batch.select(mini_idx)
+            weight = GlobalWeights(mini.response_mask, objective.agg)
             actor.optimizer.zero_grad(set_to_none=True)
             step_stats: dict[str, float] = {}
             for idx in _micro_batches(mini, micro_batch_size, objective.whole_groups):
                 mb = mini.select(idx)
                 # No skipping of empty micro-batches: every rank must run the same collectives.
-                w = _weight(mb.response_mask, mini.response_mask, objective.agg)
+                w = weight(mb.response_mask)
                 out = _forward(actor, mb, temperature, objective.entropy)
                 logp, ent = out if objective.entropy else (out, None)
+                if gap is not None and n_steps == 0:
+                    gap.add(logp, mb.rollout_logprobs, mb.response_mask)
                 loss, stats = objective(logp, ent, mb)
                 (loss * w).backward()
                 for k, v in stats.items():
@@ -196,7 +250,8 @@ def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, t
             for k, v in step_stats.items():
                 sums[k] = sums.get(k, 0.0) + v
             n_steps += 1
-    return {k: v / max(n_steps, 1) for k, v in sums.items()}
+    out = {k: v / max(n_steps, 1) for k, v in sums.items()}
+    return {**out, **gap.result()} if gap is not None else out
 
 
 def sft_step(actor: Actor, batch: RolloutBatch, *, micro_batch_size: int,

@@ -101,6 +101,19 @@ def all_reduce_mean(values: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, t.tolist()))
 
 
+def all_reduce(values: list[float], op: str = "sum") -> list[float]:
+    """Element-wise ``op`` ("sum" or "max") of ``values`` over ranks (one collective; float64)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1 or not values:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

@@ -9,7 +9,7 @@ import torch.nn as nn
 from fastcrit.algos.advantages import last_valid_index
 from fastcrit.config import AlgorithmConfig, OptimConfig, PPOConfig
 from fastcrit.models.hf import load_value_model, parse_dtype
-from fastcrit.train.actor import Actor, _micro_slices, _weight, optimizer_step, wrap_trainable
+from fastcrit.train.actor import Actor, GlobalWeights, _micro_slices, optimizer_step, wrap_trainable
 from fastcrit.types import RolloutBatch
 from fastcrit_kernels import value_loss
 
@@ -57,10 +57,14 @@ def compute_values(actor: Actor, batch: RolloutBatch, micro_batch_size: int) -> 
 
 
 def update_values(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, ppo: PPOConfig, *,
-                  micro_batch_size: int, grad_clip: float,
+                  micro_batch_size: int, grad_clip: float, agg_scale: float | None = None,
                   generator: torch.Generator | None = None) -> dict[str, float]:
     """Clipped value regression of ``batch.values`` (rollout-time predictions) towards
-    ``batch.returns``, ppo_epochs x mini_batches optimizer steps, loss aggregated as the policy's."""
+    ``batch.returns``, ppo_epochs x mini_batches optimizer steps, loss aggregated as the policy's
+    (over all ranks' tokens, see ``train.actor``; ``agg_scale``: seq-mean-token-sum-norm's divisor
+    when ``algorithm.loss_scale_factor`` is not set)."""
+    if algo.loss_scale_factor is not None:
+        agg_scale = algo.loss_scale_factor
     if batch.values is None or batch.returns is None:
         raise ValueError("update_values: batch.values and batch.returns must be set")
     B, sums, n_steps = len(batch), {}, 0
@@ -68,14 +72,16 @@ def update_values(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, ppo:
         order = torch.randperm(B, generator=generator) if algo.mini_batches > 1 else torch.arange(B)
         for mini_idx in order.chunk(algo.mini_batches):
             mini = batch.select(mini_idx)
+            weight = GlobalWeights(mini.response_mask, algo.loss_agg)
             actor.optimizer.zero_grad(set_to_none=True)
             stats: dict[str, float] = {}
             for sl in _micro_slices(len(mini), micro_batch_size):
                 mb = mini.select(torch.arange(len(mini))[sl])
-                w = _weight(mb.response_mask, mini.response_mask, algo.loss_agg)
+                w = weight(mb.response_mask)
                 d = actor.device
                 loss, s = value_loss(_values(actor, mb), mb.values.to(d), mb.returns.to(d),
-                                     mb.response_mask.to(d), clip=ppo.value_clip, agg=algo.loss_agg)
+                                     mb.response_mask.to(d), clip=ppo.value_clip, agg=algo.loss_agg,
+                                     agg_scale=agg_scale)
                 (loss * w).backward()
                 stats["critic/value_loss"] = stats.get("critic/value_loss", 0.0) + loss.item() * w
                 stats["critic/vf_clipfrac"] = stats.get("critic/vf_clipfrac", 0.0) + float(s["clipfrac"]) * w

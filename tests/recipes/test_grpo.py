@@ -1,4 +1,5 @@
 """End-to-end GRPO through the CLI on a tiny model: outputs, exact resume, loadable checkpoints."""
+import dataclasses
 import json
 import os
 
@@ -41,8 +42,11 @@ def test_run_writes_config_metrics_checkpoints_and_summary(tmp_path):
     assert [x["step"] for x in r] == [1, 2]
     for key in ("reward/mean", "loss/policy", "kl/mean", "response_len/mean", "time/rollout_s",
                 "time/reward_s", "time/ref_s", "time/update_s", "time/sync_s",
-                "throughput/tokens_per_s"):
+                "throughput/tokens_per_s", "logprob/gap_mean", "logprob/gap_max"):
         assert all(isinstance(x[key], float) for x in r), key
+    # fp32 native engine: its sampling log-probs are the trainer's up to rounding
+    assert all(0 <= x["logprob/gap_mean"] <= x["logprob/gap_max"] < 1e-5 for x in r)
+    assert "time/old_logprobs_s" not in r[0]  # auto: no recomputation on fp32 native
     assert os.path.exists(os.path.join(out, "config.yaml"))
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_1", "step_2"]
     summary = json.load(open(os.path.join(out, "summary.json")))
@@ -87,3 +91,45 @@ def test_two_processes_train_end_to_end(tmp_path):
     assert [x["step"] for x in r] == [1, 2]
     assert r[-1]["actor/grad_norm"] > 0
     assert os.path.exists(os.path.join(out, "checkpoints", "step_2", "COMPLETE"))
+
+
+class ShiftedEngine:
+    """The native engine, reporting every sampling log-prob ``shift`` lower than it is: an engine
+    whose numbers differ from the trainer's (SGLang's kernels, bf16 rounding) in a known way."""
+
+    def __init__(self, inner, shift: float):
+        self.inner, self.shift = inner, shift
+
+    def generate(self, prompts, params):
+        return [dataclasses.replace(r, logprobs=[x - self.shift for x in r.logprobs])
+                for r in self.inner.generate(prompts, params)]
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_old_logprobs_come_from_the_trainer_or_the_engine(tmp_path, monkeypatch, recompute):
+    """One optimizer step per batch, so every ratio is the first mini-batch's: recomputed old
+    log-probs make it 1 (nothing clipped, no KL) however far off the engine's are; the engine's
+    put the engine's offset into the ratio. The gap metrics see the offset either way."""
+    import fastcrit.recipes.scaffold as scaffold
+
+    real = scaffold.make_engine
+    monkeypatch.setattr(scaffold, "make_engine", lambda *a, **k: ShiftedEngine(real(*a, **k), 0.05))
+    out = str(tmp_path / "run")
+    tis = ["algorithm.tis_cap=1.02"] if recompute else []
+    train(out, "trainer.total_steps=1", "trainer.save_every=0", "algorithm.mini_batches=1",
+          f"algorithm.recompute_old_logprobs={str(recompute).lower()}", *tis)
+    (r,) = rows(out)
+    assert r["logprob/gap_mean"] == pytest.approx(0.05, abs=1e-4)
+    assert r["logprob/gap_max"] == pytest.approx(0.05, abs=1e-4)
+    if recompute:
+        assert "time/old_logprobs_s" in r
+        # exactly: the update's micro-batches are the recomputation's (trainer.micro_batch_size)
+        assert r["actor/clipfrac"] == 0.0 and r["actor/approx_kl"] == 0.0
+        # TIS: every token's weight is exp(0.05) = 1.051 > cap, so each is cut to the cap
+        assert r["tis/weight_mean"] == pytest.approx(1.02, abs=1e-6) and r["tis/clipped_frac"] == 1.0
+    else:
+        assert "time/old_logprobs_s" not in r and "tis/weight_mean" not in r
+        assert r["actor/approx_kl"] == pytest.approx(-0.05, abs=1e-4)  # mean(old - logp)

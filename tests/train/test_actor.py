@@ -1,13 +1,15 @@
 """The FSDP2 actor: log-probs equal a plain Hugging Face forward; micro-batching and 2 processes
 change nothing but the schedule."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from fastcrit.config import AlgorithmConfig, OptimConfig
 from fastcrit.rollout.batch import collate
 from fastcrit.train.actor import build_actor, compute_logprobs, lr_factor, update_policy
-from fastcrit.train.dist import launch
+from fastcrit.train.dist import all_reduce_mean, launch
 from fastcrit.types import Rollout
 
 ALGO = AlgorithmConfig(clip_low=0.2, clip_high=0.28, clip_c=3.0, loss_agg="token-mean", kl_coef=0.1,
@@ -49,15 +51,15 @@ def test_actor_logprobs_equal_a_plain_forward(tiny_model_path):
     launch(_logprobs_match_hf, (tiny_model_path,), 1, "cpu")
 
 
-def _grads_after_update(ctx, path, micro, out_file, rank_slice):
+def _grads_after_update(ctx, path, micro, out_file, rank_slice, algo=ALGO, equal_halves=True):
     torch.manual_seed(0)
     actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
                         optim=OptimConfig(lr=1e-2))
-    b = make_batch(1, equal_halves=True)
+    b = make_batch(1, equal_halves=equal_halves)
     if rank_slice:
         half = len(b) // ctx.world_size
         b = b.select(torch.arange(ctx.rank * half, (ctx.rank + 1) * half))
-    stats = update_policy(actor, b, ALGO, micro_batch_size=micro, **UPDATE)
+    stats = all_reduce_mean(update_policy(actor, b, algo, micro_batch_size=micro, **UPDATE))
     # Compare gradients, not Adam's first step: that is ~lr * sign(grad), which turns rounding
     # noise in a near-zero gradient into a full lr-sized difference.
     full = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
@@ -77,13 +79,25 @@ def test_micro_batches_give_the_same_update(tiny_model_path, tmp_path):
         torch.testing.assert_close(pa["params"][n], pb["params"][n], atol=1e-6, rtol=1e-4)
 
 
-def test_two_fsdp_processes_give_the_one_process_update(tiny_model_path, tmp_path):
-    """2 gloo ranks with half the batch each == 1 rank with the whole batch (equal token counts
-    per rank, so the mean of per-rank token-means is the global token-mean)."""
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum-norm"])
+def test_two_fsdp_processes_give_the_one_process_update(tiny_model_path, tmp_path, agg):
+    """2 gloo ranks with half the batch each == 1 rank with the whole batch, with different numbers
+    of response tokens per rank: the loss is normalised by the count over all ranks (and
+    seq-mean-token-sum-norm by a constant), not averaged over per-rank means."""
+    b = make_batch(1)
+    mask = b.response_mask
+    assert mask[:4].sum() != mask[4:].sum()  # the ranks' halves hold different token counts
+    assert mask.sum(-1).max() != 8  # ... and the constant is not the longest response
+    algo = dataclasses.replace(ALGO, loss_agg=agg, loss_scale_factor=8.0)
     one, two = str(tmp_path / "one.pt"), str(tmp_path / "two.pt")
-    launch(_grads_after_update, (tiny_model_path, 4, one, False), 1, "cpu")
-    launch(_grads_after_update, (tiny_model_path, 4, two, True), 2, "cpu")
+    launch(_grads_after_update, (tiny_model_path, 3, one, False, algo, False), 1, "cpu")
+    launch(_grads_after_update, (tiny_model_path, 3, two, True, algo, False), 2, "cpu")
     p1, p2 = torch.load(one), torch.load(two)
+    # The loss terms (aggregated by `agg`); token statistics such as the clip fraction are weighted
+    # by the agg's unit too, so they agree only where that unit is the token.
+    same = ("loss/policy", "kl/mean", "actor/entropy", "actor/grad_norm")
+    for k in same + (("actor/clipfrac", "actor/approx_kl") if agg == "token-mean" else ()):
+        assert p2["stats"][k] == pytest.approx(p1["stats"][k], rel=1e-5, abs=1e-7), k
     changed = 0
     for n in p1["params"]:
         torch.testing.assert_close(p2["params"][n], p1["params"][n], atol=1e-6, rtol=1e-4)
