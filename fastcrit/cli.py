@@ -116,6 +116,8 @@ def _load(args):
 
 def cmd_train(args) -> int:
     cfg = _load(args)
+    if args.resume:
+        cfg = _resuming(cfg, args.resume)
     if cfg.algorithm.name not in RECIPES:
         raise ConfigError(f"{args.config}: algorithm.name={cfg.algorithm.name!r} has no recipe yet "
                           f"(available: {', '.join(RECIPES)})")
@@ -123,6 +125,20 @@ def cmd_train(args) -> int:
 
     launch(_train_entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device)
     return 0
+
+
+def _resuming(cfg, run_dir: str):
+    """`--resume RUN_DIR`: trainer.output_dir = RUN_DIR (a previous run's output directory, or its
+    newest checkpoints/step_<N>) and trainer.resume = true; RUN_DIR must hold a complete checkpoint."""
+    import dataclasses
+
+    from fastcrit.train.checkpoint import resume_output_dir
+
+    try:
+        out = resume_output_dir(run_dir)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, output_dir=out, resume=True))
 
 
 def _launch_steps(args, section: str, entry) -> int:
@@ -195,6 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override one key, e.g. --set rollout.n=8 (repeatable)")
         sp.set_defaults(func=fn)
+        if name == "train":
+            sp.add_argument("--resume", metavar="RUN_DIR",
+                            help="continue the run in RUN_DIR (a previous run's trainer.output_dir, or its "
+                                 "newest checkpoints/step_<N>) from its newest checkpoint; it must hold a "
+                                 "complete one. Like --set trainer.output_dir=RUN_DIR --set trainer.resume=true, "
+                                 "but an error when there is nothing to resume")
 
     g = sub.add_parser("gen", help="generate with the native engine from a local model directory")
     g.add_argument("model", help="a Hugging Face model directory, or 'tiny'")

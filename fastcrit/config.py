@@ -247,6 +247,10 @@ class TrainerConfig:
     total_steps: int = 100
     output_dir: str = "runs/grpo"
     save_every: int = 50  # 0 = only at the end
+    # Complete checkpoints kept in output_dir/checkpoints: after each save the older ones go, never
+    # the one just written (so the last step's, the model a finished run hands over, always stays).
+    # 0 or null = keep every one.
+    keep_last: Optional[int] = 2
     eval_every: int = 0  # 0 = only at the start and the end
     seed: int = 0
     device: Literal["cpu", "cuda"] = "cpu"
@@ -427,6 +431,8 @@ def validate(cfg: Config) -> None:
     need(cfg.trainer.total_steps >= 0, "trainer.total_steps: must be >= 0")
     need(cfg.trainer.nproc >= 1, "trainer.nproc: must be >= 1")
     need(cfg.trainer.save_every >= 0, "trainer.save_every: must be >= 0")
+    need(cfg.trainer.keep_last is None or cfg.trainer.keep_last >= 0,
+         f"trainer.keep_last: must be >= 0 (0 or null keeps every checkpoint), got {cfg.trainer.keep_last}")
     need(cfg.trainer.micro_batch_size >= 1, "trainer.micro_batch_size: must be >= 1")
     need(cfg.data.prompts_per_step >= 1, "data.prompts_per_step: must be >= 1")
     need(

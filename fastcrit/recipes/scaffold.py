@@ -43,7 +43,7 @@ from fastcrit.rollout import make_engine
 from fastcrit.rollout.base import Engine
 from fastcrit.rollout.batch import collate
 from fastcrit.train.actor import Actor, build_actor, compute_logprobs, logprob_gap, update_policy
-from fastcrit.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from fastcrit.train.checkpoint import clean_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
 from fastcrit.train.colocate import sync_weights
 from fastcrit.train.dist import DistContext, all_reduce_mean
 from fastcrit.train.metrics import RunLog
@@ -204,6 +204,8 @@ def setup_run(ctx: DistContext, cfg: Config) -> Run:
 
 
 def _resume(run: Run, recipe) -> int:
+    for path in clean_checkpoints(run.ctx, run.out):
+        run.log.write(f"removed an unfinished checkpoint (a killed save): {path}")
     ckpt = latest_checkpoint(run.out) if run.cfg.trainer.resume else None
     if not ckpt:
         run.log.restart_at(0)
@@ -224,7 +226,7 @@ def _save(run: Run, recipe, step: int) -> None:
         extra[f"recipe_rank{run.ctx.rank}.pt"] = recipe.state_dict()
     others = recipe.actors() if hasattr(recipe, "actors") else None
     save_checkpoint(run.actor, run.tok, run.ctx, run.out, step, {"model_path": run.model_path},
-                    extra_files=extra, others=others)
+                    extra_files=extra, others=others, keep_last=run.cfg.trainer.keep_last)
 
 
 def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any]) -> dict:
@@ -276,8 +278,9 @@ def _first_evaluation(run: Run, recipe, start: int) -> dict:
     if first:
         run.log.write(f"step {start}: " + _fmt(first))
         if start == 0 and run.ctx.is_main:
-            with open(path, "w") as f:
+            with open(path + ".tmp", "w") as f:  # read back on resume: never half-written
                 json.dump(first, f)
+            os.replace(path + ".tmp", path)
     return first
 
 

@@ -8,6 +8,14 @@ import os
 from tqdm import tqdm
 
 
+def _step_of(line: str) -> float:
+    """The ``step`` of a metrics line; infinity for a line that is not whole JSON (never kept)."""
+    try:
+        return json.loads(line).get("step", 0)
+    except json.JSONDecodeError:
+        return math.inf
+
+
 class RunLog:
     """``start`` is the step the run continues from (lines after it are dropped); None defers that
     to ``restart_at`` (a run that learns its step from a checkpoint loaded later)."""
@@ -33,15 +41,17 @@ class RunLog:
             self.bar = tqdm(total=self.total, initial=step, desc=self.desc, dynamic_ncols=True)
 
     def _truncate_after(self, step: int) -> None:
-        """On resume, drop lines of steps after the checkpoint (written before a crash)."""
+        """On resume, drop lines of steps after the checkpoint (written before a crash) and a line
+        cut short by a kill mid-write."""
         if not os.path.exists(self.path):
             return
         with open(self.path) as f:
             lines = [ln for ln in f if ln.strip()]
-        kept = [ln for ln in lines if json.loads(ln).get("step", 0) <= step]
-        if len(kept) != len(lines):
-            with open(self.path, "w") as f:
+        kept = [ln if ln.endswith("\n") else ln + "\n" for ln in lines if _step_of(ln) <= step]
+        if kept != lines:
+            with open(self.path + ".tmp", "w") as f:  # a kill mid-rewrite keeps the old file
                 f.writelines(kept)
+            os.replace(self.path + ".tmp", self.path)
 
     def log(self, row: dict) -> None:
         if not self.enabled:
