@@ -17,7 +17,10 @@ operations every recipe repeats, each named for what it does in the paper's pseu
 ``generate`` (engine rollout), ``batch`` (rollouts -> padded batch; the engine sleeps; the
 trainer recomputes the behaviour log-probs when ``algorithm.recompute_old_logprobs`` says so),
 ``reference`` (frozen-reference log-probs), ``update`` (the PPO-style policy update) and ``sync``
-(wake the engine, load the new weights). Every step that samples logs ``logprob/gap_mean`` and
+(wake the engine, load the new weights). Every timed phase (``Run.timer``: rollout, reward, ref,
+update, sync, and the recipe's own) logs ``time/<phase>_s`` and its memory,
+``memory/<phase>_peak_mb`` and ``memory/<phase>_current_mb`` (fastcrit.train.memory; the largest
+over ranks, where timings are the mean). Every step that samples logs ``logprob/gap_mean`` and
 ``logprob/gap_max``, the engine's log-probs against the trainer's for the same tokens.
 """
 from __future__ import annotations
@@ -45,7 +48,8 @@ from fastcrit.rollout.batch import collate
 from fastcrit.train.actor import Actor, build_actor, compute_logprobs, logprob_gap, update_policy
 from fastcrit.train.checkpoint import clean_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
 from fastcrit.train.colocate import sync_weights
-from fastcrit.train.dist import DistContext, all_reduce_mean
+from fastcrit.train.dist import DistContext, all_reduce, all_reduce_mean
+from fastcrit.train.memory import PhaseMemory
 from fastcrit.train.metrics import RunLog
 from fastcrit.types import Rollout, RolloutBatch, SamplingParams, scoring_temperature
 
@@ -64,6 +68,7 @@ class Run:
     times: dict[str, float] = field(default_factory=dict)  # "time/<name>_s" of the current step
     tokens: int = 0  # tokens (prompt + response) trained on in the current step, this rank
     metrics: dict[str, float] = field(default_factory=dict)  # the shared pieces' metrics of the step
+    memory: PhaseMemory | None = None  # "memory/<name>_..." of the current step's timed phases
 
     # -- the pieces of a step -------------------------------------------------------------------
 
@@ -74,12 +79,16 @@ class Run:
 
     @contextmanager
     def timer(self, name: str):
+        if self.memory is not None:
+            self.memory.begin(name)
         t0 = time.perf_counter()
         try:
             yield
         finally:
             key = f"time/{name}_s"
             self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - t0
+            if self.memory is not None:
+                self.memory.end(name)
 
     def share(self, items: list, step: int) -> list:
         """This rank's part of the ``data.prompts_per_step`` items of 1-based ``step``."""
@@ -200,7 +209,7 @@ def setup_run(ctx: DistContext, cfg: Config) -> Run:
                          seed=cfg.trainer.seed + ctx.rank)
     log = RunLog(out, enabled=ctx.is_main, total=cfg.trainer.total_steps, start=None,
                  progress=cfg.trainer.progress)
-    return Run(ctx, cfg, out, model_path, tok, actor, ref, engine, log)
+    return Run(ctx, cfg, out, model_path, tok, actor, ref, engine, log, memory=PhaseMemory(ctx.device))
 
 
 def _resume(run: Run, recipe) -> int:
@@ -242,11 +251,14 @@ def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any])
         last = first if start == t.total_steps else {}
         for step in range(start + 1, t.total_steps + 1):
             run.times, run.tokens, run.metrics = {}, 0, {}
+            run.memory.clear()
             t0 = time.perf_counter()
             metrics = recipe.step(step)
             dt = time.perf_counter() - t0
             row = all_reduce_mean({**metrics, **run.metrics, **run.times, "time/step_s": dt,
                                    "throughput/tokens_per_s": run.tokens / dt})
+            mem = sorted(run.memory.metrics)  # the largest rank's: the one nearest to running out
+            row.update(zip(mem, all_reduce([run.memory.metrics[k] for k in mem], "max")))
             row["throughput/tokens_per_s"] *= ctx.world_size  # all processes together
             # The final evaluation goes to the summary; it joins the row only on the eval_every
             # schedule (so a run stopped early and resumed logs the same rows as a straight one).

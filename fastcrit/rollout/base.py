@@ -23,8 +23,9 @@ class Engine(Protocol):
         ...
 
     def wake(self) -> None:
-        """Re-acquire what sleep() released. SGLang's wake gives the weights' memory back without
-        their values: load every weight again before the next generate (it refuses otherwise)."""
+        """Re-acquire what sleep() released. SGLang's and the native engine's wake give the
+        weights' memory back without their values: load every weight again before the next
+        generate (they refuse otherwise)."""
         ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

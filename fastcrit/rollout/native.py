@@ -34,8 +34,9 @@ class NativeEngine:
 
     ``model`` is a model spec or directory (see fastcrit.models.hf), loaded in ``dtype`` (default
     float32), or an already loaded ``PreTrainedModel``, which the engine then uses as is (no copy;
-    it is moved to ``device`` and cast only when ``dtype`` is given). ``tokenizer`` is only read for
-    its EOS and pad ids; it is loaded from the model directory when not given.
+    it is moved to ``device`` and cast only when ``dtype`` is given; ``sleep`` frees its weights).
+    ``tokenizer`` is only read for its EOS and pad ids; it is loaded from the model directory when
+    not given.
     """
 
     def __init__(self, model, tokenizer=None, *, dtype: str | torch.dtype | None = None,
@@ -73,6 +74,8 @@ class NativeEngine:
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         self._asleep = False
         self._closed = False
+        self._shapes: dict[int, tuple] = {}  # while asleep: id(weight) -> (weight, its shape)
+        self._unloaded: set[int] = set()  # since wake: ids of the weights without values yet
 
     # ------------------------------------------------------------------ Engine protocol
 
@@ -100,23 +103,43 @@ class NativeEngine:
         return [r for group in by_prompt for r in group]
 
     def sleep(self) -> None:
-        """Free generation memory. On CUDA the weights move to CPU; on CPU there is nothing to free
-        (no KV cache outlives a generate call)."""
+        """Free the weights' memory (no KV cache outlives a generate call, so the weights are all
+        the engine holds), as SGLang's ``release_memory_occupation`` does: every parameter's storage
+        is dropped, on any device (on CUDA the allocator's cache is emptied too). ``held_bytes()``
+        goes to the buffers' few bytes (e.g. rotary frequencies, which are kept).
+
+        Like SGLang, the values are not kept anywhere: after ``wake`` the weights must be loaded
+        again (``load_weights`` with every parameter) before ``generate``, which refuses until then.
+        """
         self._check_open("sleep")
         if self._asleep:
             return
+        for p in self.model.parameters():  # tied weights are one Parameter: freed once
+            self._shapes[id(p)] = (p, p.shape)
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         if self.device.type == "cuda":
-            self.model.to("cpu")
             torch.cuda.empty_cache()
         self._asleep = True
 
     def wake(self) -> None:
+        """Allocate the weights' memory again, uninitialised: load every weight before generating."""
         self._check_open("wake")
         if not self._asleep:
             return
-        if self.device.type == "cuda":
-            self.model.to(self.device)
+        for p, shape in self._shapes.values():
+            p.data = torch.empty(shape, dtype=p.dtype, device=p.device)
+        self._unloaded = set(self._shapes)
+        self._shapes = {}
         self._asleep = False
+
+    def held_bytes(self) -> int:
+        """Bytes of the engine's weights and buffers (each storage counted once)."""
+        if self.model is None:
+            return 0
+        seen = {}
+        for t in [*self.model.parameters(), *self.model.buffers()]:
+            seen[(t.device, t.untyped_storage().data_ptr())] = t.untyped_storage().nbytes()
+        return sum(seen.values())
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy full tensors into the model by Hugging Face name (any subset; call once per bucket).
@@ -129,6 +152,8 @@ class NativeEngine:
         are already loaded by then.
         """
         self._check_open("load_weights")
+        if self._asleep:
+            raise RuntimeError("NativeEngine.load_weights: the engine is asleep; call wake() first")
         targets = self.model.state_dict(keep_vars=True)
         with torch.no_grad():
             for name, tensor in named_tensors:
@@ -144,9 +169,11 @@ class NativeEngine:
                     raise ValueError(f"load_weights: {name!r} has shape {tuple(tensor.shape)}, "
                                      f"the model expects {tuple(dst.shape)}")
                 dst.data.copy_(tensor.detach().to(device=dst.device, dtype=dst.dtype))
+                self._unloaded.discard(id(dst))
 
     def close(self) -> None:
         self.model = None
+        self._shapes, self._unloaded = {}, set()
         self._closed = True
 
     # ------------------------------------------------------------------ internals
@@ -159,6 +186,10 @@ class NativeEngine:
         self._check_open(what)
         if self._asleep:
             raise RuntimeError(f"NativeEngine.{what}: the engine is asleep; call wake() first")
+        if self._unloaded:
+            names = [n for n, p in self.model.named_parameters() if id(p) in self._unloaded]
+            raise RuntimeError(f"NativeEngine.{what}: wake() gave the weights' memory back without their values; "
+                               f"load every weight first (load_weights), {len(names)} missing, e.g. {names[:3]}")
 
     def _validate(self, prompts: list[list[int]], params: SamplingParams) -> None:
         if params.n < 1:

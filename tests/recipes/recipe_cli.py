@@ -20,5 +20,5 @@ def metric_rows(out: str) -> list[dict]:
 
 
 def stable(row: dict) -> dict:
-    """A metrics row without its timings (what an exact resume must reproduce)."""
-    return {k: v for k, v in row.items() if not k.startswith(("time/", "throughput/"))}
+    """A metrics row without its timings and memory (what an exact resume must reproduce)."""
+    return {k: v for k, v in row.items() if not k.startswith(("time/", "throughput/", "memory/"))}

@@ -17,7 +17,7 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 CPU_CONFIG = os.path.join(ROOT, "configs", "cpu", "ctrl.yaml")
 TINY = ["model.tiny.hidden=64", "model.tiny.layers=2", "model.tiny.heads=2", "model.tiny.kv_heads=1",
         "model.tiny.intermediate=128"]
-VOLATILE = ("time/", "throughput/")
+VOLATILE = ("time/", "throughput/", "memory/")
 
 
 def problems(split: str, n: int) -> list[Problem]:

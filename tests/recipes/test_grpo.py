@@ -15,7 +15,7 @@ SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model
         "sft.steps=3", "sft.batch_size=8", "optim.lr=1e-3", "algorithm.kl_coef=0.01", "algorithm.entropy_coef=0.01",
         "trainer.micro_batch_size=3", "trainer.progress=false", "trainer.seed=3"]
 CPU_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "cpu", "grpo.yaml")
-VOLATILE = ("time/", "throughput/")
+VOLATILE = ("time/", "throughput/", "memory/")
 
 
 def train(out, *extra):
@@ -44,6 +44,12 @@ def test_run_writes_config_metrics_checkpoints_and_summary(tmp_path):
                 "time/reward_s", "time/ref_s", "time/update_s", "time/sync_s",
                 "throughput/tokens_per_s", "logprob/gap_mean", "logprob/gap_max"):
         assert all(isinstance(x[key], float) for x in r), key
+    # Memory per phase (CPU: resident set; the peak since the phase began, when Linux lets it be reset).
+    peak = "peak" if "memory/update_peak_mb" in r[0] else "process_peak"
+    for phase in ("rollout", "reward", "ref", "update", "sync"):
+        for x in r:
+            current, top = x[f"memory/{phase}_current_mb"], x[f"memory/{phase}_{peak}_mb"]
+            assert 1.0 < current <= top < 1e6, (phase, current, top)
     # fp32 native engine: its sampling log-probs are the trainer's up to rounding
     assert all(0 <= x["logprob/gap_mean"] <= x["logprob/gap_max"] < 1e-5 for x in r)
     assert "time/old_logprobs_s" not in r[0]  # auto: no recomputation on fp32 native

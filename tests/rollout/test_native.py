@@ -235,12 +235,46 @@ def test_load_weights_refuses_a_dtensor(engine):
 
 
 def test_sleep_wake_close(engine, prompts):
+    """sleep frees every weight's memory (the engine's own count drops to its few buffer bytes) and
+    keeps no copy; wake allocates it again and, as SGLang, generate waits for every weight to be
+    loaded; then it samples what it sampled before."""
+    held = engine.held_bytes()
+    weights = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    before = engine.generate(prompts, greedy(max_new=4))
     engine.sleep()
+    assert engine.held_bytes() < 0.01 * held
+    assert all(p.numel() == 0 for p in engine.model.parameters())
     with pytest.raises(RuntimeError, match="asleep"):
         engine.generate(prompts, greedy())
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.load_weights(weights.items())
     engine.wake()
-    assert len(engine.generate(prompts, greedy(max_new=2))) == len(prompts)
+    assert engine.held_bytes() == held
+    with pytest.raises(RuntimeError, match="without their values"):
+        engine.generate(prompts, greedy())
+    names = list(weights)
+    engine.load_weights((k, weights[k]) for k in names[:-1])  # one weight short: still refused
+    with pytest.raises(RuntimeError, match="1 missing"):
+        engine.generate(prompts, greedy())
+    engine.load_weights([(names[-1], weights[names[-1]])])
+    assert engine.generate(prompts, greedy(max_new=4)) == before
     engine.close()
+
+
+@pytest.mark.gpu
+def test_sleep_gives_cuda_memory_back(model_dir, prompts):
+    """On CUDA what sleep frees is the allocator's: memory_allocated drops by the weights' bytes."""
+    eng = NativeEngine(model_dir, device="cuda")
+    weights = {k: v.clone() for k, v in eng.model.state_dict().items()}
+    eng.generate(prompts, greedy(max_new=2))
+    held, alloc = eng.held_bytes(), torch.cuda.memory_allocated()
+    eng.sleep()
+    assert alloc - torch.cuda.memory_allocated() >= 0.99 * held
+    eng.wake()
+    assert torch.cuda.memory_allocated() - alloc >= -0.01 * held
+    eng.load_weights(weights.items())
+    assert len(eng.generate(prompts, greedy(max_new=2))) == len(prompts)
+    eng.close()
     with pytest.raises(RuntimeError, match="closed"):
         engine.generate(prompts, greedy())
 
