@@ -39,6 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from _common import append_csv, results_dir, standardize  # noqa: E402
+from fastcrit.train.memory import proc_status_kb, reset_rss_peak  # noqa: E402
 
 RESULTS = results_dir()
 CSV_PATH = os.path.join(RESULTS, "fused_logprobs.csv")
@@ -47,23 +48,6 @@ JSONL_PATH = os.path.join(RESULTS, "fused_logprobs.jsonl")  # one summary object
 IMPLS = ("naive", "ours", "liger_lp", "ours_grpo", "liger_grpo")
 H, V = 896, 151936
 SEQ = 1024  # tokens per sequence for the [B, T] losses
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def _make_case(impl: str, tokens: int, device: str):
@@ -138,13 +122,13 @@ def _worker(impl: str, tokens: int, repeats: int) -> dict:
     import torch
 
     run, grad_bytes = _make_case(impl, tokens, "cpu")
-    if not _reset_peak():
+    if not reset_rss_peak():
         raise RuntimeError("cannot reset VmHWM through /proc/self/clear_refs; peak RSS unmeasurable")
-    rss0 = _status_kb("VmRSS")
+    rss0 = proc_status_kb("VmRSS")["VmRSS"]
     t0, c0 = time.perf_counter(), time.process_time()
     run()
     first_s, first_cpu = time.perf_counter() - t0, time.process_time() - c0
-    peak_mb = (_status_kb("VmHWM") - rss0) / 1024
+    peak_mb = (proc_status_kb("VmHWM")["VmHWM"] - rss0) / 1024
     walls, cpus = [], []
     for _ in range(repeats):
         t0, c0 = time.perf_counter(), time.process_time()

@@ -21,7 +21,7 @@ import torch
 _MB = 1 << 20
 
 
-def _proc_status_kb(*fields: str) -> dict[str, int]:
+def proc_status_kb(*fields: str) -> dict[str, int]:
     out = {}
     with open("/proc/self/status") as f:
         for line in f:
@@ -31,7 +31,7 @@ def _proc_status_kb(*fields: str) -> dict[str, int]:
     return out
 
 
-def _reset_rss_peak() -> bool:
+def reset_rss_peak() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -50,11 +50,11 @@ class PhaseMemory:
         self.metrics: dict[str, float] = {}
         self._open: list[float] = []  # running peak (bytes) of each open phase, outermost first
         try:
-            _proc_status_kb("VmRSS")
+            proc_status_kb("VmRSS")
             self.proc = True
         except OSError:  # not Linux: no /proc, nothing measured on CPU
             self.proc = False
-        self.resettable = self.proc and not self.cuda and _reset_rss_peak()
+        self.resettable = self.proc and not self.cuda and reset_rss_peak()
 
     def clear(self) -> None:
         self.metrics = {}
@@ -63,7 +63,7 @@ class PhaseMemory:
         """Bytes: the peak since the last reset (or, unresettable, of the process)."""
         if self.cuda:
             return float(torch.cuda.max_memory_allocated(self.device))
-        return _proc_status_kb("VmHWM")["VmHWM"] * 1024.0
+        return proc_status_kb("VmHWM")["VmHWM"] * 1024.0
 
     def begin(self, name: str) -> None:
         if not (self.cuda or self.proc):
@@ -74,7 +74,7 @@ class PhaseMemory:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         elif self.resettable:
-            _reset_rss_peak()
+            reset_rss_peak()
         self._open.append(0.0)
 
     def end(self, name: str) -> None:
@@ -87,7 +87,7 @@ class PhaseMemory:
             current = float(torch.cuda.memory_allocated(self.device))
             self.metrics[f"memory/{name}_reserved_mb"] = torch.cuda.memory_reserved(self.device) / _MB
         else:
-            current = _proc_status_kb("VmRSS")["VmRSS"] * 1024.0
+            current = proc_status_kb("VmRSS")["VmRSS"] * 1024.0
         key = f"memory/{name}_peak_mb" if self.cuda or self.resettable else f"memory/{name}_process_peak_mb"
         self.metrics[key] = max(self.metrics.get(key, 0.0), peak / _MB)
         self.metrics[f"memory/{name}_current_mb"] = current / _MB
