@@ -311,18 +311,24 @@ def _triton_forward(h, w, b, labels, inv_t, ignore_index, with_ent, precision):
                 (h, w, b, labels, part[0], part[1], part[2], part[3],
                  N, V, H, v_split, h.stride(0), w.stride(0), inv_t), precision)
     m_s, s0_s, s1_s, zl_s = part[:, :, :N]
+    lse, ent = merge_splits(m_s, s0_s, s1_s, with_ent)
+    valid = labels != ignore_index
+    lp = torch.where(valid, (zl_s.sum(0) - lse).clamp_(max=0.0), 0.0)
+    ent = torch.where(valid, ent, 0.0) if with_ent else torch.zeros_like(lse)
+    return lp, lse, ent
+
+
+def merge_splits(m_s, s0_s, s1_s, with_ent):
+    """Per-split [S, N] running max, sum exp(z - m) and sum exp(z - m) z -> (lse [N], entropy [N]
+    clamped to >= 0, or None without ``with_ent``)."""
     m = m_s.amax(dim=0)
     scale = torch.exp(m_s - m)  # a split of only -inf logits (m_s = -inf, sums 0) weighs 0
     s0 = (s0_s * scale).sum(0)
     lse = m + s0.log()
-    valid = labels != ignore_index
-    lp = torch.where(valid, (zl_s.sum(0) - lse).clamp_(max=0.0), 0.0)
-    if with_ent:
-        s1 = (s1_s * scale).sum(0)
-        ent = torch.where(valid, (lse - s1 / s0).clamp_(min=0.0), 0.0)
-    else:
-        ent = torch.zeros_like(lse)
-    return lp, lse, ent
+    if not with_ent:
+        return lse, None
+    s1 = (s1_s * scale).sum(0)
+    return lse, (lse - s1 / s0).clamp_(min=0.0)
 
 
 # torch.mm(a, b, out_dtype=torch.float32): a bf16/fp16 GEMM with an fp32 result (cuBLAS accumulates

@@ -344,7 +344,22 @@ def pacs_loss(
     for name, t in (("old_logp", old_logp), ("mask", mask)):
         if not isinstance(t, torch.Tensor) or t.shape != logp.shape:
             raise ValueError(f"{name} must have shape {tuple(logp.shape)}, got {getattr(t, 'shape', type(t))}")
-    B = logp.shape[0]
+    y, not_01, inv, G = pacs_inputs(logp.shape[0], scores, index, reward_method, estimator, weight_mode,
+                                    logp.device)
+    chosen = resolve_backend(backend, logp)
+    loss, stats = _PACSLoss.apply(
+        logp.contiguous(), old_logp.contiguous(), y, mask, inv, G, float(beta), str(reward_method),
+        ESTIMATORS[estimator], bool(norm_by_std), float(eps), WEIGHT_MODES[weight_mode], chosen,
+    )
+    if not_01 is not None:  # unchecked on the GPU: a score other than 0/1 gives a NaN loss
+        loss = torch.where(not_01.any(), float("nan"), loss)
+    return loss, {"reward_mean": stats[0], "advantage_mean": stats[1], "accuracy": stats[2]}
+
+
+def pacs_inputs(B: int, scores, index, reward_method, estimator, weight_mode, device):
+    """The checks of ``pacs_loss``'s non-log-prob arguments, shared with ``fused_linear_pacs_loss``.
+    Returns (labels y [B] float32, a [B] mask of scores other than 0/1 or None when they were
+    checked on the host, dense group ids [B], number of groups)."""
     if not isinstance(scores, torch.Tensor) or scores.shape != (B,):
         raise ValueError(f"scores must be a tensor of shape [{B}], got {getattr(scores, 'shape', type(scores))}")
     reward_method = str(reward_method)
@@ -354,7 +369,7 @@ def pacs_loss(
         raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, got {estimator!r}")
     if weight_mode not in WEIGHT_MODES:
         raise ValueError(f"weight_mode must be one of {list(WEIGHT_MODES)}, got {weight_mode!r}")
-    y = scores.to(torch.float32).to(logp.device).contiguous()
+    y = scores.to(torch.float32).to(device).contiguous()
     not_01 = (y != 0) & (y != 1)
     if check_on_host(y):  # on a GPU only with FASTCRIT_KERNELS_VALIDATE=1: it costs a device sync
         if bool(not_01.any()):
@@ -363,12 +378,5 @@ def pacs_loss(
         not_01 = None
     if B == 0:
         raise ValueError("pacs_loss needs at least one sample (B = 0)")
-    inv, G = group_ids(index, B, logp.device)
-    chosen = resolve_backend(backend, logp)
-    loss, stats = _PACSLoss.apply(
-        logp.contiguous(), old_logp.contiguous(), y, mask, inv, G, float(beta), reward_method,
-        ESTIMATORS[estimator], bool(norm_by_std), float(eps), WEIGHT_MODES[weight_mode], chosen,
-    )
-    if not_01 is not None:  # unchecked on the GPU: a score other than 0/1 gives a NaN loss
-        loss = torch.where(not_01.any(), float("nan"), loss)
-    return loss, {"reward_mean": stats[0], "advantage_mean": stats[1], "accuracy": stats[2]}
+    inv, G = group_ids(index, B, device)
+    return y, not_01, inv, G

@@ -275,18 +275,25 @@ def _masked_stats(sums: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(n_tok > 0, sums / torch.clamp(n_tok, min=1e-30), torch.zeros_like(sums))
 
 
+def ppo_sums_and_grad(logp, old_logp, adv, mask, rowf, clip_lo, clip_hi, clip_c, backend, with_grad):
+    """One pass of the policy loss over [B, T] (contiguous) inputs, ``rowf`` [B] the factors of
+    ``agg_row_factors``: (float32 [4] sums of w L, m [clipped], m [lower], -m d; float32 [B, T]
+    d loss / d logp or None). Shared with the grad-in-forward path of ``fused_linear_ppo_loss``."""
+    if backend == "triton":
+        return _launch_partials(
+            _ppo_fwd_kernel, (logp, old_logp, adv, mask.to(torch.float32).contiguous(), rowf), 4,
+            logp.device, with_grad, scalars=(float(clip_lo), float(clip_hi), float(clip_c or 0.0)),
+            DUAL=clip_c is not None, ADV_ROW=adv.dim() == 1,
+        )
+    return _ppo_torch(logp, old_logp, adv, mask, rowf, clip_lo, clip_hi, clip_c, with_grad)
+
+
 class _PPOPolicyLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logp, old_logp, adv, mask, rowf, clip_lo, clip_hi, clip_c, backend):
         with_grad = ctx.needs_input_grad[0]
-        if backend == "triton":
-            sums, grad = _launch_partials(
-                _ppo_fwd_kernel, (logp, old_logp, adv, mask.to(torch.float32).contiguous(), rowf), 4,
-                logp.device, with_grad, scalars=(float(clip_lo), float(clip_hi), float(clip_c or 0.0)),
-                DUAL=clip_c is not None, ADV_ROW=adv.dim() == 1,
-            )
-        else:
-            sums, grad = _ppo_torch(logp, old_logp, adv, mask, rowf, clip_lo, clip_hi, clip_c, with_grad)
+        sums, grad = ppo_sums_and_grad(logp, old_logp, adv, mask, rowf, clip_lo, clip_hi, clip_c, backend,
+                                       with_grad)
         ctx.save_for_backward(grad if with_grad else None)
         ctx.lp_dtype = logp.dtype
         stats = _masked_stats(sums[1:4], mask)
@@ -326,6 +333,23 @@ class _ValueLoss(torch.autograd.Function):
         return (grad * grad_loss).to(ctx.v_dtype), None, None, None, None, None, None
 
 
+def check_policy_inputs(logp, old_logp, advantages, mask, clip_low, clip_high, clip_c) -> None:
+    """``ppo_policy_loss``'s argument checks (shared with ``fused_linear_ppo_loss``)."""
+    _check_2d("logp", logp)
+    _check_same("old_logp", old_logp, logp)
+    _check_same("mask", mask, logp)
+    if not (isinstance(advantages, torch.Tensor) and advantages.dim() == 1 and advantages.shape[0] == logp.shape[0]):
+        _check_same("advantages", advantages, logp)
+    if not logp.is_floating_point():
+        raise ValueError(f"logp must be floating point, got {logp.dtype}")
+    if clip_low < 0 or clip_low >= 1:
+        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
+    if clip_high < 0:
+        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
+    if clip_c is not None and not clip_c > 1.0:
+        raise ValueError(f"clip_c (dual clip) must be > 1, got {clip_c}")
+
+
 def ppo_policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -355,19 +379,7 @@ def ppo_policy_loss(
         (loss: float32 scalar, stats: dict of detached float32 scalars ``clipfrac``,
         ``clipfrac_lower``, ``approx_kl``).
     """
-    _check_2d("logp", logp)
-    _check_same("old_logp", old_logp, logp)
-    _check_same("mask", mask, logp)
-    if not (isinstance(advantages, torch.Tensor) and advantages.dim() == 1 and advantages.shape[0] == logp.shape[0]):
-        _check_same("advantages", advantages, logp)
-    if not logp.is_floating_point():
-        raise ValueError(f"logp must be floating point, got {logp.dtype}")
-    if clip_low < 0 or clip_low >= 1:
-        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
-    if clip_high < 0:
-        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
-    if clip_c is not None and not clip_c > 1.0:
-        raise ValueError(f"clip_c (dual clip) must be > 1, got {clip_c}")
+    check_policy_inputs(logp, old_logp, advantages, mask, clip_low, clip_high, clip_c)
     rowf = agg_row_factors(mask, agg, agg_scale)
     chosen = resolve_backend(backend, logp)
     loss, stats = _PPOPolicyLoss.apply(

@@ -1,8 +1,13 @@
 """The composites (hidden states -> scalar loss) against the unfused path: full fp64 logits ->
-log_softmax -> gather -> the fp64 reference losses; and against Liger-Kernel's fused linear GRPO loss."""
+log_softmax -> gather -> the fp64 reference losses, on both paths (gradients computed in the
+forward, and the recompute path); and against Liger-Kernel's fused linear GRPO loss. Also: the
+grad-in-forward path costs three logits-sized GEMMs (counted with torch's FLOP counter), and what it
+does not support (a second backward, double backward) fails loudly."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from fastcrit_kernels import _fused_linear_torch
 from fastcrit_kernels._reference import ref_agg_loss, ref_kl_penalty, ref_pacs_loss, ref_ppo_policy_loss
 from fastcrit_kernels.fused_linear import fused_linear_pacs_loss, fused_linear_ppo_loss
 from fastcrit_kernels.logprobs import logprobs_reference
@@ -42,86 +47,258 @@ def _params(hidden, weight, b):
 
 
 def _naive_ppo(params, labels, mask, old, adv, ref, *, temperature, kl_coef, kl_kind, entropy_coef,
-               clip_c, agg):
+               clip_c, agg, agg_scale=None, token_weight=None):
     p64 = [p.detach().double().requires_grad_() for p in params]
     lab = torch.where(mask > 0, labels, 0)
     lp, ent = logprobs_reference(p64[0], p64[1], lab, temperature=temperature,
                                  bias=p64[2] if len(p64) > 2 else None, return_entropy=True)
-    pg, stats = ref_ppo_policy_loss(lp, old, adv, mask, clip_c=clip_c, agg=agg)
-    ent_agg = ref_agg_loss(ent, mask, agg)
-    kl_agg = ref_agg_loss(ref_kl_penalty(lp, ref, kl_kind), mask, agg)
+    pg, stats = ref_ppo_policy_loss(lp, old, adv, mask, clip_c=clip_c, agg=agg, agg_scale=agg_scale)
+    if token_weight is not None:  # the weighted per-token loss, aggregated as verl does
+        pg = ref_agg_loss(_ref_clip_loss(lp, old, adv, clip_c) * token_weight.double(), mask, agg, agg_scale)
+    ent_agg = ref_agg_loss(ent, mask, agg, agg_scale)
+    kl_agg = ref_agg_loss(ref_kl_penalty(lp, ref, kl_kind), mask, agg, agg_scale)
     loss = pg - entropy_coef * ent_agg + kl_coef * kl_agg
     stats = dict(stats, pg_loss=pg.detach(), entropy=ent_agg.detach(), kl=kl_agg.detach())
     return loss, stats, p64
 
 
+def _ref_clip_loss(lp, old, adv, clip_c, lo=0.2, hi=0.2):
+    """verl's per-token clipped loss [B, T] in fp64 (before aggregation)."""
+    adv = adv.double()[:, None].expand_as(lp) if adv.dim() == 1 else adv.double()
+    ratio = torch.exp(torch.clamp(lp - old.double(), -20.0, 20.0))
+    lc = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - lo, 1 + hi))
+    return lc if clip_c is None else torch.where(adv < 0, torch.minimum(-adv * clip_c, lc), lc)
+
+
 PPO_CASES = {
-    # agg, kl_kind, kl_coef, entropy_coef, clip_c, temperature, per-sequence advantages
-    "grpo_k3_entropy": ("token-mean", "low_var_kl", 0.1, 0.01, None, 1.0, True),
-    "dualclip_seqmean_temp": ("seq-mean-token-mean", "k1", 0.05, 0.0, 3.0, 0.7, False),
-    "seqsumnorm_k2": ("seq-mean-token-sum-norm", "k2", 0.2, 0.05, None, 1.2, False),
+    # agg, kl_kind, kl_coef, entropy_coef, clip_c, temperature, per-sequence advantages, agg_scale
+    "grpo_k3_entropy": ("token-mean", "low_var_kl", 0.1, 0.01, None, 0.7, True, None),
+    "dualclip_seqmean": ("seq-mean-token-mean", "k1", 0.05, 0.0, 1.05, 1.0, False, None),
+    "seqsumnorm_k2": ("seq-mean-token-sum-norm", "k2", 0.2, 0.05, None, 1.2, False, None),
+    "seqsum_abs_dual_entropy": ("seq-mean-token-sum", "abs", 0.3, 0.02, 1.1, 1.0, False, None),
+    "seqsumnorm_scale_klstat": ("seq-mean-token-sum-norm", "mse", 0.0, 0.0, 1.1, 1.0, True, 5.0),
 }
+# gif: the gradients computed in the forward (three GEMMs), the 21 valid tokens in one chunk or
+# in chunks of 5; recompute: fused_logprobs and the [B, T] losses (the logits recomputed in backward)
+PATHS = {"gif": dict(grad_in_forward=True), "gif_chunks": dict(grad_in_forward=True, chunk_bytes=5 * 4 * 131),
+         "recompute": dict(grad_in_forward=False)}
+
+
+def _check_grads(params, got, exp, dtype):
+    _, _, gatol, grtol = TOL[dtype]
+    for p, a, e in zip(params, got, exp):
+        assert a.dtype == p.dtype and a.shape == p.shape
+        torch.testing.assert_close(a.double(), e, atol=gatol * max(1.0, e.abs().max().item()), rtol=grtol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("case", list(PPO_CASES))
-def test_ppo_matches_unfused(case, backend, dtype):
-    agg, kind, kl_coef, ent_coef, clip_c, temp, per_seq = PPO_CASES[case]
+def test_ppo_matches_unfused(case, path, backend, dtype):
+    agg, kind, kl_coef, ent_coef, clip_c, temp, per_seq, scale = PPO_CASES[case]
     B, T, H, V = 4, 7, 24, 131
     hidden, weight, b, labels, mask, old, ref, g = _batch(B, T, H, V, dtype)
     adv = torch.randn(B, generator=g) if per_seq else torch.randn(B, T, generator=g)
     kw = dict(kl_coef=kl_coef, kl_kind=kind, entropy_coef=ent_coef, clip_c=clip_c, agg=agg,
-              temperature=temp)
+              temperature=temp, agg_scale=scale)
     loss, stats = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, ref_logp=ref, bias=b,
-                                        backend=backend, **kw)
+                                        backend=backend, **PATHS[path], **kw)
     params = _params(hidden, weight, b)
     want, want_stats, p64 = _naive_ppo(params, labels, mask, old, adv, ref, **kw)
-    latol, lrtol, gatol, grtol = TOL[dtype]
+    latol, lrtol, _, _ = TOL[dtype]
     torch.testing.assert_close(loss.double(), want, atol=latol, rtol=lrtol)
     for k in ("pg_loss", "entropy", "kl", "clipfrac", "clipfrac_lower", "approx_kl"):
         torch.testing.assert_close(stats[k].double(), want_stats[k].double(), atol=latol, rtol=lrtol,
                                    msg=lambda m, k=k: f"{k}: {m}")
     assert 0 < float(stats["clipfrac"]) < 1  # the case exercises clipping
+    if clip_c is not None:
+        assert float(stats["clipfrac_lower"]) > 0  # and the dual clip
     up = 2.5  # non-unit upstream gradient
     got = torch.autograd.grad(loss * up, params)
-    exp = torch.autograd.grad(want * up, p64)
-    for p, a, e in zip(params, got, exp):
-        assert a.dtype == p.dtype
-        torch.testing.assert_close(a.double(), e, atol=gatol * max(1.0, e.abs().max().item()), rtol=grtol)
-    # masked tokens get no gradient
-    assert (got[0][mask == 0] == 0).all()
+    _check_grads(params, got, torch.autograd.grad(want * up, p64), dtype)
+    assert (got[0][mask == 0] == 0).all()  # masked tokens get no gradient
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("path", ["gif", "recompute"])
+def test_ppo_token_weight_and_frozen_head(path, backend):
+    """A per-token weight w > 0 on the policy term (truncated importance sampling) as [B, T]
+    advantages A * w, seq-mean-token-sum; a frozen lm_head (only hidden gets a gradient); the loss
+    scaled and summed with another one."""
+    B, T, H, V = 3, 6, 16, 70
+    hidden, weight, _, labels, mask, old, ref, g = _batch(B, T, H, V, torch.float32, seed=3, bias=False)
+    weight.requires_grad_(False)
+    adv = torch.randn(B, T, generator=g)
+    tis = torch.rand(B, T, generator=g) * 2 + 0.01
+    kw = dict(kl_coef=0.1, kl_kind="low_var_kl", entropy_coef=0.0, clip_c=3.0, agg="seq-mean-token-sum",
+              temperature=1.0)
+    loss, stats = fused_linear_ppo_loss(hidden, weight, labels, old, adv * tis, mask, ref_logp=ref,
+                                        backend=backend, **PATHS[path], **kw)
+    want, want_stats, p64 = _naive_ppo([hidden, weight], labels, mask, old, adv, ref, token_weight=tis, **kw)
+    torch.testing.assert_close(loss.double(), want, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(stats["clipfrac"].double(), want_stats["clipfrac"].double())
+    other = (hidden ** 2).sum() * 1e-3
+    (got,) = torch.autograd.grad(other - 0.7 * loss, [hidden])
+    (exp,) = torch.autograd.grad((p64[0] ** 2).sum() * 1e-3 - 0.7 * want, [p64[0]])
+    _check_grads([hidden], [got], [exp], torch.float32)
 
 
 PACS_CASES = {
     # reward_method, estimator, weight_mode, index
     "m1_rloo_question": ("1", "rloo", "question", [0, 0, 0, 1, 1, 2]),
     "m2_grpo_plain": ("2", "grpo", None, [5, 5, 7, 7, 7, 9]),
+    "m1_naive_positive": ("1", "naive", "only_positive", ["b", "a", "b", "a", "b", "a"]),
 }
+# PACS chunks hold whole groups: the largest group here has 11 valid tokens, so 4-token chunks
+# take the two-pass route for it (and one pass for the others), 64-token ones hold every group
+PACS_PATHS = {"gif": dict(grad_in_forward=True, chunk_bytes=64 * 4 * 97),
+              "gif_two_pass": dict(grad_in_forward=True, chunk_bytes=4 * 4 * 97),
+              "recompute": dict(grad_in_forward=False)}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("path", list(PACS_PATHS))
 @pytest.mark.parametrize("case", list(PACS_CASES))
-def test_pacs_matches_unfused(case, backend):
+def test_pacs_matches_unfused(case, path, backend, dtype):
     method, est, wmode, index = PACS_CASES[case]
     B, T, H, V = 6, 5, 20, 97
-    hidden, weight, b, labels, mask, old, _, g = _batch(B, T, H, V, torch.float32, seed=2)
+    hidden, weight, b, labels, mask, old, _, g = _batch(B, T, H, V, dtype, seed=2)
     scores = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0])
     kw = dict(beta=0.7, reward_method=method, estimator=est, weight_mode=wmode)
     loss, stats = fused_linear_pacs_loss(hidden, weight, labels, old, scores, mask, index,
-                                         temperature=0.9, bias=b, backend=backend, **kw)
+                                         temperature=0.9, bias=b, backend=backend, **PACS_PATHS[path], **kw)
     params = _params(hidden, weight, b)
     p64 = [p.detach().double().requires_grad_() for p in params]
     lp = logprobs_reference(p64[0], p64[1], torch.where(mask > 0, labels, 0), temperature=0.9, bias=p64[2])
     want, want_stats = ref_pacs_loss(lp, old, scores, mask, index, **kw)
-    latol, lrtol, gatol, grtol = TOL[torch.float32]
+    latol, lrtol, _, _ = TOL[dtype]
     torch.testing.assert_close(loss.double(), want, atol=latol, rtol=lrtol)
     for k in ("reward_mean", "advantage_mean", "accuracy"):
         torch.testing.assert_close(stats[k].double(), want_stats[k].double(), atol=latol, rtol=lrtol)
     got = torch.autograd.grad(loss * -1.3, params)
-    exp = torch.autograd.grad(want * -1.3, p64)
-    for a, e in zip(got, exp):
-        torch.testing.assert_close(a.double(), e, atol=gatol * max(1.0, e.abs().max().item()), rtol=grtol)
+    _check_grads(params, got, torch.autograd.grad(want * -1.3, p64), dtype)
+    assert (got[0][mask == 0] == 0).all()
+
+
+class _MatmulFlops(TorchDispatchMode):
+    """Counts 2 m k n for every mm / addmm / addmm_ (the logits and gradient GEMMs), nothing else."""
+
+    flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in ("mm", "addmm", "addmm_"):
+            a, b = args[:2] if name == "mm" else args[1:3]
+            self.flops += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+        return func(*args, **(kwargs or {}))
+
+
+def _mm_flops(fn):
+    with _MatmulFlops() as counter:
+        fn()
+    return counter.flops
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_three_gemms_not_four(backend):
+    """Forward + backward of the grad-in-forward PPO loss is three [n, H] x [H, V] products for its n
+    valid tokens, over one chunk or several; the recompute path's is four for all N tokens. PACS is
+    three where each group fits a chunk and four for a group that does not."""
+    B, T, H, V = 4, 7, 24, 131
+    hidden, weight, b, labels, mask, old, ref, g = _batch(B, T, H, V, torch.float32)
+    adv = torch.randn(B, generator=g)
+    one = lambda m: 2 * int((m != 0).sum()) * H * V  # noqa: E731  (one logits-sized GEMM)
+
+    def ppo(m, **kw):
+        loss, _ = fused_linear_ppo_loss(hidden, weight, labels % V, old, adv, m, ref_logp=ref, kl_coef=0.1,
+                                        bias=b, backend=backend, **kw)
+        loss.backward()
+
+    assert _mm_flops(lambda: ppo(mask, grad_in_forward=True)) == 3 * one(mask)
+    assert _mm_flops(lambda: ppo(mask, grad_in_forward=True, chunk_bytes=5 * 4 * V)) == 3 * one(mask)
+    full = torch.ones_like(mask)
+    # the recompute path: four on torch; on Triton two are inside its kernels (tl.dot), unseen here
+    assert _mm_flops(lambda: ppo(full, grad_in_forward=False)) == (4 if backend == "torch" else 2) * one(full)
+    scores = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    n = int(mask.sum())
+
+    def pacs(index, chunk):
+        loss, _ = fused_linear_pacs_loss(hidden, weight, labels, old, scores, mask, index, bias=b,
+                                         backend=backend, grad_in_forward=True, chunk_bytes=chunk * 4 * V)
+        loss.backward()
+
+    assert _mm_flops(lambda: pacs([0, 0, 1, 1], n)) == 3 * one(mask)
+    assert _mm_flops(lambda: pacs([0, 0, 0, 0], n - 1)) == 4 * one(mask)  # one group, larger than a chunk
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_entropy_gradient_where_bias_masks_tokens(backend):
+    """A bias of -inf masks vocab entries (p = 0, log p = -inf): the entropy bonus's gradient stays
+    finite and matches the reference on both paths."""
+    B, T, H, V = 2, 5, 16, 68
+    hidden, weight, b, labels, mask, old, ref, g = _batch(B, T, H, V, torch.float32, seed=5)
+    with torch.no_grad():
+        b[1::3] = float("-inf")
+        labels = labels // 3 * 3  # labels (and the reference's stand-in 0 for padding) keep p > 0
+        labels[mask == 0] = V + 7
+    params = [hidden, weight]
+    adv = torch.randn(B, generator=g)
+    kw = dict(kl_coef=0.0, kl_kind="k1", entropy_coef=0.3, clip_c=None, agg="token-mean", temperature=1.0)
+    want, _, p64 = _naive_ppo([hidden, weight, b.detach()], labels, mask, old, adv, ref, **kw)
+    exp = torch.autograd.grad(want, p64[:2])
+    for path in ("gif", "recompute"):
+        loss, _ = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, bias=b.detach(), backend=backend,
+                                        **PATHS[path], **kw)
+        torch.testing.assert_close(loss.double(), want, atol=2e-5, rtol=1e-5)
+        got = torch.autograd.grad(loss, params)
+        assert all(torch.isfinite(x).all() for x in got)
+        _check_grads(params, got, exp, torch.float32)
+
+
+def test_grad_in_forward_limits_and_choice():
+    """What the grad-in-forward path does not do fails loudly; without a gradient to compute, the
+    default is the recompute path's forward (one GEMM), with the same values."""
+    hidden, weight, b, labels, mask, old, ref, g = _batch(3, 4, 8, 30, torch.float32)
+    adv = torch.randn(3, generator=g)
+    loss, _ = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, ref_logp=ref, kl_coef=0.1)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="first backward"):
+        loss.backward()
+    loss, _ = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask)
+    (gh,) = torch.autograd.grad(loss, [hidden], create_graph=True)
+    with pytest.raises(RuntimeError):
+        gh.sum().backward()  # double backward
+    loss, _ = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, grad_in_forward=False)
+    loss.backward(retain_graph=True)
+    loss.backward()  # the recompute path is an ordinary graph
+    with torch.no_grad():
+        flops = _mm_flops(lambda: fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask))
+        nograd, _ = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask)
+    assert flops == 2 * 12 * 8 * 30  # the logits of all 12 tokens, once
+    torch.testing.assert_close(nograd, loss.detach())
+    none = torch.zeros_like(mask)  # no valid token: loss 0 (PACS: the BCE of advantage 0), zero gradients
+    for path in ("gif", "recompute"):
+        ppo, _ = fused_linear_ppo_loss(hidden, weight, labels, old, adv, none, ref_logp=ref, kl_coef=0.1,
+                                       entropy_coef=0.1, **PATHS[path])
+        pacs, _ = fused_linear_pacs_loss(hidden, weight, labels, old, torch.tensor([1.0, 0.0, 1.0]), none,
+                                         [0, 0, 1], **PATHS[path])
+        assert float(ppo.detach()) == 0.0
+        torch.testing.assert_close(pacs, torch.tensor(2.0).log())
+        for gr in torch.autograd.grad(ppo + pacs, [hidden, weight]):
+            assert (gr == 0).all()
+
+
+def test_log_softmax_in_place_is_exact():
+    """The torch path writes ATen's log_softmax into its own input: exactly torch.log_softmax, on rows
+    wider than a cache and on -inf entries."""
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(3, 300_001, generator=g, dtype=dtype) * 4
+        x[1, ::7] = float("-inf")
+        want = torch.log_softmax(x, dim=1)
+        assert torch.equal(_fused_linear_torch.log_softmax_(x.clone()), want)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -155,9 +332,17 @@ def test_parity_with_liger_grpo_loss(backend):
         torch.testing.assert_close(a, e, atol=2e-5, rtol=1e-4)
 
 
-def test_bad_inputs_name_the_problem():
+@pytest.mark.parametrize("path", ["gif", "recompute"])
+def test_bad_inputs_name_the_problem(path):
     hidden, weight, b, labels, mask, old, ref, g = _batch(2, 3, 8, 20, torch.float32)
     adv = torch.randn(2)
+    fused_linear_ppo_loss = _with(PATHS[path])
+    with pytest.raises(ValueError, match="clip_c"):
+        fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, clip_c=0.5)
+    with pytest.raises(ValueError, match="advantages must have shape"):
+        fused_linear_ppo_loss(hidden, weight, labels, old, adv[:1], mask)
+    with pytest.raises(ValueError, match="agg must be"):
+        fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, agg="mean")
     with pytest.raises(ValueError, match="ref_logp"):
         fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, kl_coef=0.1)
     with pytest.raises(ValueError, match="old_logp must have shape"):
@@ -172,3 +357,12 @@ def test_bad_inputs_name_the_problem():
     mask2[0, 0] = 1.0
     with pytest.raises(ValueError, match="labels must lie in"):
         fused_linear_ppo_loss(hidden, weight, bad, old, adv, mask2)
+    with pytest.raises(ValueError, match="scores must be 0 or 1"):
+        fused_linear_pacs_loss(hidden, weight, labels, old, torch.tensor([0.5, 1.0]), mask, [0, 0],
+                               **PATHS[path])
+    with pytest.raises(ValueError, match="labels must lie in"):
+        fused_linear_pacs_loss(hidden, weight, bad, old, torch.tensor([0.0, 1.0]), mask2, [0, 0], **PATHS[path])
+
+
+def _with(kw):
+    return lambda *a, **k: fused_linear_ppo_loss(*a, **kw, **k)
