@@ -25,8 +25,9 @@ STANDARD = ("bench", "variant", "settings", "metric", "median", "q20", "q80", "s
             "machine", "device", "commit", "run")
 
 
-def start(doc: str):
-    """Parse the shared flags (--quick, --threads), pin the allocator, pick the device."""
+def start(doc: str, extra=None):
+    """Parse the shared flags (--quick, --threads) and a script's own (``extra(parser)`` adds
+    them), pin the allocator, pick the device."""
     import torch
 
     fixed_mmap_threshold()
@@ -34,6 +35,8 @@ def start(doc: str):
     ap.add_argument("--quick", action="store_true", help="small shapes, few repeats")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch intra-op threads (default: torch's choice); 1 is steadier on a loaded machine")
+    if extra is not None:
+        extra(ap)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -53,42 +56,77 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def measure(fn, device, repeats: int, warmup: int = 2):
-    """Median / q20 / q80 wall time (ms) and peak memory growth (MB) of ``fn()``."""
+def _timed(fn, device) -> tuple[float, int]:
+    """Wall time (s) and peak memory growth (bytes) of one ``fn()``: torch's peak allocation on a
+    GPU, the process's resident set sampled every 0.2 ms on CPU. (``measure_interleaved`` also
+    records the process's CPU time around each call.)"""
     import torch
 
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0, torch.cuda.max_memory_allocated() - base
+    base, peak, stop = _rss(), [0], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.0002)
+
+    th = threading.Thread(target=sample)
+    th.start()
+    t0 = time.perf_counter()
+    fn()
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    th.join()
+    return elapsed, max(peak[0], _rss()) - base
+
+
+def _summary(times: list[float], peaks: list[int], cpu: list[float] | None = None) -> dict:
+    import torch
+
+    qs = torch.tensor([0.5, 0.2, 0.8], dtype=torch.float64)
+    q = torch.tensor(times, dtype=torch.float64).quantile(qs)
+    out = {"ms": 1e3 * q[0].item(), "ms_q20": 1e3 * q[1].item(), "ms_q80": 1e3 * q[2].item(),
+           "peak_mb": max(peaks) / 2**20}
+    if cpu:
+        c = torch.tensor(cpu, dtype=torch.float64).quantile(qs)
+        out.update(cpu_ms=1e3 * c[0].item(), cpu_ms_q20=1e3 * c[1].item(), cpu_ms_q80=1e3 * c[2].item())
+    return out
+
+
+def measure(fn, device, repeats: int, warmup: int = 2):
+    """Median / q20 / q80 wall time (ms) and peak memory growth (MB) of ``fn()``."""
     for _ in range(warmup):
         fn()
-    times, peaks = [], []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-            peaks.append(torch.cuda.max_memory_allocated() - base)
-        else:
-            base, peak, stop = _rss(), [0], threading.Event()
+    runs = [_timed(fn, device) for _ in range(repeats)]
+    return _summary([t for t, _ in runs], [p for _, p in runs])
 
-            def sample():
-                while not stop.is_set():
-                    peak[0] = max(peak[0], _rss())
-                    time.sleep(0.0002)
 
-            th = threading.Thread(target=sample)
-            th.start()
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-            stop.set()
-            th.join()
-            peaks.append(max(peak[0], _rss()) - base)
-    q = torch.tensor(times, dtype=torch.float64).quantile(torch.tensor([0.5, 0.2, 0.8], dtype=torch.float64))
-    return {"ms": 1e3 * q[0].item(), "ms_q20": 1e3 * q[1].item(), "ms_q80": 1e3 * q[2].item(),
-            "peak_mb": max(peaks) / 2**20}
+def measure_interleaved(fns: dict, device, repeats: int, warmup: int = 1, log=None) -> dict:
+    """``measure`` for several cases taking turns (a, b, c, a, b, c, ...), so that a change in the
+    machine's load while they run reaches every case alike: {name: the row ``measure`` gives, plus
+    the process CPU time ``cpu_ms`` (q20/q80 too): on a shared machine less sensitive to the other
+    jobs than wall time, though thread barriers that spin count in it)}. ``log(name, round, seconds,
+    cpu seconds)`` is called after each run (progress of long cases; round < 0: warm-up)."""
+    times, peaks, cpu = ({k: [] for k in fns} for _ in range(3))
+    for r in range(warmup + repeats):
+        for k, fn in fns.items():
+            c0 = time.process_time()
+            t, p = _timed(fn, device)
+            c = time.process_time() - c0
+            if r >= warmup:
+                times[k].append(t)
+                peaks[k].append(p)
+                cpu[k].append(c)
+            if log is not None:
+                log(k, r - warmup, t, c)
+    return {k: _summary(times[k], peaks[k], cpu[k]) for k in fns}
 
 
 def git_commit() -> str:

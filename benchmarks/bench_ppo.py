@@ -1,19 +1,37 @@
 """ppo_policy_loss (dual clip, token-mean) and value_loss forward + backward vs eager torch autograd
-(verl's formulas).
+(verl's formulas); then the whole GRPO actor loss from hidden states (``--lm``, the fused linear
+section), side by side in one process, taking turns:
 
-Run alone: ``python benchmarks/bench_ppo.py [--quick]``. Appends rows to
-benchmarks/results/bench_ppo.csv and prints one JSON object as the last line. Measurement as in
-bench_kl.py (CPU: ``backend="torch"``, RSS growth; GPU: ``triton`` too, torch peak allocation).
+  gemm3            three plain GEMMs of the loss's shapes: h @ W^T, dlogits @ W, dlogits^T @ h
+  naive            full logits -> log_softmax -> gather -> PPO clip + k3 KL, fwd+bwd by autograd
+  fused_recompute  fused_linear_ppo_loss(grad_in_forward=False): fused_logprobs, logits recomputed
+                   in its backward (four GEMMs)
+  fused_gif        fused_linear_ppo_loss (gradients computed in the forward: three GEMMs)
+
+at N tokens, H, V (default the issue's N=2048, H=896, V=151936, fp32: each GEMM ~0.56 TFLOP, a few
+seconds on 2 CPU cores; ``--quick``: N=256, H=256, V=16384). The loss: token-mean, clip 0.2/0.28,
+dual clip 3, k3 KL 0.04 (the fused ones also compute the entropy, for their stats; naive does not).
+Peak memory includes the gradients (d_W is V x H x 4 B for every case). Times are medians over
+``--lm-repeats`` turns after one warm-up turn; the machine's load average at the start and the end
+is in every row (on a shared machine, read the times with it).
+
+Run alone: ``python benchmarks/bench_ppo.py [--quick] [--threads 2] [--lm-only] [--lm-shape N,H,V]``.
+Appends rows to benchmarks/results/bench_ppo.csv and prints one JSON object as the last line.
+Measurement as in bench_kl.py (CPU: ``backend="torch"``, RSS growth; GPU: ``triton`` too, torch
+peak allocation).
 """
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 
 import torch
 
-from _common import machine, measure, start, write_rows
-from fastcrit_kernels import ppo_policy_loss, value_loss
+from _common import machine, measure, measure_interleaved, start, write_rows
+from fastcrit_kernels import fused_linear_ppo_loss, ppo_policy_loss, value_loss
+from fastcrit_kernels.logprobs import logprobs_reference
 
 NAME = "ppo"
 
@@ -37,12 +55,122 @@ def eager_value_loss(v, vo, R, mask, clip=0.5):
     return 0.5 * (torch.max((v - R) ** 2, (vc - R) ** 2) * mask).sum() / mask.sum()
 
 
+def eager_k3(lp, ref, mask):
+    """verl's low_var_kl, token-mean, in eager torch."""
+    d = torch.clamp(ref - lp, min=-20.0, max=20.0)
+    kl = torch.clamp(torch.exp(d) - d - 1, min=-10.0, max=10.0)
+    return (kl * mask).sum() / mask.sum()
+
+
+def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=()) -> dict:
+    """The four fused-linear cases (see the module docstring) on one set of inputs."""
+    g = torch.Generator().manual_seed(0)
+    B, T = max(1, N // 1024), min(N, 1024)
+    hidden = torch.randn(B, T, H, generator=g).to(device).requires_grad_()
+    weight = (torch.randn(V, H, generator=g) * 0.02).to(device).requires_grad_()
+    labels = torch.randint(0, V, (B, T), generator=g).to(device)
+    mask = torch.ones(B, T, device=device)
+    adv = torch.randn(B, generator=g).to(device)
+    base = (torch.randn(B, T, generator=g) * 0.1 - 12.0).to(device)  # plausible log-prob scale
+    old, ref = base + 0.05, base - 0.05
+    kw = dict(ref_logp=ref, kl_coef=0.04, kl_kind="low_var_kl", clip_low=0.2, clip_high=0.28, clip_c=3.0,
+              backend=backend)
+
+    def zero():
+        hidden.grad = None
+        weight.grad = None
+
+    def gemm3():
+        h, w = hidden.detach().view(-1, H), weight.detach()
+        z = torch.mm(h, w.t())
+        d_h = torch.mm(z, w)
+        d_w = torch.mm(z.t(), h)
+        del z, d_h, d_w
+
+    # each case drops its gradients when done, so that the next one's peak memory counts its own
+    def naive():
+        lp = logprobs_reference(hidden, weight, labels, dtype=torch.float32)
+        a = adv[:, None].expand(B, T)
+        loss = eager_policy_loss(lp, old, a, mask) + 0.04 * eager_k3(lp, ref, mask)
+        loss.backward()
+        zero()
+
+    def fused(gif, chunk_bytes=None):
+        def run():
+            loss, _ = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, grad_in_forward=gif,
+                                            chunk_bytes=chunk_bytes, **kw)
+            loss.backward()
+            zero()
+        return run
+
+    cases = {"gemm3": gemm3, "naive": naive, "fused_recompute": fused(False), "fused_gif": fused(True)}
+    for mib in chunks_mib:  # the grad-in-forward path at other chunk sizes than its default
+        cases[f"fused_gif_{mib}MiB"] = fused(True, mib << 20)
+    return cases
+
+
+def lm_rows(args, device, info) -> list[dict]:
+    N, H, V = (256, 256, 16384) if args.quick else (2048, 896, 151936)
+    if args.lm_shape:
+        N, H, V = (int(x) for x in args.lm_shape.split(","))
+    repeats = args.lm_repeats or (2 if args.quick else 3)
+    backend = "triton" if device.type == "cuda" else "torch"
+    load0 = os.getloadavg()[0]
+    print(f"fused linear loss N={N} H={H} V={V} fp32, {repeats} turns + 1 warm-up, load {load0:.2f}, "
+          f"{torch.get_num_threads()} threads",
+          file=sys.stderr, flush=True)
+    chunks = [int(x) for x in args.lm_chunks.split(",")] if args.lm_chunks else []
+    res = measure_interleaved(lm_cases(N, H, V, device, backend, chunks), device, repeats, warmup=1,
+                              log=lambda k, r, t, c: print(f"  {k:16s} turn {r:>2} {t:8.2f} s  cpu {c:8.2f} s  load "
+                                                           f"{os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True))
+    load1 = os.getloadavg()[0]
+    rows = []
+    for k, r in res.items():
+        rows.append({"bench": f"{NAME}_fused_linear", "variant": k, "N": N, "H": H, "V": V, "dtype": "float32", **r,
+                     "time_ratio_vs_gemm3": r["ms"] / res["gemm3"]["ms"],
+                     "cpu_ratio_vs_gemm3": r["cpu_ms"] / res["gemm3"]["cpu_ms"],
+                     "cpu_ratio_vs_naive": r["cpu_ms"] / res["naive"]["cpu_ms"],
+                     "time_ratio_vs_naive": r["ms"] / res["naive"]["ms"],
+                     "mem_ratio_vs_naive": r["peak_mb"] / max(res["naive"]["peak_mb"], 1e-9),
+                     "mem_ratio_vs_recompute": r["peak_mb"] / max(res["fused_recompute"]["peak_mb"], 1e-9),
+                     **info, "loadavg_1m": round(load0, 2), "loadavg_1m_end": round(load1, 2),
+                     "repeats": repeats})
+    return rows
+
+
 def main() -> None:
-    args, device = start(__doc__)
+    args, device = start(__doc__, extra=_extra_args)
+    info = machine()
+    rows = [] if args.lm_only else policy_rows(args, device, info)
+    if args.lm or args.lm_only:
+        rows += lm_rows(args, device, info)
+    path = write_rows(rows, NAME, settings=("B", "T", "N", "H", "V", "dtype"),
+                      repeats=3 if args.quick else 11)
+    for r in rows:
+        shape = f"N={r['N']} H={r['H']} V={r['V']}" if "N" in r else f"B={r['B']:4d} T={r['T']:5d}"
+        ratio = (f"x{r['time_ratio_vs_gemm3']:.2f} vs gemm3  x{r['time_ratio_vs_naive']:.2f} vs naive time  "
+                 f"(cpu time x{r['cpu_ratio_vs_gemm3']:.2f}, x{r['cpu_ratio_vs_naive']:.2f})  "
+                 f"x{r['mem_ratio_vs_naive']:.2f} vs naive mem" if "N" in r else
+                 f"x{r['time_ratio_vs_eager']:.2f} time  x{r['mem_ratio_vs_eager']:.2f} mem")
+        print(f"{r['bench']:20s} {r['variant']:16s} {shape}  {r['ms']:10.1f} ms [{r['ms_q20']:.0f}, {r['ms_q80']:.0f}]  "
+              f"peak {r['peak_mb']:8.1f} MB  {ratio}", file=sys.stderr)
+    print(json.dumps({"bench": NAME, "csv": path, "rows": rows}))
+
+
+def _extra_args(ap) -> None:
+    ap.add_argument("--lm", action=argparse.BooleanOptionalAction, default=True,
+                    help="also the fused linear loss section (default on; --no-lm skips it)")
+    ap.add_argument("--lm-only", action="store_true", help="only the fused linear loss section")
+    ap.add_argument("--lm-shape", default=None, help="N,H,V for the fused linear section")
+    ap.add_argument("--lm-repeats", type=int, default=None, help="timed turns per case (default 3, quick 2)")
+    ap.add_argument("--lm-chunks", default=None,
+                    help="comma list of MiB: also the grad-in-forward path with these chunk_bytes")
+
+
+def policy_rows(args, device, info) -> list[dict]:
     shapes = [(8, 512)] if args.quick else [(16, 512), (64, 2048), (256, 4096)]
     repeats = 3 if args.quick else 11
     backends = ["torch", "triton"] if device.type == "cuda" else ["torch"]
-    info = machine()
     rows = []
     for B, T in shapes:
         g = torch.Generator().manual_seed(0)
@@ -78,12 +206,7 @@ def main() -> None:
             rows.append({"bench": f"{NAME}_{what}", "variant": variant, "B": B, "T": T, "dtype": "float32", **r,
                          "time_ratio_vs_eager": r["ms"] / base["ms"],
                          "mem_ratio_vs_eager": r["peak_mb"] / max(base["peak_mb"], 1e-9), **info})
-    path = write_rows(rows, NAME, settings=("B", "T", "dtype"), repeats=repeats)
-    for r in rows:
-        print(f"{r['bench']:11s} {r['variant']:16s} B={r['B']:4d} T={r['T']:5d}  {r['ms']:9.3f} ms  "
-              f"peak {r['peak_mb']:8.2f} MB  x{r['time_ratio_vs_eager']:.2f} time  x{r['mem_ratio_vs_eager']:.2f} mem",
-              file=sys.stderr)
-    print(json.dumps({"bench": NAME, "csv": path, "rows": rows}))
+    return rows
 
 
 if __name__ == "__main__":
