@@ -37,9 +37,9 @@ its u_t would have to be kept or recomputed: recomputed here.)
 
 Recompute (``grad_in_forward=False``, or no gradient wanted): ``fused_logprobs`` (vocab chunks,
 online log-sum-exp, the logits recomputed in its backward: four products) and then the element-wise
-losses of this package on the [B, T] log-probs; an ordinary autograd graph. It does not sync with
-the host on a GPU; the grad-in-forward path syncs once per call (the number of valid tokens, and
-for PACS the group sizes, decide the chunks).
+losses of this package on the [B, T] log-probs; an ordinary autograd graph. For PPO it does not
+sync with the host on a GPU (PACS's syncs once, as ``pacs_loss`` does); the grad-in-forward path
+syncs once per call (the number of valid tokens, and for PACS the group sizes, decide the chunks).
 
 On a GPU (backend ``triton``) the GEMMs are torch's (cuBLAS, following torch's own TF32 setting;
 ``FASTCRIT_KERNELS_ALLOW_TF32`` reaches the recompute path only) and the element-wise work is two
@@ -47,7 +47,10 @@ Triton kernels per chunk: softmax statistics over vocab splits, and d_logits wri
 or into a bf16/fp16 buffer that feeds both gradient GEMMs with fp32 accumulation. bf16/fp16
 weights: the logits GEMM needs ``torch.mm(..., out_dtype=torch.float32)`` (torch >= 2.8), else
 the recompute path is taken; d_W accumulates over token chunks in fp32 ([V, H] fp32, twice the
-weight's size) and is rounded once. Masked tokens may hold any label (padding).
+weight's size) and is rounded once. This GPU path has not run on a GPU yet: its kernels are
+compile-checked for sm_80 / sm_90a and its launches tested under the Triton interpreter, where the
+bf16/fp16 products go through fp32 copies instead of ``out_dtype``. Masked tokens may hold any label
+(padding).
 """
 from __future__ import annotations
 
