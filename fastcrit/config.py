@@ -201,13 +201,18 @@ class CTRLConfig:
     """Critique RL (CTRL): stage 1 synthesis, stage 2 RL, and test-time critique rounds."""
 
     synth_dir: str = ""  # stage 1 output (solutions, SFT critiques); "" = <trainer.output_dir>/synth
+    # The model that writes the initial solutions (stage 1 and test time): a local model dir;
+    # "" = the proxy, which then both answers and revises (the paper's setup).
+    generator: str = ""
     solutions_per_problem: int = 1  # initial solutions sampled from the generator per problem
     solution_temperature: float = 1.0  # sampling temperature of the initial solutions
     sft_balance: bool = True  # repeat the rarer judgment's critiques until both are as many
     # Training reward: a critique whose own review contradicts itself (a part marked "ok" whose
-    # needed and present text differ, or "wrong" where they agree, or a verdict against its review;
-    # fastcrit.data.critique.review_agrees) is invalid: it scores 0 and is not executed, as a
-    # critique without a judgment. Reads only the critique. Off = the paper's rule alone.
+    # needed and present text differ, or "wrong" where they agree, or a verdict against its review),
+    # or misquotes the code it reviews (a "has `...`" the code does not contain; a Correct verdict
+    # suggesting a line the code lacks; fastcrit.data.critique.review_agrees) is invalid: it scores
+    # 0 and is not executed, as a critique without a judgment. Reads the critique and the code it
+    # reviews, never the outcome. Off = the paper's rule alone.
     consistent_review: bool = False
     rounds: int = 1  # critique -> revision rounds at test time (`fastcrit critique`)
     critic: str = ""  # test time: critic model dir; "" = newest checkpoint of trainer.output_dir

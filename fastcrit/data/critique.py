@@ -146,20 +146,33 @@ _PART_RE = re.compile(r"needs `([^`\n]*)`, has `([^`\n]*)`: (ok|wrong)\b")
 _LINE_RE = re.compile(r"needs `([^`\n]*)` and the code has `([^`\n]*)`")
 
 
-def review_agrees(critique: str) -> bool | None:
+def _squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+def review_agrees(critique: str, code: str | None = None) -> bool | None:
     """Whether a critique is true to its own review: in a part-by-part review every part marked
     "wrong" exactly when what it says the problem needs differs from what it says the code has; in
     a whole-line review ("the problem needs `...` and the code has `...`") or a part-by-part one,
-    the verdict Incorrect exactly when something differs. None when it has no such review or no
-    verdict."""
+    the verdict Incorrect exactly when something differs. Given the reviewed ``code``, the review
+    must also quote it truly (every "has `...`" occurs in it, spaces aside), and a Correct verdict
+    may not suggest a line the code does not have. None when it has no such review or no verdict."""
     verdict, part_marks = parse_judgment(critique), _PART_RE.findall(critique)
     if verdict is None:
         return None
+    lines = [] if part_marks else _LINE_RE.findall(critique)
+    if not part_marks and not lines:
+        return None
+    if code is not None:
+        text = _squash(code)
+        quoted = [has for _, has, *_ in part_marks] + [has for _, has in lines]
+        if any(_squash(h) not in text for h in quoted):
+            return False
+        line = suggested_line(critique)
+        if verdict and line is not None and _squash(line) not in text:
+            return False
     if part_marks:
         differ = [needs.strip() != has.strip() for needs, has, _ in part_marks]
         marks_ok = all((mark == "wrong") == d for d, (_, _, mark) in zip(differ, part_marks))
         return marks_ok and verdict == (not any(differ))
-    lines = _LINE_RE.findall(critique)
-    if lines:
-        return verdict == all(needs.strip() == has.strip() for needs, has in lines)
-    return None
+    return verdict == all(needs.strip() == has.strip() for needs, has in lines)

@@ -137,7 +137,7 @@ def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: li
     report = RoundReport(round_no, 0.0, too_long=sum(c.finish_reason == "prompt_too_long" for c in crits)
                          + valid - len(sent))
     report.judged_correct, report.kept = kept_when_correct(attempts, judged, sent)
-    agrees = [review_agrees(t) for t in texts]
+    agrees = [review_agrees(t, a.solution) for t, a in zip(texts, attempts)]
     report.reviewed = sum(g is not None for g in agrees)
     report.true_to_review = sum(g is True for g in agrees)
     right = 0
@@ -198,18 +198,22 @@ def run_critique(cfg: Config) -> dict:
     ``ctrl.rounds`` rounds with the critic; prints and returns the per-round reports and writes
     every round's texts and verdicts to ``ctrl.output`` (JSONL; the reports go beside it as
     ``<name>_summary.json``). Runs in one process."""
-    from fastcrit.recipes.ctrl_common import critic_chat, load_problem_set, make_proxy
+    from fastcrit.recipes.ctrl_common import critic_chat, load_problem_set, make_generator, make_proxy
 
     out_dir = cfg.trainer.output_dir
     os.makedirs(out_dir, exist_ok=True)
     problems = load_problem_set(cfg.data.val, cfg.data.format, limit=cfg.data.val_size, what="data.val")
-    generator = make_proxy(cfg, "cpu" if cfg.trainer.device == "cpu" else "cuda")
-    generator_name = generator.name
+    device = "cpu" if cfg.trainer.device == "cpu" else "cuda"
+    writer = make_generator(cfg, device) if cfg.ctrl.generator else None
+    generator = make_proxy(cfg, device)  # the reviser; it also writes the solutions unless ctrl.generator
+    generator_name = generator.name if writer is None else f"{writer.name} (solutions), {generator.name} (revisions)"
     critic, critic_name = critic_chat(cfg)
     reward = make_reward(cfg, out_dir)
     try:
-        sols = sample_solutions(generator, problems, k=1, temperature=cfg.ctrl.solution_temperature,
+        sols = sample_solutions(writer or generator, problems, k=1, temperature=cfg.ctrl.solution_temperature,
                                 max_new_tokens=cfg.proxy.rollout.max_new_tokens, seed=cfg.trainer.seed)
+        if writer is not None:
+            writer.close()
         attempts = execute(reward, [p for p, _ in sols], [t for _, t in sols])
         reports, records = critique_rounds(critic, generator, reward, attempts, rounds=cfg.ctrl.rounds,
                                            critic_tokens=cfg.rollout.max_new_tokens,

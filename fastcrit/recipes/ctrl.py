@@ -72,7 +72,7 @@ class CTRL:
             judged, sent = revise(self.proxy, attempts, critiques,
                                   max_new_tokens=c.proxy.rollout.max_new_tokens,
                                   temperature=c.proxy.rollout.temperature,
-                                  skip=self._inconsistent(critiques))
+                                  skip=self._inconsistent(attempts, critiques))
         t0, finished = time.perf_counter(), []
         pending = self.reward.submit([RewardItem(attempts[i].problem.question, text, "",
                                                  problem=attempts[i].problem) for i, text in sent])
@@ -90,12 +90,13 @@ class CTRL:
         return {**self._metrics(attempts, critiques, judged, sent, results, scores),
                 "response_len/mean": batch.response_mask.sum(-1).mean().item(), **stats}
 
-    def _inconsistent(self, critiques: list[str]) -> set[int]:
+    def _inconsistent(self, attempts: list[Attempt], critiques: list[str]) -> set[int]:
         """The critiques that contradict their own review, when ``ctrl.consistent_review`` makes
         them invalid (see CTRLConfig)."""
         if not self.run.cfg.ctrl.consistent_review:
             return set()
-        return {i for i, t in enumerate(critiques) if review_agrees(t) is False}
+        return {i for i, (a, t) in enumerate(zip(attempts, critiques))
+                if review_agrees(t, a.solution) is False}
 
     def _metrics(self, attempts, critiques, judged, sent, results, scores) -> dict[str, float]:
         n = max(len(attempts), 1)
@@ -104,7 +105,7 @@ class CTRL:
         failing = [i for i in after if not attempts[i].passed]
         passing = [i for i in after if attempts[i].passed]
         told, kept = kept_when_correct(attempts, judged, sent)
-        agree = [a for a in map(review_agrees, critiques) if a is not None]
+        agree = [v for v in map(review_agrees, critiques, (a.solution for a in attempts)) if v is not None]
         sb = self.reward.stats()
         return {
             "reward/mean": scores.mean().item(),

@@ -80,6 +80,15 @@ def make_proxy(cfg: Config, device) -> OwnedChat:
     return _local_chat(model, p.rollout, p.max_prompt_len, device, cfg.trainer.seed)
 
 
+def make_generator(cfg: Config, device) -> OwnedChat:
+    """The writer of the initial solutions: ``ctrl.generator`` (a local model dir, on the proxy's
+    engine settings), else the proxy itself."""
+    if not cfg.ctrl.generator:
+        return make_proxy(cfg, device)
+    model = ModelConfig(path=cfg.ctrl.generator, dtype=cfg.proxy.model.dtype, tiny=cfg.proxy.model.tiny)
+    return _local_chat(model, cfg.proxy.rollout, cfg.proxy.max_prompt_len, device, cfg.trainer.seed)
+
+
 def critic_chat(cfg: Config) -> tuple[OwnedChat, str]:
     """The critic at test time: ``ctrl.critic_endpoint`` (model ``ctrl.critic_api_model``), else a
     local model: ``ctrl.critic``, else the newest checkpoint of ``trainer.output_dir``, on the

