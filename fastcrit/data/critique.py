@@ -156,10 +156,15 @@ def review_agrees(critique: str, code: str | None = None) -> bool | None:
     a whole-line review ("the problem needs `...` and the code has `...`") or a part-by-part one,
     the verdict Incorrect exactly when something differs. Given the reviewed ``code``, the review
     must also quote it truly (every "has `...`" occurs in it, spaces aside), and a Correct verdict
-    may not suggest a line the code does not have. None when it has no such review or no verdict."""
+    may not suggest a line the code does not have, nor an Incorrect one a line it already has (this
+    holds with or without a review). None when it has no such review or no verdict."""
     verdict, part_marks = parse_judgment(critique), _PART_RE.findall(critique)
     if verdict is None:
         return None
+    if code is not None:
+        line = suggested_line(critique)
+        if line is not None and verdict != (_squash(line) in map(_squash, code.splitlines())):
+            return False  # Correct with a line the code lacks; Incorrect with one it has
     lines = [] if part_marks else _LINE_RE.findall(critique)
     if not part_marks and not lines:
         return None
@@ -167,9 +172,6 @@ def review_agrees(critique: str, code: str | None = None) -> bool | None:
         text = _squash(code)
         quoted = [has for _, has, *_ in part_marks] + [has for _, has in lines]
         if any(_squash(h) not in text for h in quoted):
-            return False
-        line = suggested_line(critique)
-        if verdict and line is not None and _squash(line) not in text:
             return False
     if part_marks:
         differ = [needs.strip() != has.strip() for needs, has, _ in part_marks]

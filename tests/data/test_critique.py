@@ -105,3 +105,10 @@ def test_review_agrees_given_the_code_checks_that_the_review_quotes_it_truly():
     line = "Analysis: the problem needs `return x` and the code has `return y`.\nOverall judgment: Incorrect"
     assert review_agrees(line, "return y") is True and review_agrees(line, "return x") is False
     assert review_agrees("Analysis: fine.\nOverall judgment: Correct", ref) is None
+    # an Incorrect verdict may not suggest the line the code already has (it would change nothing),
+    # with or without a review
+    own = wrong.replace("use `return x * 6 + 4`.", "use `return x * 6 + 5`.")
+    assert own != wrong and review_agrees(own) is True and review_agrees(own, bad) is False
+    bare = "Analysis: fine.\nImprovement suggestions: use `return x * 6 + 5`.\nOverall judgment: Incorrect"
+    assert review_agrees(bare) is None and review_agrees(bare, bad) is False
+    assert review_agrees(bare, ref) is None  # a real change, and no review to check
