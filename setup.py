@@ -73,6 +73,7 @@ setup(
         "numpy>=1.24",
         "uvloop>=0.19; sys_platform != 'win32'",
         "math-verify>=0.7",  # the `math` reward: symbolic answer checking
+        "numba>=0.59",  # Karmarkar-Karp balancing (fastcrit/train/balance.py; a Python path without it)
     ],
     extras_require={
         # sglang pinned: every call fastcrit/rollout/sglang.py makes was checked against 0.5.23's

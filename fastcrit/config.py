@@ -261,6 +261,9 @@ class TrainerConfig:
     device: Literal["cpu", "cuda"] = "cpu"
     nproc: int = 1  # training processes (FSDP2 world size); gloo on CPU, nccl on CUDA
     micro_batch_size: int = 64  # sequences per forward/backward
+    # > 0: micro-batches by a token budget instead (rows x longest row <= this many tokens, longest
+    # rows first, each cut to its own longest row); ranks agree on how many. 0 = micro_batch_size rows.
+    max_tokens_per_micro_batch: int = 0
     resume: bool = True  # continue from the newest checkpoint in output_dir when there is one
     progress: bool = True
     compute_threads: int = 0  # torch threads per process; 0 = leave torch's default
@@ -439,6 +442,8 @@ def validate(cfg: Config) -> None:
     need(cfg.trainer.keep_last is None or cfg.trainer.keep_last >= 0,
          f"trainer.keep_last: must be >= 0 (0 or null keeps every checkpoint), got {cfg.trainer.keep_last}")
     need(cfg.trainer.micro_batch_size >= 1, "trainer.micro_batch_size: must be >= 1")
+    need(cfg.trainer.max_tokens_per_micro_batch >= 0,
+         "trainer.max_tokens_per_micro_batch: must be >= 0 (0 = micro-batches of micro_batch_size rows)")
     need(cfg.data.prompts_per_step >= 1, "data.prompts_per_step: must be >= 1")
     need(
         cfg.data.prompts_per_step % cfg.trainer.nproc == 0,

@@ -85,6 +85,29 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.prompts.shape[0]
 
+    def trimmed(self) -> "RolloutBatch":
+        """The same rows without the columns that are padding in every row (the left of the
+        prompts, the right of the responses; at least one response column stays). Positions come
+        from the attention mask, so every real token keeps its position and its log-prob."""
+        P, R = self.prompts.shape[1], self.responses.shape[1]
+        on_p = self.attention_mask[:, :P].any(0).nonzero()
+        p0 = int(on_p[0]) if len(on_p) else P
+        on_r = self.attention_mask[:, P:].any(0).nonzero()
+        r1 = max(1, int(on_r[-1]) + 1 if len(on_r) else 1)
+        if p0 == 0 and r1 == R:
+            return self
+        out = {}
+        for name in self.__dataclass_fields__:
+            v = getattr(self, name)
+            if name == "prompts":
+                v = v[:, p0:]
+            elif name == "attention_mask":
+                v = torch.cat([v[:, p0:P], v[:, P:P + r1]], dim=1)
+            elif isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[1] == R:
+                v = v[:, :r1]
+            out[name] = v
+        return RolloutBatch(**out)
+
     def select(self, idx: torch.Tensor) -> "RolloutBatch":
         """Rows ``idx`` (a [b] long tensor) of every tensor field."""
         out = {}

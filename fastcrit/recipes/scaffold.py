@@ -142,7 +142,8 @@ class Run:
         if self.recompute:
             with self.timer("old_logprobs"):
                 batch.old_logprobs = compute_logprobs(self.actor, batch, self.temperature,
-                                                      self.cfg.trainer.micro_batch_size)
+                                                      self.cfg.trainer.micro_batch_size,
+                                                      self.cfg.trainer.max_tokens_per_micro_batch)
             self.metrics.update(logprob_gap(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask))
         return batch
 
@@ -151,7 +152,8 @@ class Run:
         if self.ref is None:
             return None
         with self.timer("ref"):
-            return compute_logprobs(self.ref, batch, self.temperature, self.cfg.trainer.micro_batch_size)
+            return compute_logprobs(self.ref, batch, self.temperature, self.cfg.trainer.micro_batch_size,
+                                    self.cfg.trainer.max_tokens_per_micro_batch)
 
     def update(self, batch: RolloutBatch, objective: Objective | None = None) -> dict[str, float]:
         """Policy update: PPO's clipped objective on ``batch.advantages``, or ``objective``. When the
@@ -162,7 +164,8 @@ class Run:
             return update_policy(self.actor, batch, c.algorithm, temperature=self.temperature,
                                  micro_batch_size=c.trainer.micro_batch_size, grad_clip=c.optim.grad_clip,
                                  objective=objective or PPOObjective(c.algorithm, loss_scale(c)),
-                                 measure_gap=not self.recompute)
+                                 measure_gap=not self.recompute,
+                                 max_tokens=c.trainer.max_tokens_per_micro_batch)
 
     def sync(self) -> None:
         """Wake the engine and load all of the policy's weights into it (one ``load_weights``)."""

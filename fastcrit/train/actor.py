@@ -19,6 +19,7 @@ from fastcrit.algos.losses import Objective, PPOObjective
 from fastcrit.config import AlgorithmConfig, OptimConfig
 from fastcrit.models.hf import load_model, parse_dtype
 from fastcrit.models.liger import apply_liger
+from fastcrit.train.balance import split_to, token_micro_batches
 from fastcrit.train.dist import all_reduce, world_size
 from fastcrit.train.policy import CausalLMLogprobs, shard
 from fastcrit.types import RolloutBatch
@@ -121,13 +122,50 @@ def _forward(actor: Actor, mb: RolloutBatch, temperature: float, entropy: bool):
 
 @torch.no_grad()
 def compute_logprobs(actor: Actor, batch: RolloutBatch, temperature: float,
-                     micro_batch_size: int) -> torch.Tensor:
-    """[B, R] fp32 log-probs of the responses under ``actor`` (0 on padding), on CPU."""
-    out = []
-    for sl in _micro_slices(len(batch), micro_batch_size):
-        mb = batch.select(torch.arange(len(batch))[sl])
-        out.append(_forward(actor, mb, temperature, False).float().cpu())
-    return torch.cat(out) * batch.response_mask
+                     micro_batch_size: int, max_tokens: int = 0) -> torch.Tensor:
+    """[B, R] fp32 log-probs of the responses under ``actor`` (0 on padding), on CPU. With
+    ``max_tokens`` > 0, micro-batches by that token budget (see ``micro_plan``)."""
+    out = torch.zeros(batch.responses.shape, dtype=torch.float32)
+    for idx in micro_plan(batch, micro_batch_size, max_tokens, whole_groups=False):
+        mb = batch.select(idx if len(idx) else torch.zeros(1, dtype=torch.long))
+        mb = mb.trimmed() if max_tokens > 0 else mb
+        logp = _forward(actor, mb, temperature, False).float().cpu()
+        if len(idx):
+            out[idx, :logp.shape[1]] = logp
+    return out * batch.response_mask
+
+
+def micro_plan(batch: RolloutBatch, micro_batch_size: int, max_tokens: int,
+               whole_groups: bool) -> list[torch.Tensor]:
+    """Row indices of the micro-batches of ``batch``: ``micro_batch_size`` rows each (whole groups
+    together when ``whole_groups``), or, with ``max_tokens`` > 0, by that token budget: rows x
+    longest row <= max_tokens, longest rows first, each micro-batch then cut to its own longest
+    row. Ranks agree on the count (a collective: FSDP gathers weights in every forward), splitting
+    their largest micro-batches; an empty index (run with weight 0) where nothing is left to split."""
+    if max_tokens <= 0:
+        return _micro_batches(batch, micro_batch_size, whole_groups)
+    groups = batch.group_ids.tolist() if whole_groups else None
+    plan = token_micro_batches(batch.attention_mask.sum(-1).tolist(), max_tokens, groups)
+    count = int(all_reduce([float(len(plan))], "max")[0])
+    return [torch.tensor(m, dtype=torch.long) for m in split_to(plan, count, groups)]
+
+
+def padding_stats(batch: RolloutBatch, plan: list[torch.Tensor], trim: bool) -> dict[str, float]:
+    """``batch/pad_frac_padded``: the share of padding in the rank's batch padded as one block;
+    ``batch/pad_frac``: in the micro-batches actually run; ``batch/imbalance``: max / mean real
+    tokens per rank. Over all ranks (collectives)."""
+    real = float(batch.attention_mask.sum())
+    run = 0.0
+    for idx in plan:
+        if len(idx):
+            mb = batch.select(idx)
+            run += float((mb.trimmed() if trim else mb).attention_mask.numel())
+    world = world_size()
+    real_all, whole_all, run_all = all_reduce([real, float(batch.attention_mask.numel()), run])
+    (most,) = all_reduce([real], "max")
+    return {"batch/pad_frac_padded": 1.0 - real_all / max(whole_all, 1.0),
+            "batch/pad_frac": 1.0 - real_all / max(run_all, 1.0),
+            "batch/imbalance": most * world / real_all if real_all > 0 else 1.0}
 
 
 def _agg_count(mask: torch.Tensor, agg: str) -> float:
@@ -212,7 +250,8 @@ def _micro_batches(mini: RolloutBatch, micro: int, whole_groups: bool) -> list[t
 
 def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, temperature: float,
                   micro_batch_size: int, grad_clip: float, generator: torch.Generator | None = None,
-                  objective: Objective | None = None, measure_gap: bool = False) -> dict[str, float]:
+                  objective: Objective | None = None, measure_gap: bool = False,
+                  max_tokens: int = 0) -> dict[str, float]:
     """Optimizer steps on ``batch`` minimising ``objective`` (default: PPO's clipped objective on
     ``batch.advantages`` by ``algo``: clip range, dual clip, loss aggregation, KL and entropy terms).
 
@@ -220,7 +259,9 @@ def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, t
     metrics averaged over optimizer steps (loss terms, clip fractions, grad norm, lr); each rank's
     are its part of the global mean, which averaging over ranks completes. With ``measure_gap``,
     also ``logprob_gap`` between the first optimizer step's log-probs (the weights have not moved
-    yet) and ``batch.rollout_logprobs``: free, but over the first mini-batch only.
+    yet) and ``batch.rollout_logprobs``: free, but over the first mini-batch only. With
+    ``max_tokens`` > 0, micro-batches by that token budget (``micro_plan``), and the padding
+    metrics of ``padding_stats`` (over the first epoch's micro-batches).
     """
     assert actor.optimizer is not None, "update_policy needs a trainable actor"
     objective = objective or PPOObjective(algo)
@@ -228,19 +269,24 @@ def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, t
     gap = GapMeter() if measure_gap and batch.rollout_logprobs is not None else None
     sums: dict[str, float] = {}
     n_steps = 0
-    for _ in range(algo.ppo_epochs):
+    run_plans: list[torch.Tensor] = []
+    for epoch in range(algo.ppo_epochs):
         for mini_idx in _mini_batches(batch, algo.mini_batches, objective.whole_groups, generator):
             mini = batch.select(mini_idx)
             weight = GlobalWeights(mini.response_mask, objective.agg)
             actor.optimizer.zero_grad(set_to_none=True)
             step_stats: dict[str, float] = {}
-            for idx in _micro_batches(mini, micro_batch_size, objective.whole_groups):
-                mb = mini.select(idx)
-                # No skipping of empty micro-batches: every rank must run the same collectives.
-                w = weight(mb.response_mask)
+            for idx in micro_plan(mini, micro_batch_size, max_tokens, objective.whole_groups):
+                if epoch == 0 and max_tokens > 0:
+                    run_plans.append(mini_idx[idx])
+                # No skipping of empty micro-batches: every rank must run the same collectives
+                # (an empty index runs one row with weight 0).
+                mb = mini.select(idx if len(idx) else torch.zeros(1, dtype=torch.long))
+                mb = mb.trimmed() if max_tokens > 0 else mb
+                w = weight(mb.response_mask) if len(idx) else 0.0
                 out = _forward(actor, mb, temperature, objective.entropy)
                 logp, ent = out if objective.entropy else (out, None)
-                if gap is not None and n_steps == 0:
+                if gap is not None and n_steps == 0 and len(idx):
                     gap.add(logp, mb.rollout_logprobs, mb.response_mask)
                 loss, stats = objective(logp, ent, mb)
                 (loss * w).backward()
@@ -251,6 +297,8 @@ def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, t
                 sums[k] = sums.get(k, 0.0) + v
             n_steps += 1
     out = {k: v / max(n_steps, 1) for k, v in sums.items()}
+    if max_tokens > 0:
+        out.update(padding_stats(batch, run_plans, trim=True))
     return {**out, **gap.result()} if gap is not None else out
 
 

@@ -51,7 +51,7 @@ def test_actor_logprobs_equal_a_plain_forward(tiny_model_path):
     launch(_logprobs_match_hf, (tiny_model_path,), 1, "cpu")
 
 
-def _grads_after_update(ctx, path, micro, out_file, rank_slice, algo=ALGO, equal_halves=True):
+def _grads_after_update(ctx, path, micro, out_file, rank_slice, algo=ALGO, equal_halves=True, max_tokens=0):
     torch.manual_seed(0)
     actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
                         optim=OptimConfig(lr=1e-2))
@@ -59,7 +59,8 @@ def _grads_after_update(ctx, path, micro, out_file, rank_slice, algo=ALGO, equal
     if rank_slice:
         half = len(b) // ctx.world_size
         b = b.select(torch.arange(ctx.rank * half, (ctx.rank + 1) * half))
-    stats = all_reduce_mean(update_policy(actor, b, algo, micro_batch_size=micro, **UPDATE))
+    stats = all_reduce_mean(update_policy(actor, b, algo, micro_batch_size=micro, max_tokens=max_tokens,
+                                          **UPDATE))
     # Compare gradients, not Adam's first step: that is ~lr * sign(grad), which turns rounding
     # noise in a near-zero gradient into a full lr-sized difference.
     full = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
@@ -77,6 +78,63 @@ def test_micro_batches_give_the_same_update(tiny_model_path, tmp_path):
     assert pa["stats"]["loss/policy"] == pytest.approx(pb["stats"]["loss/policy"], abs=1e-5)
     for n in pa["params"]:
         torch.testing.assert_close(pa["params"][n], pb["params"][n], atol=1e-6, rtol=1e-4)
+
+
+def test_token_budget_micro_batches_give_the_same_update_with_less_padding(tiny_model_path, tmp_path):
+    """Micro-batches cut by a token budget (longest rows first, each cut to its own longest row)
+    give the whole-batch loss and gradients, with less padding than the batch padded as one."""
+    a, b = str(tmp_path / "a.pt"), str(tmp_path / "b.pt")
+    launch(_grads_after_update, (tiny_model_path, 8, a, False, ALGO, False), 1, "cpu")
+    launch(_grads_after_update, (tiny_model_path, 8, b, False, ALGO, False, 24), 1, "cpu")
+    pa, pb = torch.load(a), torch.load(b)
+    assert pb["stats"]["loss/policy"] == pytest.approx(pa["stats"]["loss/policy"], abs=1e-6)
+    assert pb["stats"]["actor/grad_norm"] == pytest.approx(pa["stats"]["actor/grad_norm"], rel=1e-5)
+    for n in pa["params"]:
+        torch.testing.assert_close(pb["params"][n], pa["params"][n], atol=1e-6, rtol=1e-4)
+    assert "batch/pad_frac" not in pa["stats"]
+    assert pb["stats"]["batch/pad_frac"] < pb["stats"]["batch/pad_frac_padded"]
+    assert pb["stats"]["batch/imbalance"] == 1.0  # one rank
+
+
+def _token_budget_logprobs(ctx, path):
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=1)
+    b = make_batch(3)
+    rows = compute_logprobs(actor, b, 0.7, micro_batch_size=8)
+    budget = compute_logprobs(actor, b, 0.7, micro_batch_size=8, max_tokens=20)
+    torch.testing.assert_close(budget, rows, atol=1e-5, rtol=1e-5)
+    assert budget.shape == rows.shape and (budget[b.response_mask == 0] == 0).all()
+
+
+def test_token_budget_logprobs_equal_the_padded_ones(tiny_model_path):
+    launch(_token_budget_logprobs, (tiny_model_path,), 1, "cpu")
+
+
+def _uneven_ranks(ctx, path, out_file):
+    """Rank 0 holds long rows, rank 1 short ones: their token budgets give different numbers of
+    micro-batches until the ranks agree (or FSDP's gathers would hang)."""
+    torch.manual_seed(0)
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
+                        optim=OptimConfig(lr=1e-2))
+    b = make_batch(1)
+    order = torch.argsort(b.attention_mask.sum(-1), descending=True, stable=True)
+    if ctx.world_size == 2:
+        b = b.select(order[:4] if ctx.rank == 0 else order[4:])
+    stats = all_reduce_mean(update_policy(actor, b, ALGO, micro_batch_size=8, max_tokens=12, **UPDATE))
+    full = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+            for n, p in actor.module.lm.named_parameters()}
+    if ctx.is_main:
+        torch.save({"params": full, "stats": stats}, out_file)
+
+
+def test_token_budget_ranks_agree_on_micro_batches_and_match_one_process(tiny_model_path, tmp_path):
+    one, two = str(tmp_path / "one.pt"), str(tmp_path / "two.pt")
+    launch(_uneven_ranks, (tiny_model_path, one), 1, "cpu")
+    launch(_uneven_ranks, (tiny_model_path, two), 2, "cpu")
+    p1, p2 = torch.load(one), torch.load(two)
+    assert p2["stats"]["loss/policy"] == pytest.approx(p1["stats"]["loss/policy"], rel=1e-5, abs=1e-7)
+    for n in p1["params"]:
+        torch.testing.assert_close(p2["params"][n], p1["params"][n], atol=1e-6, rtol=1e-4)
+    assert p2["stats"]["batch/imbalance"] > 1.0  # the long rows sit on rank 0
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum-norm"])
