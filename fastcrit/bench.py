@@ -45,7 +45,8 @@ PARTS: dict[str, tuple[Script, ...]] = {
     "rollout": (Script("generate", "bench_generate.py", "bench_generate.csv"),),
     "sandbox": (Script("sandbox", "bench_sandbox.py", "bench_sandbox.csv", args=("--repeats", "5"),
                        quick=("--repeats", "2"), threads=False),),
-    "train": (Script("train", "bench_train.py", "bench_train.csv"),),
+    "train": (Script("train", "bench_train.py", "bench_train.csv"),
+              Script("balance", "bench_balance.py", "bench_balance.csv", threads=False)),
     "e2e": (Script("e2e", "bench_train.py", "bench_e2e.csv", args=("--e2e",)),),
 }
 CHOICES = (*PARTS, "all")

@@ -108,6 +108,43 @@ class RolloutBatch:
             out[name] = v
         return RolloutBatch(**out)
 
+    @staticmethod
+    def concat(batches: list["RolloutBatch"]) -> "RolloutBatch":
+        """The rows of ``batches`` in order, re-padded to the widest prompt and response (prompts
+        on the left, responses and every [B, R] field on the right, with zeros; ``pad_id`` is the
+        first batch's pad, read from a padded slot of its prompts or responses, else 0)."""
+        P = max(b.prompts.shape[1] for b in batches)
+        R = max(b.responses.shape[1] for b in batches)
+        fields: dict[str, list] = {name: [] for name in RolloutBatch.__dataclass_fields__}
+        pad_id = 0
+        for b in batches:
+            bp, br = b.prompts.shape[1], b.responses.shape[1]
+            dp, dr = P - bp, R - br
+            off = b.attention_mask[:, :bp] == 0
+            if off.any():
+                pad_id = int(b.prompts[off][0])
+            for name in fields:
+                v = getattr(b, name)
+                if name == "prompts":
+                    v = torch.nn.functional.pad(v, (dp, 0), value=pad_id)
+                elif name == "responses":
+                    v = torch.nn.functional.pad(v, (0, dr), value=pad_id)
+                elif name == "attention_mask":
+                    v = torch.cat([torch.nn.functional.pad(v[:, :bp], (dp, 0)),
+                                   torch.nn.functional.pad(v[:, bp:], (0, dr))], dim=1)
+                elif isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[1] == br:
+                    v = torch.nn.functional.pad(v, (0, dr))
+                fields[name].append(v)
+        out = {}
+        for name, vs in fields.items():
+            if any(v is None for v in vs):
+                if not all(v is None for v in vs):
+                    raise ValueError(f"RolloutBatch.concat: {name} is set in some batches, not in all")
+                out[name] = None
+            else:
+                out[name] = torch.cat(vs)
+        return RolloutBatch(**out)
+
     def select(self, idx: torch.Tensor) -> "RolloutBatch":
         """Rows ``idx`` (a [b] long tensor) of every tensor field."""
         out = {}

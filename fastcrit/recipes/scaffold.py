@@ -45,7 +45,7 @@ from fastcrit.reward import RewardItem
 from fastcrit.rollout import make_engine
 from fastcrit.rollout.base import Engine
 from fastcrit.rollout.batch import collate
-from fastcrit.train.actor import Actor, build_actor, compute_logprobs, logprob_gap, update_policy
+from fastcrit.train.actor import Actor, balance_ranks, build_actor, compute_logprobs, logprob_gap, update_policy
 from fastcrit.train.checkpoint import clean_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
 from fastcrit.train.colocate import sync_weights
 from fastcrit.train.dist import DistContext, all_reduce, all_reduce_mean
@@ -160,12 +160,15 @@ class Run:
         old log-probs are the engine's, the log-prob gap is read from its first forward pass (over
         the first mini-batch; absent on a step without an update, e.g. PPO's critic_warmup)."""
         c = self.cfg
+        objective = objective or PPOObjective(c.algorithm, loss_scale(c))
+        budget, moved = c.trainer.max_tokens_per_micro_batch, {}
         with self.timer("update"):
-            return update_policy(self.actor, batch, c.algorithm, temperature=self.temperature,
-                                 micro_batch_size=c.trainer.micro_batch_size, grad_clip=c.optim.grad_clip,
-                                 objective=objective or PPOObjective(c.algorithm, loss_scale(c)),
-                                 measure_gap=not self.recompute,
-                                 max_tokens=c.trainer.max_tokens_per_micro_batch)
+            if budget > 0:  # rows move between ranks by work (Karmarkar-Karp)
+                batch, moved = balance_ranks(batch, objective.whole_groups)
+            stats = update_policy(self.actor, batch, c.algorithm, temperature=self.temperature,
+                                  micro_batch_size=c.trainer.micro_batch_size, grad_clip=c.optim.grad_clip,
+                                  objective=objective, measure_gap=not self.recompute, max_tokens=budget)
+            return {**stats, **moved}  # the padding as rolled out, before the rows moved
 
     def sync(self) -> None:
         """Wake the engine and load all of the policy's weights into it (one ``load_weights``)."""

@@ -14,12 +14,13 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from fastcrit.algos.losses import Objective, PPOObjective
 from fastcrit.config import AlgorithmConfig, OptimConfig
 from fastcrit.models.hf import load_model, parse_dtype
 from fastcrit.models.liger import apply_liger
-from fastcrit.train.balance import split_to, token_micro_batches
+from fastcrit.train.balance import karmarkar_karp, split_to, token_micro_batches, workload
 from fastcrit.train.dist import all_reduce, world_size
 from fastcrit.train.policy import CausalLMLogprobs, shard
 from fastcrit.types import RolloutBatch
@@ -148,6 +149,39 @@ def micro_plan(batch: RolloutBatch, micro_batch_size: int, max_tokens: int,
     plan = token_micro_batches(batch.attention_mask.sum(-1).tolist(), max_tokens, groups)
     count = int(all_reduce([float(len(plan))], "max")[0])
     return [torch.tensor(m, dtype=torch.long) for m in split_to(plan, count, groups)]
+
+
+def balance_ranks(batch: RolloutBatch, whole_groups: bool) -> tuple[RolloutBatch, dict[str, float]]:
+    """Re-partition the rows of all ranks' batches over the ranks by work (Karmarkar-Karp on
+    24576 L + L^2 per row, or per group when ``whole_groups``): a collective. The loss is unchanged
+    (micro-batch weights count over all ranks). Returns this rank's rows and
+    ``batch/imbalance_before`` (max / mean real tokens per rank as rolled out). Keeps the batch as it
+    is when some rank would get nothing (fewer rows or groups than ranks); also
+    ``batch/pad_frac_padded`` of the batches as rolled out (each padded as one block)."""
+    world = world_size()
+    tokens = float(batch.attention_mask.sum())
+    total, cells = all_reduce([tokens, float(batch.attention_mask.numel())])
+    most = all_reduce([tokens], "max")[0]
+    before = {"batch/imbalance_before": most * world / total if total > 0 else 1.0,
+              "batch/pad_frac_padded": 1.0 - total / max(cells, 1.0)}
+    if world == 1:
+        return batch, before
+    parts: list = [None] * world
+    dist.all_gather_object(parts, batch)
+    whole = RolloutBatch.concat(parts)
+    cost = workload(whole.attention_mask.sum(-1).tolist())
+    if whole_groups:
+        ids = whole.group_ids.tolist()
+        units = list(dict.fromkeys(ids))
+        rows_of = {g: [i for i, x in enumerate(ids) if x == g] for g in units}
+        unit_cost = [sum(cost[i] for i in rows_of[g]) for g in units]
+    else:
+        units, rows_of, unit_cost = list(range(len(whole))), {i: [i] for i in range(len(whole))}, list(cost)
+    split = karmarkar_karp(unit_cost, world)
+    if any(not p for p in split):
+        return batch, before
+    mine = sorted(i for u in split[dist.get_rank()] for i in rows_of[units[u]])
+    return whole.select(torch.tensor(mine, dtype=torch.long)).trimmed(), before
 
 
 def padding_stats(batch: RolloutBatch, plan: list[torch.Tensor], trim: bool) -> dict[str, float]:

@@ -8,9 +8,9 @@ import torch
 
 from fastcrit.config import AlgorithmConfig, OptimConfig
 from fastcrit.rollout.batch import collate
-from fastcrit.train.actor import build_actor, compute_logprobs, lr_factor, update_policy
+from fastcrit.train.actor import balance_ranks, build_actor, compute_logprobs, lr_factor, update_policy
 from fastcrit.train.dist import all_reduce_mean, launch
-from fastcrit.types import Rollout
+from fastcrit.types import Rollout, RolloutBatch
 
 ALGO = AlgorithmConfig(clip_low=0.2, clip_high=0.28, clip_c=3.0, loss_agg="token-mean", kl_coef=0.1,
                        kl_kind="low_var_kl", entropy_coef=0.01)
@@ -109,17 +109,21 @@ def test_token_budget_logprobs_equal_the_padded_ones(tiny_model_path):
     launch(_token_budget_logprobs, (tiny_model_path,), 1, "cpu")
 
 
-def _uneven_ranks(ctx, path, out_file):
+def _uneven_ranks(ctx, path, out_file, balance=False):
     """Rank 0 holds long rows, rank 1 short ones: their token budgets give different numbers of
-    micro-batches until the ranks agree (or FSDP's gathers would hang)."""
+    micro-batches until the ranks agree (or FSDP's gathers would hang). With ``balance``, the rows
+    first move between the ranks by work."""
     torch.manual_seed(0)
     actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
                         optim=OptimConfig(lr=1e-2))
     b = make_batch(1)
     order = torch.argsort(b.attention_mask.sum(-1), descending=True, stable=True)
     if ctx.world_size == 2:
-        b = b.select(order[:4] if ctx.rank == 0 else order[4:])
-    stats = all_reduce_mean(update_policy(actor, b, ALGO, micro_batch_size=8, max_tokens=12, **UPDATE))
+        b = b.select(order[:4] if ctx.rank == 0 else order[4:]).trimmed()
+    moved = {}
+    if balance:
+        b, moved = balance_ranks(b, whole_groups=False)
+    stats = all_reduce_mean({**moved, **update_policy(actor, b, ALGO, micro_batch_size=8, max_tokens=12, **UPDATE)})
     full = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
             for n, p in actor.module.lm.named_parameters()}
     if ctx.is_main:
@@ -135,6 +139,32 @@ def test_token_budget_ranks_agree_on_micro_batches_and_match_one_process(tiny_mo
     for n in p1["params"]:
         torch.testing.assert_close(p2["params"][n], p1["params"][n], atol=1e-6, rtol=1e-4)
     assert p2["stats"]["batch/imbalance"] > 1.0  # the long rows sit on rank 0
+
+
+def test_rows_moved_between_ranks_by_work_give_the_same_update_and_even_ranks(tiny_model_path, tmp_path):
+    one, two = str(tmp_path / "one.pt"), str(tmp_path / "two.pt")
+    launch(_uneven_ranks, (tiny_model_path, one), 1, "cpu")
+    launch(_uneven_ranks, (tiny_model_path, two, True), 2, "cpu")
+    p1, p2 = torch.load(one), torch.load(two)
+    assert p2["stats"]["loss/policy"] == pytest.approx(p1["stats"]["loss/policy"], rel=1e-5, abs=1e-7)
+    for n in p1["params"]:
+        torch.testing.assert_close(p2["params"][n], p1["params"][n], atol=1e-6, rtol=1e-4)
+    assert p2["stats"]["batch/imbalance"] < p2["stats"]["batch/imbalance_before"]
+
+
+def test_concat_repads_rows_of_different_widths():
+    b = make_batch(4)
+    order = torch.argsort(b.attention_mask.sum(-1), stable=True)
+    short, long = b.select(order[:4]).trimmed(), b.select(order[4:]).trimmed()
+    assert short.input_ids.shape[1] < b.input_ids.shape[1]
+    back = RolloutBatch.concat([short, long])
+    whole = b.select(order).trimmed()
+    for name in ("prompts", "responses", "attention_mask", "response_mask", "old_logprobs", "advantages"):
+        assert torch.equal(getattr(back, name), getattr(whole, name)), name
+    assert torch.equal(back.position_ids * back.attention_mask, whole.position_ids * whole.attention_mask)
+    short.ref_logprobs = None
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        RolloutBatch.concat([short, long])
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum-norm"])
