@@ -264,6 +264,10 @@ class TrainerConfig:
     # > 0: micro-batches by a token budget instead (rows x longest row <= this many tokens, longest
     # rows first, each cut to its own longest row); ranks agree on how many. 0 = micro_batch_size rows.
     max_tokens_per_micro_batch: int = 0
+    # With a token budget: the rows of a micro-batch run end to end without padding (positions
+    # restart per row; flash-attn's varlen path on CUDA, a block-causal mask on CPU, which is slower
+    # there than padding and is for checking). The budget then counts real tokens.
+    pack_sequences: bool = False
     resume: bool = True  # continue from the newest checkpoint in output_dir when there is one
     progress: bool = True
     compute_threads: int = 0  # torch threads per process; 0 = leave torch's default
@@ -444,6 +448,9 @@ def validate(cfg: Config) -> None:
     need(cfg.trainer.micro_batch_size >= 1, "trainer.micro_batch_size: must be >= 1")
     need(cfg.trainer.max_tokens_per_micro_batch >= 0,
          "trainer.max_tokens_per_micro_batch: must be >= 0 (0 = micro-batches of micro_batch_size rows)")
+    need(not cfg.trainer.pack_sequences or cfg.trainer.max_tokens_per_micro_batch > 0,
+         "trainer.pack_sequences: needs trainer.max_tokens_per_micro_batch > 0 (the tokens one packed "
+         "micro-batch may hold)")
     need(cfg.data.prompts_per_step >= 1, "data.prompts_per_step: must be >= 1")
     need(
         cfg.data.prompts_per_step % cfg.trainer.nproc == 0,

@@ -117,6 +117,15 @@ def test_lr_schedule_is_checked():
         load_config(None, ["optim.min_lr_ratio=1.5"])
 
 
+def test_token_budget_and_packing_are_checked():
+    cfg = load_config(None, ["trainer.max_tokens_per_micro_batch=4096", "trainer.pack_sequences=true"])
+    assert cfg.trainer.max_tokens_per_micro_batch == 4096 and cfg.trainer.pack_sequences
+    with pytest.raises(ConfigError, match="trainer.pack_sequences: needs trainer.max_tokens_per_micro_batch"):
+        load_config(None, ["trainer.pack_sequences=true"])
+    with pytest.raises(ConfigError, match="trainer.max_tokens_per_micro_batch: must be >= 0"):
+        load_config(None, ["trainer.max_tokens_per_micro_batch=-1"])
+
+
 def test_old_logprob_recomputation_resolves_and_tis_needs_it(tmp_path):
     from fastcrit.config import dump_yaml, loss_scale, recompute_old_logprobs
 

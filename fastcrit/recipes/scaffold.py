@@ -141,9 +141,9 @@ class Run:
         self.tokens += int(batch.attention_mask.sum())
         if self.recompute:
             with self.timer("old_logprobs"):
-                batch.old_logprobs = compute_logprobs(self.actor, batch, self.temperature,
-                                                      self.cfg.trainer.micro_batch_size,
-                                                      self.cfg.trainer.max_tokens_per_micro_batch)
+                t = self.cfg.trainer
+                batch.old_logprobs = compute_logprobs(self.actor, batch, self.temperature, t.micro_batch_size,
+                                                      t.max_tokens_per_micro_batch, t.pack_sequences)
             self.metrics.update(logprob_gap(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask))
         return batch
 
@@ -152,8 +152,9 @@ class Run:
         if self.ref is None:
             return None
         with self.timer("ref"):
-            return compute_logprobs(self.ref, batch, self.temperature, self.cfg.trainer.micro_batch_size,
-                                    self.cfg.trainer.max_tokens_per_micro_batch)
+            t = self.cfg.trainer
+            return compute_logprobs(self.ref, batch, self.temperature, t.micro_batch_size,
+                                    t.max_tokens_per_micro_batch, t.pack_sequences)
 
     def update(self, batch: RolloutBatch, objective: Objective | None = None) -> dict[str, float]:
         """Policy update: PPO's clipped objective on ``batch.advantages``, or ``objective``. When the
@@ -167,7 +168,8 @@ class Run:
                 batch, moved = balance_ranks(batch, objective.whole_groups)
             stats = update_policy(self.actor, batch, c.algorithm, temperature=self.temperature,
                                   micro_batch_size=c.trainer.micro_batch_size, grad_clip=c.optim.grad_clip,
-                                  objective=objective, measure_gap=not self.recompute, max_tokens=budget)
+                                  objective=objective, measure_gap=not self.recompute, max_tokens=budget,
+                                  packed=c.trainer.pack_sequences)
             return {**stats, **moved}  # the padding as rolled out, before the rows moved
 
     def sync(self) -> None:
@@ -206,7 +208,8 @@ def setup_run(ctx: DistContext, cfg: Config) -> Run:
     if cfg.sft.steps > 0:  # warm start (reused once done)
         model_path = run_sft(ctx, cfg, model_path)
     tok = load_tokenizer(model_path)
-    build = dict(dtype=cfg.model.dtype, device=ctx.device, world_size=ctx.world_size, liger=cfg.model.liger)
+    build = dict(dtype=cfg.model.dtype, device=ctx.device, world_size=ctx.world_size, liger=cfg.model.liger,
+                 packed=cfg.trainer.pack_sequences)
     updates = cfg.trainer.total_steps * cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches
     actor = build_actor(model_path, optim=cfg.optim, total_updates=updates, **build)
     needs_ref = cfg.algorithm.kl_coef != 0.0 or (cfg.algorithm.name == "ppo" and cfg.ppo.kl_in_reward_coef != 0.0)

@@ -10,6 +10,7 @@ differently (the mean over ranks of per-rank token-means did).
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass
 
@@ -51,17 +52,26 @@ def lr_factor(optim: OptimConfig, total_updates: int):
 
 
 def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size: int,
-                optim: OptimConfig | None = None, total_updates: int = 0, liger: bool = False) -> Actor:
+                optim: OptimConfig | None = None, total_updates: int = 0, liger: bool = False,
+                packed: bool = False) -> Actor:
     """The FSDP2 policy with AdamW by ``optim``, or a frozen model (a reference) when it is None.
     ``total_updates`` (optimizer steps in the whole run) is where a cosine schedule ends.
 
     A trainable policy keeps fp32 master weights and computes in ``dtype`` (FSDP2 mixed precision,
     gradients reduced in fp32); a frozen one is simply stored in ``dtype``. With ``liger`` on a CUDA
     device, Liger-Kernel's RMSNorm / SwiGLU / RoPE patches are applied where the architecture is
-    supported (fastcrit.models.liger).
+    supported (fastcrit.models.liger). ``packed`` on CUDA loads the model with flash-attn 2, whose
+    varlen path keeps packed sequences apart (``_forward_packed``).
     """
     trainable = optim is not None
-    lm = load_model(model_path, dtype=torch.float32 if trainable else parse_dtype(dtype), device="cpu")
+    attn = None
+    if packed and device.type == "cuda":  # Transformers imports flash-attn; we only check it is there
+        if importlib.util.find_spec("flash_attn") is None:
+            raise RuntimeError("trainer.pack_sequences on CUDA runs on flash-attn's varlen path: install "
+                               "the gpu extra (pip install -e '.[gpu]'), or set trainer.pack_sequences=false")
+        attn = "flash_attention_2"
+    lm = load_model(model_path, dtype=torch.float32 if trainable else parse_dtype(dtype), device="cpu",
+                    attn_implementation=attn)
     lm.config.use_cache = False
     if liger and device.type == "cuda":
         apply_liger(lm)
@@ -114,39 +124,73 @@ def _micro_slices(n: int, micro: int):
         yield slice(s, min(n, s + micro))
 
 
-def _forward(actor: Actor, mb: RolloutBatch, temperature: float, entropy: bool):
+def _forward(actor: Actor, mb: RolloutBatch, temperature: float, entropy: bool, packed: bool = False):
     d = actor.device
+    if packed:
+        return _forward_packed(actor, mb, temperature, entropy)
     return actor.module(mb.input_ids.to(d), mb.attention_mask.to(d), mb.position_ids.to(d),
                         mb.responses.to(d), mb.response_mask.to(d), temperature=temperature,
                         return_entropy=entropy)
 
 
+def _forward_packed(actor: Actor, mb: RolloutBatch, temperature: float, entropy: bool):
+    """The rows of ``mb`` end to end in one sequence without padding (positions restart at 0 for
+    each row), scored in one forward; the [N] log-probs go back to [B, R] (0 on padding)."""
+    d, am, P = actor.device, mb.attention_mask.bool(), mb.prompts.shape[1]
+    ids, pos, index, rows, cols, offset = [], [], [], [], [], 0
+    for i in range(len(mb)):
+        p, r = int(am[i, :P].sum()), int(am[i, P:].sum())
+        if p == 0:
+            raise ValueError(f"packed forward: row {i} has no prompt token to predict its response from")
+        ids.append(mb.input_ids[i][am[i]])
+        pos.append(torch.arange(p + r))
+        index.append(offset + p - 1 + torch.arange(r))
+        rows.append(torch.full((r,), i))
+        cols.append(torch.arange(r))
+        offset += p + r
+    index, rows, cols = torch.cat(index), torch.cat(rows), torch.cat(cols)
+    if len(index) == 0:  # no response token at all: still run the forward (collectives), score nothing
+        index, rows, cols = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+        mask = torch.zeros(1)
+    else:
+        mask = mb.response_mask[rows, cols]
+    out = actor.module(torch.cat(ids)[None].to(d), None, torch.cat(pos)[None].to(d), mb.responses[rows, cols].to(d),
+                       mask.to(d), temperature=temperature, return_entropy=entropy, packed_index=index.to(d))
+    shape, at = mb.responses.shape, (rows.to(d), cols.to(d))
+
+    def back(v):
+        return torch.zeros(shape, dtype=v.dtype, device=d).index_put(at, v * mask.to(d, v.dtype))
+
+    return tuple(back(v) for v in out) if entropy else back(out)
+
+
 @torch.no_grad()
 def compute_logprobs(actor: Actor, batch: RolloutBatch, temperature: float,
-                     micro_batch_size: int, max_tokens: int = 0) -> torch.Tensor:
+                     micro_batch_size: int, max_tokens: int = 0, packed: bool = False) -> torch.Tensor:
     """[B, R] fp32 log-probs of the responses under ``actor`` (0 on padding), on CPU. With
-    ``max_tokens`` > 0, micro-batches by that token budget (see ``micro_plan``)."""
+    ``max_tokens`` > 0, micro-batches by that token budget (see ``micro_plan``), ``packed`` or not."""
     out = torch.zeros(batch.responses.shape, dtype=torch.float32)
-    for idx in micro_plan(batch, micro_batch_size, max_tokens, whole_groups=False):
+    for idx in micro_plan(batch, micro_batch_size, max_tokens, whole_groups=False, packed=packed):
         mb = batch.select(idx if len(idx) else torch.zeros(1, dtype=torch.long))
         mb = mb.trimmed() if max_tokens > 0 else mb
-        logp = _forward(actor, mb, temperature, False).float().cpu()
+        logp = _forward(actor, mb, temperature, False, packed).float().cpu()
         if len(idx):
             out[idx, :logp.shape[1]] = logp
     return out * batch.response_mask
 
 
 def micro_plan(batch: RolloutBatch, micro_batch_size: int, max_tokens: int,
-               whole_groups: bool) -> list[torch.Tensor]:
+               whole_groups: bool, packed: bool = False) -> list[torch.Tensor]:
     """Row indices of the micro-batches of ``batch``: ``micro_batch_size`` rows each (whole groups
     together when ``whole_groups``), or, with ``max_tokens`` > 0, by that token budget: rows x
     longest row <= max_tokens, longest rows first, each micro-batch then cut to its own longest
-    row. Ranks agree on the count (a collective: FSDP gathers weights in every forward), splitting
-    their largest micro-batches; an empty index (run with weight 0) where nothing is left to split."""
+    row (``packed``: real tokens <= max_tokens, the rows end to end). Ranks agree on the count (a
+    collective: FSDP gathers weights in every forward), splitting their largest micro-batches; an
+    empty index (run with weight 0) where nothing is left to split."""
     if max_tokens <= 0:
         return _micro_batches(batch, micro_batch_size, whole_groups)
     groups = batch.group_ids.tolist() if whole_groups else None
-    plan = token_micro_batches(batch.attention_mask.sum(-1).tolist(), max_tokens, groups)
+    plan = token_micro_batches(batch.attention_mask.sum(-1).tolist(), max_tokens, groups, packed)
     count = int(all_reduce([float(len(plan))], "max")[0])
     return [torch.tensor(m, dtype=torch.long) for m in split_to(plan, count, groups)]
 
@@ -184,7 +228,8 @@ def balance_ranks(batch: RolloutBatch, whole_groups: bool) -> tuple[RolloutBatch
     return whole.select(torch.tensor(mine, dtype=torch.long)).trimmed(), before
 
 
-def padding_stats(batch: RolloutBatch, plan: list[torch.Tensor], trim: bool) -> dict[str, float]:
+def padding_stats(batch: RolloutBatch, plan: list[torch.Tensor], trim: bool,
+                  packed: bool = False) -> dict[str, float]:
     """``batch/pad_frac_padded``: the share of padding in the rank's batch padded as one block;
     ``batch/pad_frac``: in the micro-batches actually run; ``batch/imbalance``: max / mean real
     tokens per rank. Over all ranks (collectives)."""
@@ -193,7 +238,8 @@ def padding_stats(batch: RolloutBatch, plan: list[torch.Tensor], trim: bool) -> 
     for idx in plan:
         if len(idx):
             mb = batch.select(idx)
-            run += float((mb.trimmed() if trim else mb).attention_mask.numel())
+            am = (mb.trimmed() if trim else mb).attention_mask
+            run += float(am.sum() if packed else am.numel())
     world = world_size()
     real_all, whole_all, run_all = all_reduce([real, float(batch.attention_mask.numel()), run])
     (most,) = all_reduce([real], "max")
@@ -285,7 +331,7 @@ def _micro_batches(mini: RolloutBatch, micro: int, whole_groups: bool) -> list[t
 def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, temperature: float,
                   micro_batch_size: int, grad_clip: float, generator: torch.Generator | None = None,
                   objective: Objective | None = None, measure_gap: bool = False,
-                  max_tokens: int = 0) -> dict[str, float]:
+                  max_tokens: int = 0, packed: bool = False) -> dict[str, float]:
     """Optimizer steps on ``batch`` minimising ``objective`` (default: PPO's clipped objective on
     ``batch.advantages`` by ``algo``: clip range, dual clip, loss aggregation, KL and entropy terms).
 
@@ -294,8 +340,9 @@ def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, t
     are its part of the global mean, which averaging over ranks completes. With ``measure_gap``,
     also ``logprob_gap`` between the first optimizer step's log-probs (the weights have not moved
     yet) and ``batch.rollout_logprobs``: free, but over the first mini-batch only. With
-    ``max_tokens`` > 0, micro-batches by that token budget (``micro_plan``), and the padding
-    metrics of ``padding_stats`` (over the first epoch's micro-batches).
+    ``max_tokens`` > 0, micro-batches by that token budget (``micro_plan``; ``packed``: the rows
+    of a micro-batch end to end, no padding), and the padding metrics of ``padding_stats`` (over
+    the first epoch's micro-batches).
     """
     assert actor.optimizer is not None, "update_policy needs a trainable actor"
     objective = objective or PPOObjective(algo)
@@ -310,7 +357,7 @@ def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, t
             weight = GlobalWeights(mini.response_mask, objective.agg)
             actor.optimizer.zero_grad(set_to_none=True)
             step_stats: dict[str, float] = {}
-            for idx in micro_plan(mini, micro_batch_size, max_tokens, objective.whole_groups):
+            for idx in micro_plan(mini, micro_batch_size, max_tokens, objective.whole_groups, packed):
                 if epoch == 0 and max_tokens > 0:
                     run_plans.append(mini_idx[idx])
                 # No skipping of empty micro-batches: every rank must run the same collectives
@@ -318,7 +365,7 @@ def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, t
                 mb = mini.select(idx if len(idx) else torch.zeros(1, dtype=torch.long))
                 mb = mb.trimmed() if max_tokens > 0 else mb
                 w = weight(mb.response_mask) if len(idx) else 0.0
-                out = _forward(actor, mb, temperature, objective.entropy)
+                out = _forward(actor, mb, temperature, objective.entropy, packed)
                 logp, ent = out if objective.entropy else (out, None)
                 if gap is not None and n_steps == 0 and len(idx):
                     gap.add(logp, mb.rollout_logprobs, mb.response_mask)
@@ -332,7 +379,7 @@ def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, t
             n_steps += 1
     out = {k: v / max(n_steps, 1) for k, v in sums.items()}
     if max_tokens > 0:
-        out.update(padding_stats(batch, run_plans, trim=True))
+        out.update(padding_stats(batch, run_plans, trim=True, packed=packed))
     return {**out, **gap.result()} if gap is not None else out
 
 

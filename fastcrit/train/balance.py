@@ -144,11 +144,12 @@ def imbalance(loads) -> float:
     return max(loads) / mean if mean > 0 else 1.0
 
 
-def token_micro_batches(lengths, budget: int, groups=None) -> list[list[int]]:
+def token_micro_batches(lengths, budget: int, groups=None, packed: bool = False) -> list[list[int]]:
     """Micro-batches (lists of row indices) whose padded size, rows x longest row, is at most
     ``budget`` tokens, filled longest rows first; a row (or group) longer than the budget alone
     gets a micro-batch of its own. With ``groups`` (a group id per row), a group's rows stay in
-    one micro-batch."""
+    one micro-batch. ``packed``: the rows run end to end without padding, so a micro-batch costs
+    the sum of its lengths; first-fit decreasing."""
     if budget < 1:
         raise ValueError(f"token_micro_batches: budget must be >= 1 token, got {budget}")
     lengths = [int(x) for x in lengths]
@@ -161,6 +162,19 @@ def token_micro_batches(lengths, budget: int, groups=None) -> list[list[int]]:
             by.setdefault(int(g), []).append(i)
         units = list(by.values())
     units.sort(key=lambda u: (-max(lengths[i] for i in u), u[0]))
+    if packed:
+        bins: list[list[int]] = []
+        loads: list[int] = []
+        for u in units:
+            cost = sum(lengths[i] for i in u)
+            j = next((j for j, load in enumerate(loads) if load + cost <= budget), None)
+            if j is None:
+                bins.append(list(u))
+                loads.append(cost)
+            else:
+                bins[j] += u
+                loads[j] += cost
+        return [sorted(b) for b in bins]
     out: list[list[int]] = []
     longest = 0
     for u in units:

@@ -31,16 +31,27 @@ class CausalLMLogprobs(nn.Module):
         return getattr(self.lm, self.lm.base_model_prefix)
 
     def forward(self, input_ids, attention_mask, position_ids, responses, response_mask,
-                temperature: float = 1.0, return_entropy: bool = False):
+                temperature: float = 1.0, return_entropy: bool = False,
+                packed_index: torch.Tensor | None = None):
         """input_ids/attention_mask/position_ids [B, P+R]; responses/response_mask [B, R].
 
         Returns logp [B, R] (0 where response_mask is 0), and entropy [B, R] when asked.
+
+        Packed (``packed_index`` given): input_ids/position_ids are [1, T], several sequences end
+        to end with positions restarting at 0 and no padding, ``attention_mask`` is None (the
+        model keeps the sequences apart from the position resets: a block-causal mask on CPU,
+        flash-attn's varlen path on GPU); responses/response_mask are [N] and ``packed_index`` [N]
+        the position of the hidden state that predicts each of them. Returns [N] (and [N]).
         """
-        R = responses.shape[1]
-        hidden = self.base(input_ids=input_ids, attention_mask=attention_mask,
-                           position_ids=position_ids, use_cache=False).last_hidden_state
-        # logits at position t predict token t+1: the response tokens are predicted from P-1 .. P+R-2
-        hidden = hidden[:, -R - 1:-1]
+        if packed_index is not None:
+            hidden = self.base(input_ids=input_ids, attention_mask=None, position_ids=position_ids,
+                               use_cache=False).last_hidden_state[0, packed_index]
+        else:
+            R = responses.shape[1]
+            hidden = self.base(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=position_ids, use_cache=False).last_hidden_state
+            # logits at position t predict token t+1: the response tokens are predicted from P-1 .. P+R-2
+            hidden = hidden[:, -R - 1:-1]
         labels = responses.masked_fill(response_mask <= 0, IGNORE)
         head = self.lm.get_output_embeddings()
         out = fused_logprobs(hidden, head.weight, labels, temperature=temperature,

@@ -51,7 +51,8 @@ def test_actor_logprobs_equal_a_plain_forward(tiny_model_path):
     launch(_logprobs_match_hf, (tiny_model_path,), 1, "cpu")
 
 
-def _grads_after_update(ctx, path, micro, out_file, rank_slice, algo=ALGO, equal_halves=True, max_tokens=0):
+def _grads_after_update(ctx, path, micro, out_file, rank_slice, algo=ALGO, equal_halves=True, max_tokens=0,
+                        packed=False):
     torch.manual_seed(0)
     actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
                         optim=OptimConfig(lr=1e-2))
@@ -60,7 +61,7 @@ def _grads_after_update(ctx, path, micro, out_file, rank_slice, algo=ALGO, equal
         half = len(b) // ctx.world_size
         b = b.select(torch.arange(ctx.rank * half, (ctx.rank + 1) * half))
     stats = all_reduce_mean(update_policy(actor, b, algo, micro_batch_size=micro, max_tokens=max_tokens,
-                                          **UPDATE))
+                                          packed=packed, **UPDATE))
     # Compare gradients, not Adam's first step: that is ~lr * sign(grad), which turns rounding
     # noise in a near-zero gradient into a full lr-sized difference.
     full = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
@@ -96,6 +97,18 @@ def test_token_budget_micro_batches_give_the_same_update_with_less_padding(tiny_
     assert pb["stats"]["batch/imbalance"] == 1.0  # one rank
 
 
+def test_packed_micro_batches_give_the_same_update_without_padding(tiny_model_path, tmp_path):
+    a, b = str(tmp_path / "a.pt"), str(tmp_path / "b.pt")
+    launch(_grads_after_update, (tiny_model_path, 8, a, False, ALGO, False), 1, "cpu")
+    launch(_grads_after_update, (tiny_model_path, 8, b, False, ALGO, False, 24, True), 1, "cpu")
+    pa, pb = torch.load(a), torch.load(b)
+    for k in ("loss/policy", "kl/mean", "actor/entropy", "actor/grad_norm"):
+        assert pb["stats"][k] == pytest.approx(pa["stats"][k], rel=1e-5, abs=1e-6), k
+    for n in pa["params"]:
+        torch.testing.assert_close(pb["params"][n], pa["params"][n], atol=1e-6, rtol=1e-4)
+    assert pb["stats"]["batch/pad_frac"] == 0.0 < pb["stats"]["batch/pad_frac_padded"]
+
+
 def _token_budget_logprobs(ctx, path):
     actor = build_actor(path, dtype="float32", device=ctx.device, world_size=1)
     b = make_batch(3)
@@ -103,6 +116,10 @@ def _token_budget_logprobs(ctx, path):
     budget = compute_logprobs(actor, b, 0.7, micro_batch_size=8, max_tokens=20)
     torch.testing.assert_close(budget, rows, atol=1e-5, rtol=1e-5)
     assert budget.shape == rows.shape and (budget[b.response_mask == 0] == 0).all()
+    # packed: the rows end to end, positions restarting, a block-causal mask instead of padding
+    packed = compute_logprobs(actor, b, 0.7, micro_batch_size=8, max_tokens=24, packed=True)
+    torch.testing.assert_close(packed, rows, atol=1e-5, rtol=1e-5)
+    assert (packed[b.response_mask == 0] == 0).all()
 
 
 def test_token_budget_logprobs_equal_the_padded_ones(tiny_model_path):

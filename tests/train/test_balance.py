@@ -64,6 +64,10 @@ def test_token_micro_batches_respect_the_budget_and_keep_groups():
         assert all(groups.count(g) == sum(groups[i] == g for i in m) for g in {groups[i] for i in m})
     with pytest.raises(ValueError, match="budget"):
         token_micro_batches([1], 0)
+    # packed: a micro-batch costs the sum of its lengths (first-fit decreasing)
+    packed = token_micro_batches(lengths, 200, packed=True)
+    assert sorted(i for m in packed for i in m) == list(range(7))
+    assert all(sum(lengths[i] for i in m) <= 200 for m in packed) and len(packed) == 2
 
 
 def test_split_to_reaches_the_count_without_dividing_groups():
