@@ -56,10 +56,12 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _timed(fn, device) -> tuple[float, int]:
+def _timed(fn, device, memory: bool = True) -> tuple[float, int]:
     """Wall time (s) and peak memory growth (bytes) of one ``fn()``: torch's peak allocation on a
-    GPU, the process's resident set sampled every 0.2 ms on CPU. (``measure_interleaved`` also
-    records the process's CPU time around each call.)"""
+    GPU, the process's resident set sampled every 0.2 ms on CPU (``memory=False``: no sampling, 0
+    bytes; the sampling thread takes the GIL thousands of times a second, which slows code that
+    runs many small torch ops). (``measure_interleaved`` also records the process's CPU time
+    around each call.)"""
     import torch
 
     if device.type == "cuda":
@@ -70,6 +72,10 @@ def _timed(fn, device) -> tuple[float, int]:
         fn()
         torch.cuda.synchronize()
         return time.perf_counter() - t0, torch.cuda.max_memory_allocated() - base
+    if not memory:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0, 0
     base, peak, stop = _rss(), [0], threading.Event()
 
     def sample():
@@ -101,11 +107,13 @@ def _summary(times: list[float], peaks: list[int], cpu: list[float] | None = Non
 
 
 def measure(fn, device, repeats: int, warmup: int = 2):
-    """Median / q20 / q80 wall time (ms) and peak memory growth (MB) of ``fn()``."""
+    """Median / q20 / q80 wall time (ms) and peak memory growth (MB) of ``fn()``. On CPU the peak
+    comes from one extra run that samples the resident set; the timed runs do not sample."""
     for _ in range(warmup):
         fn()
-    runs = [_timed(fn, device) for _ in range(repeats)]
-    return _summary([t for t, _ in runs], [p for _, p in runs])
+    peak = _timed(fn, device)[1] if device.type != "cuda" else None
+    runs = [_timed(fn, device, memory=device.type == "cuda") for _ in range(repeats)]
+    return _summary([t for t, _ in runs], [p for _, p in runs] if peak is None else [peak])
 
 
 def measure_interleaved(fns: dict, device, repeats: int, warmup: int = 1, log=None) -> dict:

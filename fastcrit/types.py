@@ -36,7 +36,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1  # -1 = off
     stop_token_ids: list[int] = field(default_factory=list)  # EOS is always a stop token
-    seed: int | None = None
+    seed: int | None = None  # sample k (= prompt i x n + j) of a call draws from seed + k alone
 
 
 @dataclass

@@ -142,7 +142,8 @@ class LocalChat:
     All conversations that fit go to the engine in ONE ``generate`` call (n=1), so the engine batches
     them as it likes; conversations whose prompt is too long are answered with ``prompt_too_long``
     and never sent. ``seed`` is passed to the engine only when sampling (not ``is_greedy``); what a
-    seed reproduces is the engine's promise (NativeEngine: same prompts, same batch).
+    seed reproduces is the engine's promise (both engines: conversation k of the call draws from
+    seed + k; SGLang only with deterministic inference on).
     """
 
     def __init__(self, engine, tokenizer, *, max_prompt_len: int):

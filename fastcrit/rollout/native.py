@@ -4,7 +4,12 @@ One ``generate`` call works in chunks of at most ``max_batch`` samples. In a chu
 prompts are left-padded and prefilled once (position ids count real tokens only, so padding changes
 nothing), the cache and the last logits are then repeated ``n`` times, and all samples decode
 together one token per step. Rows that hit a stop token are dropped from the batch (cache included)
-once they make up ``compact_fraction`` of it, so finished samples stop costing compute.
+once they make up ``compact_fraction`` of it, so finished samples stop costing compute. For
+Llama-family decoders (Qwen2/3, Llama, Mistral without a window) the steps run on
+``fastcrit.rollout.decode.StaticDecoder``: the model's own modules over a static KV cache, fused
+q/k/v and gate/up weights, no per-step mask rebuilding; any other model (or
+``static_decode=False``) runs Hugging Face's forward with a dynamic cache. Both give the same
+samples (tested). A token is drawn by inverse-CDF sampling: one uniform number per row.
 
 Sampling follows SGLang: a temperature below ``fastcrit.types.GREEDY_BELOW`` (1e-6) is greedy;
 otherwise top-k and top-p are applied to the sorted softmax(logits / T) (top-p on the cumulative
@@ -15,17 +20,24 @@ returned log-prob is log_softmax(logits / T) at the drawn token, before top-k / 
 T = 1 when greedy; the trainer reproduces it with one forward pass over prompt + response
 (tests/rollout check 1e-4 in fp32).
 
-What seeding does and does not cover: with ``params.seed`` set, the same engine (same weights,
-dtype, device and ``max_batch``) returns the same samples for the same prompts. Changing
-``max_batch``, the prompt set or the device changes which random numbers each sample draws.
+What seeding does and does not cover: with ``params.seed`` set, sample ``k = i * n + j`` of a call
+(prompt i, its j-th sample) draws its random numbers from ``seed + k`` alone (counter-based,
+``uniforms``), as SGLang's ``sampling_seed = seed + k`` does. So the same prompt with the same
+weights, dtype and device gives the same sample whatever else shares its batch, under any
+``max_batch``, and split over calls or ranks with the seed moved by the offset (the trainer gives
+each rank ``seed + first global sample index``). Batched forward passes of different shapes can
+differ in the last float bits, which flips a token only when its draw falls that close to a
+boundary of the distribution. Without a seed, one is drawn from torch's global generator.
 """
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Iterable
 
 import torch
 
+from fastcrit.rollout.decode import StaticDecoder, fuse_weights, unsupported
 from fastcrit.types import Rollout, SamplingParams, is_greedy
 
 
@@ -41,7 +53,8 @@ class NativeEngine:
 
     def __init__(self, model, tokenizer=None, *, dtype: str | torch.dtype | None = None,
                  device: str | torch.device = "cpu", max_batch: int = 256,
-                 attn_implementation: str | None = None, compact_fraction: float = 0.25):
+                 attn_implementation: str | None = None, compact_fraction: float = 0.25,
+                 static_decode: bool = True):
         from fastcrit.models.hf import eos_token_ids, load_model, load_tokenizer, parse_dtype
 
         if max_batch < 1:
@@ -61,6 +74,10 @@ class NativeEngine:
         self.compact_fraction = compact_fraction
         self.vocab_size = int(self.model.config.vocab_size)
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        # The lean decode path (fastcrit.rollout.decode) where the architecture allows it; else, or
+        # with static_decode=False, Hugging Face's forward with a dynamic cache.
+        self.static_decode_off = "static_decode=False" if not static_decode else unsupported(self.model)
+        self._fused: list | None = None  # the static decoder's fused weights, rebuilt when weights change
 
         # The same stop set as the SGLang engine: tokenizer, model config and generation config.
         self.eos_token_ids = eos_token_ids(tokenizer, self.model.config,
@@ -86,10 +103,10 @@ class NativeEngine:
             return []
         stop_ids = torch.tensor(sorted(set(self.eos_token_ids) | {int(t) for t in params.stop_token_ids}),
                                 dtype=torch.long, device=self.device)
-        gen = None
-        if params.seed is not None:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(int(params.seed))
+        # Sample k = i * n + j (prompt i of this call, its j-th sample) draws from seed + k alone.
+        seed = params.seed
+        if seed is None and not is_greedy(params.temperature):  # greedy draws nothing: leaves torch's RNG be
+            seed = int(torch.randint(2**62, ()).item())
         # Similar lengths share a chunk, so left padding stays short.
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         per_chunk = max(1, self.max_batch // params.n)
@@ -98,7 +115,7 @@ class NativeEngine:
             for start in range(0, len(order), per_chunk):
                 idx = order[start:start + per_chunk]
                 for i, rollouts in zip(idx, self._generate_chunk(idx, [prompts[i] for i in idx], params,
-                                                                 stop_ids, gen)):
+                                                                 stop_ids, seed)):
                     by_prompt[i] = rollouts
         return [r for group in by_prompt for r in group]
 
@@ -114,6 +131,7 @@ class NativeEngine:
         self._check_open("sleep")
         if self._asleep:
             return
+        self._fused = None
         for p in self.model.parameters():  # tied weights are one Parameter: freed once
             self._shapes[id(p)] = (p, p.shape)
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
@@ -154,6 +172,7 @@ class NativeEngine:
         self._check_open("load_weights")
         if self._asleep:
             raise RuntimeError("NativeEngine.load_weights: the engine is asleep; call wake() first")
+        self._fused = None
         targets = self.model.state_dict(keep_vars=True)
         with torch.no_grad():
             for name, tensor in named_tensors:
@@ -172,7 +191,7 @@ class NativeEngine:
                 self._unloaded.discard(id(dst))
 
     def close(self) -> None:
-        self.model = None
+        self.model, self._fused = None, None
         self._shapes, self._unloaded = {}, set()
         self._closed = True
 
@@ -216,15 +235,8 @@ class NativeEngine:
                 raise ValueError(f"prompt {i}: {len(p)} tokens + max_new_tokens={params.max_new_tokens} exceed "
                                  f"the model's max_position_embeddings={self.max_positions}")
 
-    def _forward(self, input_ids, attention_mask, position_ids, cache):
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1, :].float()
-
     def _generate_chunk(self, indices: list[int], prompts: list[list[int]], params: SamplingParams,
-                        stop_ids: torch.Tensor, gen: torch.Generator | None) -> list[list[Rollout]]:
-        from transformers import DynamicCache
-
+                        stop_ids: torch.Tensor, seed: int | None) -> list[list[Rollout]]:
         dev, n, max_new = self.device, params.n, params.max_new_tokens
         num, plen = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((num, plen), self.pad_token_id, dtype=torch.long)
@@ -233,16 +245,16 @@ class NativeEngine:
             ids[r, plen - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[r, plen - len(p):] = 1
         ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(1) - 1).clamp(min=0)
-
-        cache = DynamicCache(config=self.model.config)
-        logits = self._forward(ids, mask, pos, cache)  # [num, V]: one prefill per distinct prompt
-        next_pos = mask.sum(1)  # [num] position of the first generated token
+        if self.static_decode_off:
+            dec = _HFDecoder(self.model)
+        else:
+            if self._fused is None:
+                self._fused = fuse_weights(self.model)
+            dec = StaticDecoder(self.model, num, plen, max_new, self._fused)
+        logits = dec.prefill(ids, mask)  # [num, V]: one prefill per distinct prompt
         if n > 1:
-            cache.batch_repeat_interleave(n)
+            dec.repeat_interleave(n)
             logits = logits.repeat_interleave(n, dim=0)
-            mask = mask.repeat_interleave(n, dim=0)
-            next_pos = next_pos.repeat_interleave(n, dim=0)
 
         total = num * n
         out_tokens = torch.full((total, max_new), self.pad_token_id, dtype=torch.long, device=dev)
@@ -251,9 +263,13 @@ class NativeEngine:
         stopped = torch.zeros(total, dtype=torch.bool, device=dev)
         rows = torch.arange(total, device=dev)  # original sample index of each live row
         done = torch.zeros(total, dtype=torch.bool, device=dev)  # live rows that already stopped
+        uni = None  # [live rows, max_new]: each sample's uniform numbers, one per position
+        if not is_greedy(params.temperature):
+            ks = torch.tensor([i * n + j for i in indices for j in range(n)], dtype=torch.long, device=dev)
+            uni = uniforms(seed, ks, max_new)
 
         for step in range(max_new):
-            tok, logp = sample(logits, params, gen)
+            tok, logp = sample(logits, params, None if uni is None else uni[:, step])
             live = ~done
             out_tokens[rows[live], step] = tok[live]
             out_logps[rows[live], step] = logp[live]
@@ -267,12 +283,11 @@ class NativeEngine:
             ndone = int(done.sum())
             if ndone and ndone >= self.compact_fraction * done.numel():
                 keep = (~done).nonzero().squeeze(1)
-                cache.batch_select_indices(keep)
-                rows, tok, mask, next_pos = rows[keep], tok[keep], mask[keep], next_pos[keep]
-                done = done[keep]
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            logits = self._forward(tok[:, None], mask, next_pos[:, None], cache)
-            next_pos = next_pos + 1
+                dec.select(keep)
+                rows, tok, done = rows[keep], tok[keep], done[keep]
+                if uni is not None:
+                    uni = uni[keep]
+            logits = dec.step(tok)
 
         tokens, logps = out_tokens.tolist(), out_logps.tolist()
         lengths, stops = out_len.tolist(), stopped.tolist()
@@ -287,9 +302,44 @@ class NativeEngine:
         return result
 
 
+class _HFDecoder:
+    """StaticDecoder's interface over Hugging Face's forward and a dynamic cache (any causal LM)."""
+
+    def __init__(self, model):
+        from transformers import DynamicCache
+
+        self.model, self.cache = model, DynamicCache(config=model.config)
+        # transformers 5.24 renamed past_key_values to cache (the old name warns, then goes away)
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def _forward(self, ids, mask, pos) -> torch.Tensor:
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                         **{self.cache_arg: self.cache})
+        return out.logits[:, -1, :].float()
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        self.mask, self.next_pos = mask, mask.sum(1)
+        return self._forward(ids, mask, (mask.cumsum(1) - 1).clamp(min=0))
+
+    def step(self, tok: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
+        logits = self._forward(tok[:, None], self.mask, self.next_pos[:, None])
+        self.next_pos = self.next_pos + 1
+        return logits
+
+    def repeat_interleave(self, n: int) -> None:
+        self.cache.batch_repeat_interleave(n)
+        self.mask, self.next_pos = self.mask.repeat_interleave(n, dim=0), self.next_pos.repeat_interleave(n, dim=0)
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+        self.mask, self.next_pos = self.mask[keep], self.next_pos[keep]
+
+
 def sample(logits: torch.Tensor, params: SamplingParams,
-           gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row of ``logits`` [b, V] (fp32); return (tokens [b], log-probs [b]).
+           u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row of ``logits`` [b, V] (fp32) with the uniform numbers ``u`` [b] in
+    [0, 1) (unused when greedy); return (tokens [b], log-probs [b]).
 
     The log-prob is log_softmax(logits / T) at the token before any top-k / top-p filtering
     (T = 1 when greedy, see fastcrit.types.is_greedy).
@@ -300,8 +350,7 @@ def sample(logits: torch.Tensor, params: SamplingParams,
     logp_all = torch.log_softmax(logits / params.temperature, dim=-1)
     vocab = logits.shape[-1]
     if params.top_p >= 1.0 and (params.top_k < 0 or params.top_k >= vocab):
-        probs = logp_all.exp()
-        tok = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+        tok = draw(logp_all.exp(), u)
     else:
         probs_sorted, order = logp_all.exp().sort(dim=-1, descending=True)
         if params.top_p < 1.0:
@@ -309,9 +358,56 @@ def sample(logits: torch.Tensor, params: SamplingParams,
             probs_sorted = probs_sorted.masked_fill(cum - probs_sorted > params.top_p, 0.0)
         if 0 < params.top_k < vocab:
             probs_sorted[:, params.top_k:] = 0.0
-        choice = torch.multinomial(probs_sorted, 1, generator=gen)
-        tok = order.gather(1, choice).squeeze(1)
+        tok = order.gather(1, draw(probs_sorted, u)[:, None]).squeeze(1)
     return tok, logp_all.gather(1, tok[:, None]).squeeze(1)
+
+
+def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One index per row of ``probs`` [b, V] (unnormalised, >= 0), with probability proportional
+    to its entry, from one uniform number per row ``u`` [b] in [0, 1): inverse-CDF sampling
+    (``torch.multinomial`` draws one per entry and was a fifth of a tiny model's decode time). A
+    zero entry is never drawn."""
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    x = u.to(device=probs.device, dtype=cdf.dtype)[:, None] * total
+    idx = torch.searchsorted(cdf, x, right=True).squeeze(1)
+    last = (cdf < total).sum(dim=-1)  # the last index with a positive entry (rounding can reach it)
+    return torch.minimum(idx, last)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``x * c mod 2**32`` for int64 ``x`` in [0, 2**32): in 16-bit halves of ``c``, so no
+    product leaves int64's range."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash with full avalanche (Wellons' "lowbias32" constants)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def uniforms(seed: int, ks: torch.Tensor, steps: int) -> torch.Tensor:
+    """[len(ks), steps] float64 uniform numbers in [0, 1): row r depends only on ``seed + ks[r]``
+    (mod 2**64) and the column, so a sample draws the same numbers whatever else is in its batch,
+    in what order, on which rank or in how many calls (counter-based, like Philox; 53 random bits
+    from two 32-bit hashes of a 64-bit key)."""
+    base = int(seed) % 2**64
+    lo = (base & _M32) + ks
+    hi = ((base >> 32) + (lo >> 32)) & _M32
+    lo = lo & _M32
+    k1 = _mix32(lo ^ _mix32(hi ^ 0x9E3779B9))
+    k2 = _mix32(hi ^ _mix32(lo ^ 0x85EBCA6B))
+    t = torch.arange(steps, dtype=torch.long, device=ks.device)
+    a = _mix32(k1[:, None] ^ _mix32(2 * t + 1)[None, :])
+    b = _mix32(k2[:, None] ^ _mix32(2 * t + 2)[None, :] ^ a)
+    return ((a << 21) + (b >> 11)).double() / 2.0**53
 
 
 def _strip_wrappers(name: str) -> str:

@@ -17,9 +17,10 @@ roles are system / user / assistant with string content only; max_tokens default
 ``default_max_tokens`` (not "until the context is full"); ``temperature`` defaults to 1 as in OpenAI.
 A prompt over ``max_prompt_len`` tokens, or one that leaves no room for max_tokens within the
 model's positions, gets a 400 with ``code: context_length_exceeded`` as OpenAI sends.
-Not covered: a seeded sampled (temperature > 0) answer is reproducible only for the same batch of
-requests (NativeEngine's seeding promise); there is no authentication, and no bound on queued
-requests beyond the threads the HTTP server starts.
+A seeded sampled (temperature > 0) request goes to the engine in a call of its own, so with the
+native engine its answer depends on the seed and the prompt, not on the requests around it.
+Not covered: there is no authentication, and no bound on queued requests beyond the threads the
+HTTP server starts.
 """
 from __future__ import annotations
 
@@ -261,7 +262,10 @@ class ChatServer:
             try:
                 params = SamplingParams(n=1, max_new_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                         seed=seed)
-                rollouts = self.engine.generate([it.ids for it in items], params)
+                if seed is None:
+                    rollouts = self.engine.generate([it.ids for it in items], params)
+                else:  # request k of a call draws from seed + k: alone, each answer is the seed's
+                    rollouts = [r for it in items for r in self.engine.generate([it.ids], params)]
                 with self._tok_lock:
                     texts = [self.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in rollouts]
                 for it, r, text in zip(items, rollouts, texts):

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -54,10 +55,13 @@ def test_protocol_shapes_and_order(engine, prompts):
     assert engine.generate([], greedy()) == []
 
 
-def test_n_samples_share_one_prefill(engine, prompts):
-    calls = []
-    hook = engine.model.model.register_forward_pre_hook(
-        lambda mod, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+@pytest.mark.parametrize("static", [True, False])
+def test_n_samples_share_one_prefill(model_dir, prompts, static):
+    engine = NativeEngine(model_dir, static_decode=static)
+    assert (engine.static_decode_off is None) == static
+    calls = []  # the token embedding sees every forward's input ids, on both decode paths
+    hook = engine.model.model.embed_tokens.register_forward_pre_hook(
+        lambda mod, args: calls.append(tuple(args[0].shape)))
     try:
         out = engine.generate(prompts, greedy(n=4, max_new=5))
     finally:
@@ -67,6 +71,32 @@ def test_n_samples_share_one_prefill(engine, prompts):
     assert all(c == (len(prompts) * 4, 1) for c in calls[1:])  # decode runs all samples together
     for i in range(len(prompts)):  # greedy copies of a shared prefix must agree
         assert len({tuple(r.output_ids) for r in out[i * 4:(i + 1) * 4]}) == 1
+
+
+def test_static_decode_matches_the_hugging_face_forward(model_dir, prompts):
+    """The lean static-cache decode path and Hugging Face's forward give the same samples: greedy,
+    and sampled with one seed (the same random draws on near-identical logits), with log-probs
+    within float rounding, through row compaction (stops) and n > 1."""
+    fast, slow = NativeEngine(model_dir), NativeEngine(model_dir, static_decode=False)
+    for params in (greedy(n=2, max_new=10), SamplingParams(n=3, max_new_tokens=12, temperature=1.0, seed=7),
+                   SamplingParams(n=2, max_new_tokens=9, temperature=0.8, top_p=0.9, top_k=20, seed=3)):
+        a, b = fast.generate(prompts, params), slow.generate(prompts, params)
+        assert [r.output_ids for r in a] == [r.output_ids for r in b]
+        assert [r.finish_reason for r in a] == [r.finish_reason for r in b]
+        gaps = [abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra.logprobs, rb.logprobs)]
+        assert gaps and max(gaps) < 1e-4
+
+
+def test_unsupported_architectures_fall_back_with_a_reason(model_dir):
+    from fastcrit.rollout.decode import unsupported
+
+    engine = NativeEngine(model_dir)
+    assert unsupported(engine.model) is None
+    engine.model.config.model_type = "gpt2"
+    assert "gpt2" in unsupported(engine.model)
+    engine.model.config.model_type = "qwen2"
+    engine.model.config.layer_types = ["sliding_attention"] * engine.model.config.num_hidden_layers
+    assert "full attention" in unsupported(engine.model)
 
 
 def test_greedy_matches_hf_generate(engine, tok, prompts):
@@ -108,8 +138,7 @@ def test_finished_rows_leave_the_batch_without_changing_results(model_dir, promp
     stop = next(t for r in free for t in r.output_ids[:5] if any(t not in o.output_ids for o in free))
     params = greedy(n=2, max_new=10, stop_token_ids=[stop])
     sizes = []
-    hook = eager.model.model.register_forward_pre_hook(
-        lambda mod, args, kwargs: sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    hook = eager.model.model.embed_tokens.register_forward_pre_hook(lambda mod, args: sizes.append(args[0].shape[0]))
     a, b = lazy.generate(prompts, params), eager.generate(prompts, params)
     hook.remove()
     assert [r.output_ids for r in a] == [r.output_ids for r in b]
@@ -176,6 +205,37 @@ def test_seeded_sampling_is_reproducible(engine, prompts):
     assert [r.output_ids for r in a] != [r.output_ids for r in c]
     # n samples of one prompt are different draws, not copies.
     assert len({tuple(r.output_ids) for r in a[:4]}) > 1
+
+
+def test_a_seeded_sample_does_not_depend_on_its_batch(model_dir, prompts):
+    """Sample k of a call draws from seed + k alone: a prompt split off into its own call with the
+    seed moved by its samples' offset (what each rank does with its share of a step's prompts), or
+    generated under another max_batch, gives the same samples."""
+    params = SamplingParams(n=3, max_new_tokens=8, temperature=1.0, top_k=50, seed=2**40 + 5)
+    whole = NativeEngine(model_dir).generate(prompts, params)
+    small = NativeEngine(model_dir, max_batch=2)
+    parts = [r for i, p in enumerate(prompts)
+             for r in small.generate([p], dataclasses.replace(params, seed=params.seed + 3 * i))]
+    assert [r.output_ids for r in whole] == [r.output_ids for r in parts]
+    for a, b in zip(whole, parts):
+        torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+
+
+def test_counter_based_uniforms_are_uniform_and_independent():
+    from fastcrit.rollout.native import uniforms
+
+    u = uniforms(-7, torch.arange(4000), 50)  # a negative seed wraps mod 2**64
+    assert u.dtype == torch.float64 and u.min() >= 0 and u.max() < 1
+    counts = torch.histc(u.flatten(), bins=20, min=0, max=1) / u.numel()
+    torch.testing.assert_close(counts, torch.full((20,), 0.05, dtype=counts.dtype), atol=0.003, rtol=0)
+    flat = u.flatten() - 0.5
+    for a, b in ((u[:, :-1], u[:, 1:]), (u[:-1], u[1:])):  # neighbouring positions, neighbouring rows
+        assert abs(torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1]) < 0.01
+    assert abs(flat.mean()) < 0.005
+    # the key is seed + k: row k of seed s is row 0 of seed s + k, also across the 32-bit carry
+    s = 2**32 - 2
+    torch.testing.assert_close(uniforms(s, torch.arange(5), 7)[3], uniforms(s + 3, torch.arange(1), 7)[0])
+    assert not torch.equal(uniforms(0, torch.arange(2), 7)[1], uniforms(2**32 + 1, torch.arange(1), 7)[0])
 
 
 def test_chunking_by_max_batch(model_dir, prompts):
@@ -329,3 +389,18 @@ def test_samples_stay_inside_top_k_top_p(engine, tok, prompts, top_k, top_p):
     flogits, fbatch = _full_forward_logits(engine, tok, free)
     frank = (flogits.argsort(dim=-1, descending=True) == fbatch.responses[:, :, None]).float().argmax(dim=-1)
     assert int(frank[fbatch.response_mask.bool()].max()) >= 5
+
+
+def test_inverse_cdf_draw_follows_the_distribution_and_skips_zeros():
+    from fastcrit.rollout.native import draw
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.2, 0.3, 0.0]]).repeat(40000, 1)
+    got = draw(probs, torch.rand(40000, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    counts = torch.bincount(got, minlength=6).float() / len(got)
+    assert counts[[0, 2, 5]].sum() == 0  # zero entries, the last one included, are never drawn
+    torch.testing.assert_close(counts, probs[0], atol=0.01, rtol=0)
+    # unnormalised rows and a row whose mass sits on its last entry
+    odd = torch.tensor([[2.0, 0.0, 6.0], [0.0, 0.0, 1e-30]])
+    out = draw(odd.repeat(2000, 1), torch.rand(4000, generator=torch.Generator().manual_seed(1))).view(2000, 2)
+    assert set(out[:, 1].tolist()) == {2}
+    assert 0.70 < (out[:, 0] == 2).float().mean() < 0.80 and (out[:, 0] == 1).sum() == 0
