@@ -103,7 +103,9 @@ def _synth_entry(ctx, cfg):
 
 
 def _load(args):
-    cfg = load_config(args.config, args.set)
+    from fastcrit.train.dist import torchrun_world
+
+    cfg = load_config(args.config, args.set, world_size=torchrun_world())
     from fastcrit.recipes.common import check_hardware
 
     check_hardware(cfg, args.config)
@@ -123,7 +125,7 @@ def cmd_train(args) -> int:
                           f"(available: {', '.join(RECIPES)})")
     from fastcrit.train.dist import launch
 
-    launch(_train_entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device)
+    launch(_train_entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device, cfg.trainer.dist_timeout_s)
     return 0
 
 
@@ -148,7 +150,7 @@ def _launch_steps(args, section: str, entry) -> int:
         raise ConfigError(f"{args.config}: {section}.steps must be > 0 for `fastcrit {args.command}`")
     from fastcrit.train.dist import launch
 
-    launch(entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device)
+    launch(entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device, cfg.trainer.dist_timeout_s)
     return 0
 
 
@@ -164,7 +166,7 @@ def cmd_ctrl_synth(args) -> int:
     cfg = _load(args)
     from fastcrit.train.dist import launch
 
-    launch(_synth_entry, (cfg,), 1, cfg.trainer.device)
+    launch(_synth_entry, (cfg,), 1, cfg.trainer.device, cfg.trainer.dist_timeout_s)
     return 0
 
 
@@ -252,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"fastcrit: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:
+        if type(e).__name__ != "DistError":  # fastcrit.train.dist's: not imported here (torch-free CLI start)
+            raise
+        print(f"fastcrit: {e}", file=sys.stderr)  # the rank and what failed; its traceback came before
+        return 1
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -259,7 +260,10 @@ class TrainerConfig:
     eval_every: int = 0  # 0 = only at the start and the end
     seed: int = 0
     device: Literal["cpu", "cuda"] = "cpu"
-    nproc: int = 1  # training processes (FSDP2 world size); gloo on CPU, nccl on CUDA
+    nproc: int = 1  # training processes (FSDP2 world size); gloo on CPU, nccl on CUDA. Under torchrun: its world size
+    # How long a rank waits for the others (joining, and in each collective) before it stops with an
+    # error naming itself: a node that never joins, a rank that died without its peers noticing.
+    dist_timeout_s: float = 1800.0  # = fastcrit.train.dist.DEFAULT_TIMEOUT_S
     micro_batch_size: int = 64  # sequences per forward/backward
     # > 0: micro-batches by a token budget instead (rows x longest row <= this many tokens, longest
     # rows first, each cut to its own longest row); ranks agree on how many. 0 = micro_batch_size rows.
@@ -400,7 +404,10 @@ def parse_set(item: str) -> dict:
     return out
 
 
-def load_config(path: str | None = None, sets: list[str] | None = None) -> Config:
+def load_config(path: str | None = None, sets: list[str] | None = None, world_size: int | None = None) -> Config:
+    """The defaults, then ``path``'s YAML, then each ``--set``, validated. ``world_size`` (torchrun's,
+    when it started this process) replaces trainer.nproc before the checks, with a note on stderr
+    from rank 0 when the two differ."""
     cfg = Config()
     if path is not None:
         if not os.path.isfile(path):
@@ -417,6 +424,11 @@ def load_config(path: str | None = None, sets: list[str] | None = None) -> Confi
         _apply(cfg, data, "", path)
     for item in sets or []:
         _apply(cfg, parse_set(item), "", "--set")
+    if world_size is not None and world_size != cfg.trainer.nproc:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"fastcrit: trainer.nproc={cfg.trainer.nproc} is replaced by torchrun's world size "
+                  f"{world_size} (--nnodes x --nproc-per-node)", file=sys.stderr, flush=True)
+        cfg.trainer.nproc = world_size
     validate(cfg)
     return cfg
 
@@ -442,6 +454,7 @@ def validate(cfg: Config) -> None:
              f"tp_size=1 (one engine per GPU) or trainer.nproc=1")
     need(cfg.trainer.total_steps >= 0, "trainer.total_steps: must be >= 0")
     need(cfg.trainer.nproc >= 1, "trainer.nproc: must be >= 1")
+    need(cfg.trainer.dist_timeout_s > 0, f"trainer.dist_timeout_s: must be > 0 seconds, got {cfg.trainer.dist_timeout_s}")
     need(cfg.trainer.save_every >= 0, "trainer.save_every: must be >= 0")
     need(cfg.trainer.keep_last is None or cfg.trainer.keep_last >= 0,
          f"trainer.keep_last: must be >= 0 (0 or null keeps every checkpoint), got {cfg.trainer.keep_last}")

@@ -26,7 +26,7 @@ from fastcrit.recipes.ctrl_common import load_attempts, make_proxy, synth_dir
 from fastcrit.recipes.scaffold import Run
 from fastcrit.reward import RewardItem, make_reward
 from fastcrit.rollout.chat import LocalChat
-from fastcrit.train.dist import all_reduce_mean
+from fastcrit.train.dist import all_reduce_mean, std_over_ranks
 
 
 def critique_scores(n: int, sent: list[tuple[int, str]], results) -> torch.Tensor:
@@ -109,7 +109,7 @@ class CTRL:
         sb = self.reward.stats()
         return {
             "reward/mean": scores.mean().item(),
-            "reward/std": scores.std().item() if len(scores) > 1 else 0.0,
+            "reward/std": std_over_ranks(scores),
             "critique/valid_rate": sum(j is not None for j in judged) / n,
             "critique/judgment_acc": sum(j is not None and j == a.passed
                                          for j, a in zip(judged, attempts)) / n,

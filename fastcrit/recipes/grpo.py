@@ -14,7 +14,7 @@ from fastcrit.algos.advantages import outcome_advantages
 from fastcrit.data.prompts import EncodedPrompt
 from fastcrit.recipes.scaffold import Run, info_means, reward_items
 from fastcrit.reward import make_reward
-from fastcrit.train.dist import all_reduce_mean
+from fastcrit.train.dist import all_reduce_mean, std_over_ranks
 from fastcrit.types import SamplingParams
 
 
@@ -51,7 +51,7 @@ class GRPO:
         stats = run.update(batch)
         run.sync()
         return {"reward/mean": scores.mean().item(),
-                "reward/std": scores.std().item() if len(scores) > 1 else 0.0,
+                "reward/std": std_over_ranks(scores),
                 **info_means(results, "reward/"),
                 "response_len/mean": batch.response_mask.sum(-1).mean().item(), **stats}
 

@@ -103,7 +103,8 @@ class RARO:
         for j in fresh:
             self.buffer.push((j.question, j.expert, j.answer))
         pairs = fresh + replayed
-        params = dataclasses.replace(run.sampling(step), n=r.critic_samples, max_new_tokens=r.critic_max_new_tokens)
+        params = dataclasses.replace(run.sampling(step, n=r.critic_samples, stream=1, first=run.ctx.rank * 2**24),
+                                     max_new_tokens=r.critic_max_new_tokens)
         crit, verdicts, too_long = self.judge(pairs, params)
         labels = [None if v.info["unparseable"] else v.info["label"] for v in verdicts]
 

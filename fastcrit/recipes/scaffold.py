@@ -69,6 +69,8 @@ class Run:
     tokens: int = 0  # tokens (prompt + response) trained on in the current step, this rank
     metrics: dict[str, float] = field(default_factory=dict)  # the shared pieces' metrics of the step
     memory: PhaseMemory | None = None  # "memory/<name>_..." of the current step's timed phases
+    step: int = 0  # the current step (1-based; 0 before the first)
+    updates: int = 0  # update() calls in the current step
 
     # -- the pieces of a step -------------------------------------------------------------------
 
@@ -113,12 +115,20 @@ class Run:
             self.log.write(f"data: skipped {msg}")
         return prompts
 
-    def sampling(self, step: int) -> SamplingParams:
-        """``rollout.*`` sampling, seeded by (seed, step, rank) so a resumed run draws the same."""
-        r = self.cfg.rollout
-        return SamplingParams(n=r.n, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                              top_p=r.top_p, top_k=r.top_k,
-                              seed=self.cfg.trainer.seed * 1_000_003 + step * 1009 + self.ctx.rank)
+    def sampling(self, step: int, n: int | None = None, stream: int = 0, first: int | None = None) -> SamplingParams:
+        """``rollout.*`` sampling (``n`` samples per prompt, default ``rollout.n``), seeded so that
+        sample k of this rank's call draws from (seed, step, stream) and ``first + k``: the engines
+        give sample k the seed ``params.seed + k``, and ``first`` defaults to this rank's first
+        sample in the step's global order (rank x its share of ``data.prompts_per_step`` x n). So
+        a resumed run draws the same, and N processes draw what one process draws for the same
+        prompts. ``stream`` (< 16) keeps other calls of a step (e.g. RARO's critic) apart."""
+        r, c = self.cfg.rollout, self.cfg
+        n = r.n if n is None else n
+        if first is None:
+            first = self.ctx.rank * (c.data.prompts_per_step // self.ctx.world_size) * n
+        key = (c.trainer.seed * 1_000_003 + step * 16 + stream) % 2**32
+        return SamplingParams(n=n, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                              top_p=r.top_p, top_k=r.top_k, seed=key * 2**32 + first)
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Rollout]:
         with self.timer("rollout"):
@@ -166,10 +176,13 @@ class Run:
         with self.timer("update"):
             if budget > 0:  # rows move between ranks by work (Karmarkar-Karp)
                 batch, moved = balance_ranks(batch, objective.whole_groups)
+            # Mini-batches from (seed, step, call): every rank, and one process, deal the same.
+            self.updates += 1
+            shuffle = torch.Generator().manual_seed((c.trainer.seed * 1_000_003 + self.step) * 64 + self.updates)
             stats = update_policy(self.actor, batch, c.algorithm, temperature=self.temperature,
                                   micro_batch_size=c.trainer.micro_batch_size, grad_clip=c.optim.grad_clip,
                                   objective=objective, measure_gap=not self.recompute, max_tokens=budget,
-                                  packed=c.trainer.pack_sequences)
+                                  packed=c.trainer.pack_sequences, generator=shuffle)
             return {**stats, **moved}  # the padding as rolled out, before the rows moved
 
     def sync(self) -> None:
@@ -260,6 +273,7 @@ def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any])
         last = first if start == t.total_steps else {}
         for step in range(start + 1, t.total_steps + 1):
             run.times, run.tokens, run.metrics = {}, 0, {}
+            run.step, run.updates = step, 0
             run.memory.clear()
             t0 = time.perf_counter()
             metrics = recipe.step(step)

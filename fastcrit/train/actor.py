@@ -185,10 +185,13 @@ def micro_plan(batch: RolloutBatch, micro_batch_size: int, max_tokens: int,
     together when ``whole_groups``), or, with ``max_tokens`` > 0, by that token budget: rows x
     longest row <= max_tokens, longest rows first, each micro-batch then cut to its own longest
     row (``packed``: real tokens <= max_tokens, the rows end to end). Ranks agree on the count (a
-    collective: FSDP gathers weights in every forward), splitting their largest micro-batches; an
-    empty index (run with weight 0) where nothing is left to split."""
+    collective: FSDP gathers weights in every forward): by the token budget, splitting their
+    largest micro-batches; an empty index (run with weight 0) where nothing is left to split, and
+    by rows, always."""
     if max_tokens <= 0:
-        return _micro_batches(batch, micro_batch_size, whole_groups)
+        plan = _micro_batches(batch, micro_batch_size, whole_groups)
+        count = int(all_reduce([float(len(plan))], "max")[0])
+        return plan + [torch.zeros(0, dtype=torch.long)] * (count - len(plan))
     groups = batch.group_ids.tolist() if whole_groups else None
     plan = token_micro_batches(batch.attention_mask.sum(-1).tolist(), max_tokens, groups, packed)
     count = int(all_reduce([float(len(plan))], "max")[0])
@@ -302,16 +305,33 @@ class GapMeter:
 
 def _mini_batches(batch: RolloutBatch, n: int, whole_groups: bool,
                   generator: torch.Generator | None) -> list[torch.Tensor]:
-    """Row indices of ``n`` mini-batches, shuffled when n > 1; whole groups stay together."""
+    """Row indices of up to ``n`` mini-batches (those empty on every rank left out). Units (whole
+    groups, or rows keyed by group and place in the group) are dealt out stratified: each aligned
+    block of ``n`` consecutive unit keys goes to the ``n`` mini-batches in a random order, from one
+    table drawn with ``generator`` per call. Group ids are global (``collate``'s offset), so a
+    unit's mini-batch depends on its key alone, not on which rank holds it: N ranks with the same
+    generator state make the mini-batches one process makes, and a rank whose share is whole blocks
+    holds the same number of units in each. A collective (the largest key and the counts)."""
     B = len(batch)
     if n == 1:
         return [torch.arange(B)]
-    if not whole_groups:
-        return list(torch.randperm(B, generator=generator).chunk(n))
-    groups = torch.unique(batch.group_ids)
-    order = groups[torch.randperm(len(groups), generator=generator)]
-    return [torch.cat([torch.nonzero(batch.group_ids == g).flatten() for g in part])
-            for part in order.chunk(n) if len(part)]
+    gid = batch.group_ids.long()
+    if whole_groups:
+        key = gid
+    else:  # rows: group id x the largest group + the row's place in its group (rows keep their order)
+        order = torch.argsort(gid, stable=True)
+        sorted_g = gid[order]
+        starts = torch.searchsorted(sorted_g, sorted_g, right=False)
+        place = torch.empty_like(gid)
+        place[order] = torch.arange(B) - starts
+        size = int(all_reduce([float(place.max()) + 1 if B else 0.0], "max")[0])
+        key = gid * size + place
+    top = int(all_reduce([float(key.max()) if B else -1.0], "max")[0])
+    table = torch.rand(top // n + 1, n, generator=generator).argsort(dim=1)  # block -> mini-batch per slot
+    which = table[key // n, key % n]
+    minis = [torch.nonzero(which == m).flatten() for m in range(n)]
+    counts = all_reduce([float(len(m)) for m in minis])
+    return [m for m, c in zip(minis, counts) if c > 0]
 
 
 def _micro_batches(mini: RolloutBatch, micro: int, whole_groups: bool) -> list[torch.Tensor]:
@@ -362,7 +382,7 @@ def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, t
                     run_plans.append(mini_idx[idx])
                 # No skipping of empty micro-batches: every rank must run the same collectives
                 # (an empty index runs one row with weight 0).
-                mb = mini.select(idx if len(idx) else torch.zeros(1, dtype=torch.long))
+                mb = mini.select(idx) if len(idx) else batch.select(torch.zeros(1, dtype=torch.long))
                 mb = mb.trimmed() if max_tokens > 0 else mb
                 w = weight(mb.response_mask) if len(idx) else 0.0
                 out = _forward(actor, mb, temperature, objective.entropy, packed)
@@ -385,15 +405,19 @@ def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, t
 
 def sft_step(actor: Actor, batch: RolloutBatch, *, micro_batch_size: int,
              grad_clip: float) -> dict[str, float]:
-    """One optimizer step of token-mean negative log-likelihood on ``batch.responses``."""
+    """One optimizer step of token-mean negative log-likelihood on ``batch.responses``, the mean
+    over the tokens of all ranks' batches (FSDP averages the ranks' gradients, so each rank's sum
+    is scaled by world size / global token count); ``sft/nll`` is this rank's part of it x world
+    size, which averaging over ranks completes."""
     assert actor.optimizer is not None
     actor.optimizer.zero_grad(set_to_none=True)
-    total = batch.response_mask.sum().clamp(min=1.0)
+    total = all_reduce([float(batch.response_mask.sum())])[0]
+    scale = world_size() / max(total, 1.0)
     nll_sum = 0.0
     for sl in _micro_slices(len(batch), micro_batch_size):
         mb = batch.select(torch.arange(len(batch))[sl])
         logp = _forward(actor, mb, 1.0, False)
-        loss = -(logp * mb.response_mask.to(actor.device)).sum() / total.to(actor.device)
+        loss = -(logp * mb.response_mask.to(actor.device)).sum() * scale
         loss.backward()
         nll_sum += loss.item()
     step = optimizer_step(actor, grad_clip)

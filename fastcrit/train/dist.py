@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable
@@ -17,10 +18,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-# How long a rank waits in a collective before the process group gives up. PyTorch's defaults are
-# 10 minutes for NCCL and 30 for gloo (torch 2.13 distributed_c10d.py:832-849, constants.py); ranks
+# How long a rank waits for the others (joining the group, and in every collective) before the
+# process group gives up, unless trainer.dist_timeout_s says otherwise. PyTorch's defaults are 10
+# minutes for NCCL and 30 for gloo (torch 2.13 distributed_c10d.py:832-849, constants.py); ranks
 # roll out different lengths between collectives, and one long generation must not kill the run.
-COLLECTIVE_TIMEOUT = timedelta(minutes=60)
+DEFAULT_TIMEOUT_S = 1800.0
 
 
 @dataclass
@@ -40,7 +42,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init(rank: int, world_size: int, device_kind: str) -> DistContext:
+def torchrun_world() -> int | None:
+    """The world size torchrun (torch.distributed.elastic) set for this process, or None."""
+    if "TORCHELASTIC_RUN_ID" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    return None
+
+
+def where(rank: int, world_size: int) -> str:
+    """'rank R of W (host H, local rank L)', for messages that must say which process failed."""
+    local = os.environ.get("LOCAL_RANK", str(rank))
+    return f"rank {rank} of {world_size} (host {socket.gethostname()}, local rank {local})"
+
+
+def init(rank: int, world_size: int, device_kind: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistContext:
     if device_kind == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("trainer.device=cuda but CUDA is not available on this machine")
@@ -52,7 +67,7 @@ def init(rank: int, world_size: int, device_kind: str) -> DistContext:
         device = torch.device("cpu")
         backend = "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
     return DistContext(rank=rank, world_size=world_size, device=device)
 
 
@@ -61,30 +76,83 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def _worker(rank: int, world_size: int, device_kind: str, fn: Callable, args: tuple) -> None:
+def _worker(rank: int, world_size: int, device_kind: str, fn: Callable, args: tuple, timeout_s: float) -> None:
     os.environ["RANK"] = str(rank)
-    os.environ["LOCAL_RANK"] = str(rank)
+    os.environ.setdefault("LOCAL_RANK", str(rank))
     os.environ["WORLD_SIZE"] = str(world_size)
-    ctx = init(rank, world_size, device_kind)
+    try:
+        ctx = init(rank, world_size, device_kind, timeout_s)
+    except Exception as e:  # a peer that never joins: the store wait times out
+        raise DistError(f"{where(rank, world_size)}: joining the process group failed within "
+                        f"{timeout_s:g} s (trainer.dist_timeout_s): {type(e).__name__}: {_first_line(e)}. "
+                        "Every node must start with the same --nnodes and rendezvous endpoint") from e
     try:
         fn(ctx, *args)
+    except Exception as e:
+        if world_size > 1 and _is_dist_failure(e):
+            raise DistError(f"{where(rank, world_size)}: a collective failed: {type(e).__name__}: "
+                            f"{_first_line(e)}. Another rank most likely stopped first (its own "
+                            "message says why) or did not answer within trainer.dist_timeout_s "
+                            f"({timeout_s:g} s)") from e
+        if world_size > 1:
+            print(f"fastcrit: {where(rank, world_size)} failed: {type(e).__name__}: {_first_line(e)}",
+                  file=sys.stderr, flush=True)
+        raise
     finally:
         shutdown()
 
 
-def launch(fn: Callable, args: tuple, nproc: int, device_kind: str) -> None:
-    """Run ``fn(ctx, *args)`` on ``nproc`` processes (or in this one when nproc == 1 / torchrun)."""
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: it set RANK, MASTER_ADDR, ...
-        _worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device_kind, fn, args)
+class DistError(RuntimeError):
+    """A process-group failure, with the rank it happened on."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def _is_dist_failure(e: BaseException) -> bool:
+    """Whether ``e`` came out of the process group (a peer gone, a timeout) rather than our code."""
+    dist_errors = tuple(t for t in (getattr(dist, "DistError", None), getattr(dist, "DistNetworkError", None),
+                                    getattr(dist, "DistStoreError", None)) if t is not None)
+    if dist_errors and isinstance(e, dist_errors):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and any(m in text for m in (
+        "Connection reset by peer", "Connection closed by peer", "Broken pipe", "Timed out waiting",
+        "timed out", "gloo", "NCCL", "Socket Timeout", "Connection refused"))
+
+
+def launch(fn: Callable, args: tuple, nproc: int, device_kind: str,
+           timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Run ``fn(ctx, *args)`` on ``nproc`` processes (or in this one when nproc == 1 / torchrun).
+
+    Started by torchrun, this process is one rank of torchrun's world (``nproc`` is not used; the
+    config loader already set trainer.nproc to that world size). A failure on any rank stops the
+    others: spawned ranks are terminated by the parent, which raises ``DistError`` naming the rank
+    that failed first; under torchrun, the ranks left waiting in a collective fail when the peer's
+    connection drops (gloo) or after ``timeout_s`` (NCCL's watchdog), each naming itself.
+    """
+    if torchrun_world() is not None:  # started by torchrun: it set RANK, MASTER_ADDR, ...
+        _worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device_kind, fn, args, timeout_s)
         return
     saved = dict(os.environ)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(_free_port())
+    os.environ.pop("LOCAL_RANK", None)
     try:
         if nproc == 1:
-            _worker(0, 1, device_kind, fn, args)
+            _worker(0, 1, device_kind, fn, args, timeout_s)
         else:
-            mp.spawn(_worker, args=(nproc, device_kind, fn, args), nprocs=nproc, join=True)
+            try:
+                mp.spawn(_worker, args=(nproc, device_kind, fn, args, timeout_s), nprocs=nproc, join=True)
+            except mp.ProcessExitedException as e:  # killed, or exited without a Python error
+                how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
+                raise DistError(f"rank {e.error_index} of {nproc} (host {socket.gethostname()}) ended with {how}; "
+                                "the other ranks were stopped") from None
+            except mp.ProcessRaisedException as e:
+                raise DistError(f"rank {e.error_index} of {nproc} failed; the other ranks were stopped. "
+                                f"Its error:\n{e}") from None
     finally:  # leave the caller's environment as it was (tests launch several runs in one process)
         os.environ.clear()
         os.environ.update(saved)
@@ -117,3 +185,14 @@ def world_size() -> int:
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def std_over_ranks(values: torch.Tensor) -> float:
+    """Sample standard deviation (n - 1, as ``Tensor.std``) of ``values`` of all ranks together;
+    0 with fewer than two values (one collective when distributed)."""
+    x = values.detach().double().flatten().cpu()
+    n, s, ss = all_reduce([float(x.numel()), float(x.sum()), float((x * x).sum())])
+    if n < 2:
+        return 0.0
+    mean = s / n
+    return (max(ss - n * mean * mean, 0.0) / (n - 1)) ** 0.5
