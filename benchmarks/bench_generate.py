@@ -9,13 +9,20 @@ num_return_sequences=n)`` on the left-padded batch, *without* log-probs (HF woul
 ``output_scores`` for them, which only costs more), so it is the strongest plain-HF peer; it prefills
 each prompt n times where the engine prefills it once. Throughput is generated tokens (up to and
 including EOS) per second of wall time; the tokens differ between the two because the random
-streams differ, so the token counts are reported too. Peak memory as in bench_kl.py.
+streams differ, so the token counts are reported too.
+
+Times come from this process with glibc's allocator as a training run has it. Peak memory (growth
+of the resident set, sampled every 0.2 ms, on CPU) comes from a child process run with a fixed
+64 KiB mmap threshold, so that freed blocks leave the resident set at once: that setting makes
+every mid-sized allocation a fresh mmap and slowed the engine's decode 2.4x, so it must not be on
+while timing.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import subprocess
 import sys
 
 import torch
@@ -54,14 +61,32 @@ def hf_generate(model, tok, prompts, n: int, max_new: int, seed: int) -> int:
     return int((~after).sum())
 
 
+def memory_probe(engine, model, tok, settings, device) -> dict:
+    """Peak memory (MB) of each side for each setting, one warm-up and one sampled run each."""
+    from _common import _timed
+
+    peaks = {}
+    for num_prompts, n, max_new in settings:
+        prompts = make_prompts(tok, num_prompts)
+        params = SamplingParams(n=n, max_new_tokens=max_new, temperature=1.0, seed=0)
+        fns = {"hf_generate": lambda: hf_generate(model, tok, prompts, n, max_new, seed=0),
+               "native_engine": lambda: engine.generate(prompts, params)}
+        for k, fn in fns.items():
+            fn()
+            peaks[f"{k}/{num_prompts}/{n}/{max_new}"] = _timed(fn, device)[1] / 2**20
+    return peaks
+
+
 def main() -> None:
-    fixed_mmap_threshold()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one small setting, few repeats")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--model", default="tiny", help="model spec or directory (default: the tiny model)")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--memory-probe", action="store_true", help=argparse.SUPPRESS)  # the child for peaks
     args = ap.parse_args()
+    if args.memory_probe:
+        fixed_mmap_threshold()  # re-executes this command with the threshold set
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -71,6 +96,15 @@ def main() -> None:
     model = engine.model  # the same weights for both sides
     settings = [(4, 4, 16)] if args.quick else [(8, 8, 32), (16, 8, 64), (32, 8, 128)]
     repeats = 3 if args.quick else 7
+    if args.memory_probe:
+        print(json.dumps(memory_probe(engine, model, tok, settings, device)))
+        return
+    peaks = None
+    if device.type == "cpu":
+        probe = subprocess.run([sys.executable, *sys.argv, "--memory-probe"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            raise SystemExit(f"bench_generate: the memory probe failed:\n{probe.stderr[-3000:]}")
+        peaks = json.loads(probe.stdout.strip().splitlines()[-1])
     info = {**machine(), "threads": torch.get_num_threads(), "model": args.model, "dtype": args.dtype}
     rows = []
     for num_prompts, n, max_new in settings:
@@ -85,6 +119,9 @@ def main() -> None:
             counts["hf_generate"] = hf_generate(model, tok, prompts, n, max_new, seed=0)
 
         res = {"hf_generate": measure(run_hf, device, repeats), "native_engine": measure(run_native, device, repeats)}
+        if peaks is not None:
+            for k in res:
+                res[k]["peak_mb"] = peaks[f"{k}/{num_prompts}/{n}/{max_new}"]
         for k, r in res.items():
             tps = counts[k] / (r["ms"] / 1e3)
             rows.append({"bench": NAME, "variant": k, "prompts": num_prompts, "n": n, "max_new_tokens": max_new,

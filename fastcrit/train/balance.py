@@ -32,6 +32,24 @@ def workload(lengths) -> np.ndarray:
     return ATTN_COEF * L + L * L
 
 
+def _push(heap: np.ndarray, key: np.ndarray, size: int, s: int) -> int:
+    """Push state ``s`` on the binary max-heap ``heap[:size]`` ordered by (key, -id); new size."""
+    heap[size] = s
+    j = size
+    while j > 0:
+        p = (j - 1) // 2
+        a, b = heap[p], heap[j]
+        if key[a] > key[b] or (key[a] == key[b] and a < b):
+            break
+        heap[p], heap[j] = b, a
+        j = p
+    return size + 1
+
+
+if numba is not None:  # compiled before _kk, which calls it
+    _push = numba.njit(cache=True)(_push)
+
+
 def _kk(weights: np.ndarray, k: int) -> np.ndarray:
     """Part index of every item (int64 [n]). See the module docstring."""
     n = weights.shape[0]
@@ -48,17 +66,7 @@ def _kk(weights: np.ndarray, k: int) -> np.ndarray:
         head[i, 0] = i
         tail[i, 0] = i
         key[i] = weights[i]
-        # push i
-        heap[size] = i
-        j = size
-        size += 1
-        while j > 0:
-            p = (j - 1) // 2
-            a, b = heap[p], heap[j]
-            if key[a] > key[b] or (key[a] == key[b] and a < b):
-                break
-            heap[p], heap[j] = b, a
-            j = p
+        size = _push(heap, key, size, i)
     new_sums = np.zeros(k, dtype=np.float64)
     new_head = np.zeros(k, dtype=np.int64)
     new_tail = np.zeros(k, dtype=np.int64)
@@ -101,16 +109,7 @@ def _kk(weights: np.ndarray, k: int) -> np.ndarray:
             head[s, j] = new_head[order[j]]
             tail[s, j] = new_tail[order[j]]
         key[s] = sums[s, 0] - sums[s, k - 1]
-        heap[size] = s  # push s back
-        j = size
-        size += 1
-        while j > 0:
-            p = (j - 1) // 2
-            a, b = heap[p], heap[j]
-            if key[a] > key[b] or (key[a] == key[b] and a < b):
-                break
-            heap[p], heap[j] = b, a
-            j = p
+        size = _push(heap, key, size, s)  # s back in
     part = np.full(n, -1, dtype=np.int64)
     if n:
         s = heap[0]

@@ -62,8 +62,13 @@ def _grads_after_update(ctx, path, micro, out_file, rank_slice, algo=ALGO, equal
         b = b.select(torch.arange(ctx.rank * half, (ctx.rank + 1) * half))
     stats = all_reduce_mean(update_policy(actor, b, algo, micro_batch_size=micro, max_tokens=max_tokens,
                                           packed=packed, **UPDATE))
-    # Compare gradients, not Adam's first step: that is ~lr * sign(grad), which turns rounding
-    # noise in a near-zero gradient into a full lr-sized difference.
+    _save_grads(ctx, actor, stats, out_file)
+
+
+def _save_grads(ctx, actor, stats, out_file) -> None:
+    """The full gradients (gathered from the shards) and ``stats``, saved by rank 0. Gradients, not
+    Adam's first step: that is ~lr * sign(grad), which turns rounding noise in a near-zero gradient
+    into a full lr-sized difference."""
     full = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
             for n, p in actor.module.lm.named_parameters()}
     if ctx.is_main:
@@ -141,10 +146,7 @@ def _uneven_ranks(ctx, path, out_file, balance=False):
     if balance:
         b, moved = balance_ranks(b, whole_groups=False)
     stats = all_reduce_mean({**moved, **update_policy(actor, b, ALGO, micro_batch_size=8, max_tokens=12, **UPDATE)})
-    full = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-            for n, p in actor.module.lm.named_parameters()}
-    if ctx.is_main:
-        torch.save({"params": full, "stats": stats}, out_file)
+    _save_grads(ctx, actor, stats, out_file)
 
 
 def test_token_budget_ranks_agree_on_micro_batches_and_match_one_process(tiny_model_path, tmp_path):
