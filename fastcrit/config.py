@@ -62,7 +62,7 @@ class RolloutConfig:
     tp_size: int = 1  # GPUs per engine; > 1 only with trainer.nproc = 1
     weight_bucket_mb: int = 512
     # Extra keyword arguments of the engine: NativeEngine's (max_batch, compact_fraction,
-    # attn_implementation) or sglang.Engine's by their ServerArgs names, e.g.
+    # attn_implementation, static_decode, cuda_graph) or sglang.Engine's by their ServerArgs names, e.g.
     # {enable_deterministic_inference: true} (SGLang reads per-request seeds only then).
     engine_args: dict[str, Any] = field(default_factory=dict)
 

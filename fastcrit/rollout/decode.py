@@ -12,6 +12,15 @@ engine runs the same modules (projections, norms, MLPs, rotary embedding: the mo
   ever takes a softmax over nothing;
 - rows that stopped leave the batch by ``select`` (one gather of the cache).
 
+``fixed=True`` keeps every shape of a decode step the same from the first step to the last, so the
+step can be captured as a CUDA graph (``graph=True``, CUDA only) and replayed: it attends over the
+whole cache width under the key mask (a generated column turns on when its token is written), and
+the token, its cache column and the positions live in buffers the step reads (``index_copy_`` /
+``index_fill_`` at the column, no Python-side slicing). Rows then never leave the batch. On CPU the
+fixed step runs eagerly (tests compare it with the sliced one); the capture itself has not run here
+(no GPU): it follows torch's documented pattern (warm-up on a side stream, ``torch.cuda.graph``,
+``CUDAGraph.replay``; torch 2.13 cuda/graphs.py).
+
 Supported: model types whose decoder layers are ``input_layernorm -> self_attn(q/k/v/o_proj,
 optional q_norm/k_norm) -> post_attention_layernorm -> mlp(gate/up/down, act_fn)`` with rotary
 positions from ``model.rotary_emb`` and no sliding window (Qwen2, Qwen3, Llama, Mistral without a
@@ -83,8 +92,14 @@ class StaticDecoder:
     max_new`` tokens. Call ``prefill`` once; ``repeat_interleave`` copies each row n times (one
     prefill per distinct prompt); ``select`` keeps some rows."""
 
-    def __init__(self, model, rows: int, prompt_len: int, max_new: int, fused: list[tuple] | None = None):
+    def __init__(self, model, rows: int, prompt_len: int, max_new: int, fused: list[tuple] | None = None,
+                 fixed: bool = False, graph: bool = False):
+        if graph and not fixed:
+            raise ValueError("StaticDecoder: graph=True needs fixed=True (a captured step keeps its shapes)")
         self.model, self.base = model, model.model
+        self.fixed, self.use_graph = fixed, graph
+        self.graph = None  # the captured step (torch.cuda.CUDAGraph), at the first step
+        self._out = None  # the step's logits buffer when fixed
         self.fused = fused if fused is not None else fuse_weights(model)
         cfg = model.config
         self.heads = cfg.num_attention_heads
@@ -120,10 +135,14 @@ class StaticDecoder:
             q = self.qk_norm[i][0](qkv[..., :h * d].view(b, q_len, h, d)).transpose(1, 2)
             k = self.qk_norm[i][1](qkv[..., h * d:(h + kv) * d].view(b, q_len, kv, d)).transpose(1, 2)
             q, k = q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
-        self.k[i][:, :, cols] = k
-        self.v[i][:, :, cols] = v
-        end = cols.stop
-        keys, values = self.k[i][:, :, :end], self.v[i][:, :, :end]
+        if isinstance(cols, slice):
+            self.k[i][:, :, cols] = k
+            self.v[i][:, :, cols] = v
+            keys, values = self.k[i][:, :, :cols.stop], self.v[i][:, :, :cols.stop]
+        else:  # fixed: the column is a tensor, the keys the whole width
+            self.k[i].index_copy_(2, cols, k)
+            self.v[i].index_copy_(2, cols, v)
+            keys, values = self.k[i], self.v[i]
         if q_len == 1 and keys.device.type == "cpu":
             # Decode on CPU: the heads that share a KV head attend as one [group, d] block, so the
             # cache is read once per KV head and not expanded; 10-20% under SDPA's GQA path here.
@@ -133,7 +152,7 @@ class StaticDecoder:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=a.scaling, enable_gqa=kv != h)
         return a.o_proj(out.transpose(1, 2).reshape(b, q_len, h * d))
 
-    def _run(self, ids, pos, cols: slice, mask) -> torch.Tensor:
+    def _run(self, ids, pos, cols, mask) -> torch.Tensor:
         x = self.base.embed_tokens(ids)
         c, s = self.cos[pos][:, None], self.sin[pos][:, None]  # [rows, 1, q_len, head_dim]
         for i, layer in enumerate(self.base.layers):
@@ -149,7 +168,9 @@ class StaticDecoder:
         """ids/mask [rows, P] left-padded; returns the last position's logits [rows, V] (fp32)."""
         rows, P = ids.shape
         valid = mask.bool()
-        self.key_mask = torch.cat([valid, valid.new_ones((rows, self.max_new))], dim=1)
+        # sliced steps read only the columns written so far; fixed ones turn each column on as they write it
+        gen = valid.new_zeros((rows, self.max_new)) if self.fixed else valid.new_ones((rows, self.max_new))
+        self.key_mask = torch.cat([valid, gen], dim=1)
         pos = (mask.cumsum(1) - 1).clamp(min=0)
         causal = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()
         attn = (causal[None] & valid[:, None, :]) | torch.eye(P, dtype=torch.bool, device=ids.device)[None]
@@ -158,7 +179,12 @@ class StaticDecoder:
 
     @torch.inference_mode()
     def step(self, tok: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row ([rows]); returns the next logits [rows, V] (fp32)."""
+        """Feed one token per row ([rows]); returns the next logits [rows, V] (fp32). Fixed: the
+        logits are a buffer the next step overwrites."""
+        if self.t >= self.max_new:
+            raise RuntimeError(f"StaticDecoder.step: the cache holds {self.max_new} generated tokens")
+        if self.fixed:
+            return self._fixed_step(tok)
         col = self.P + self.t
         mask = self.key_mask[:, None, None, :col + 1]
         logits = self._run(tok[:, None], self.next_pos[:, None], slice(col, col + 1), mask)
@@ -166,13 +192,51 @@ class StaticDecoder:
         self.t += 1
         return logits
 
+    def _fixed_step(self, tok: torch.Tensor) -> torch.Tensor:
+        if self._out is None:  # the buffers the step reads, made once the rows are final
+            self._tok = torch.zeros_like(tok)
+            self._col = torch.full((1,), self.P, dtype=torch.long, device=tok.device)
+        self._tok.copy_(tok)
+        if self.use_graph and self.graph is None:
+            self._capture()
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._out = self._body()
+        self._col += 1
+        self.next_pos += 1
+        self.t += 1
+        return self._out
+
+    def _body(self) -> torch.Tensor:
+        """One fixed-shape decode step from the buffers. Running it twice with the same buffers
+        writes the same column again (so warm-up runs before a capture change nothing)."""
+        self.key_mask.index_fill_(1, self._col, True)
+        return self._run(self._tok[:, None], self.next_pos[:, None], self._col, self.key_mask[:, None, None, :])
+
+    def _capture(self) -> None:
+        """Capture ``_body`` as a CUDA graph: warm-up on a side stream, then ``torch.cuda.graph``."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._body()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._out = self._body()
+
     def repeat_interleave(self, n: int) -> None:
+        if self._out is not None:
+            raise RuntimeError("StaticDecoder.repeat_interleave: only before the first step")
         self.k = [c.repeat_interleave(n, dim=0) for c in self.k]
         self.v = [c.repeat_interleave(n, dim=0) for c in self.v]
         self.key_mask = self.key_mask.repeat_interleave(n, dim=0)
         self.next_pos = self.next_pos.repeat_interleave(n, dim=0)
 
     def select(self, keep: torch.Tensor) -> None:
+        if self.fixed:
+            raise RuntimeError("StaticDecoder.select: a fixed decoder keeps its rows (its step's shapes are fixed)")
         self.k = [c.index_select(0, keep) for c in self.k]
         self.v = [c.index_select(0, keep) for c in self.v]
         self.key_mask = self.key_mask.index_select(0, keep)

@@ -48,13 +48,15 @@ class NativeEngine:
     float32), or an already loaded ``PreTrainedModel``, which the engine then uses as is (no copy;
     it is moved to ``device`` and cast only when ``dtype`` is given; ``sleep`` frees its weights).
     ``tokenizer`` is only read for its EOS and pad ids; it is loaded from the model directory when
-    not given.
+    not given. ``static_decode`` (default on): the lean decoder of fastcrit.rollout.decode where
+    the architecture allows it. ``cuda_graph`` (CUDA only, default off): the decode step captured
+    as a CUDA graph per chunk and replayed; unverified here (no GPU has run it).
     """
 
     def __init__(self, model, tokenizer=None, *, dtype: str | torch.dtype | None = None,
                  device: str | torch.device = "cpu", max_batch: int = 256,
                  attn_implementation: str | None = None, compact_fraction: float = 0.25,
-                 static_decode: bool = True):
+                 static_decode: bool = True, cuda_graph: bool = False):
         from fastcrit.models.hf import eos_token_ids, load_model, load_tokenizer, parse_dtype
 
         if max_batch < 1:
@@ -78,6 +80,14 @@ class NativeEngine:
         # with static_decode=False, Hugging Face's forward with a dynamic cache.
         self.static_decode_off = "static_decode=False" if not static_decode else unsupported(self.model)
         self._fused: list | None = None  # the static decoder's fused weights, rebuilt when weights change
+        # The decode step captured as a CUDA graph per generate chunk and replayed (fixed shapes, so
+        # rows that stopped stay in the batch). Written against torch's API; not run here (no GPU).
+        if cuda_graph and self.device.type != "cuda":
+            raise ValueError(f"NativeEngine: cuda_graph=True needs a CUDA device, not {self.device}")
+        if cuda_graph and self.static_decode_off:
+            raise ValueError(f"NativeEngine: cuda_graph=True needs the static decoder, which is off: "
+                             f"{self.static_decode_off}")
+        self.cuda_graph = cuda_graph
 
         # The same stop set as the SGLang engine: tokenizer, model config and generation config.
         self.eos_token_ids = eos_token_ids(tokenizer, self.model.config,
@@ -250,7 +260,8 @@ class NativeEngine:
         else:
             if self._fused is None:
                 self._fused = fuse_weights(self.model)
-            dec = StaticDecoder(self.model, num, plen, max_new, self._fused)
+            dec = StaticDecoder(self.model, num, plen, max_new, self._fused, fixed=self.cuda_graph,
+                                graph=self.cuda_graph)
         logits = dec.prefill(ids, mask)  # [num, V]: one prefill per distinct prompt
         if n > 1:
             dec.repeat_interleave(n)
@@ -280,7 +291,7 @@ class NativeEngine:
                 done = done | hit
             if step == max_new - 1 or bool(done.all()):
                 break
-            ndone = int(done.sum())
+            ndone = 0 if self.cuda_graph else int(done.sum())  # a captured step keeps its rows
             if ndone and ndone >= self.compact_fraction * done.numel():
                 keep = (~done).nonzero().squeeze(1)
                 dec.select(keep)

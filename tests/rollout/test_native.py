@@ -87,6 +87,52 @@ def test_static_decode_matches_the_hugging_face_forward(model_dir, prompts):
         assert gaps and max(gaps) < 1e-4
 
 
+def test_fixed_shape_decode_steps_match_the_sliced_ones(model_dir, prompts):
+    """The fixed-shape step (whole cache width under the key mask, column and positions in buffers:
+    what a CUDA graph captures) gives the sliced step's logits at every step, eagerly on CPU."""
+    from fastcrit.rollout.decode import StaticDecoder
+
+    engine = NativeEngine(model_dir)
+    plen, new, n = max(len(p) for p in prompts), 7, 2
+    ids = torch.full((len(prompts), plen), engine.pad_token_id)
+    mask = torch.zeros((len(prompts), plen), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, plen - len(p):], mask[r, plen - len(p):] = torch.tensor(p), 1
+    sliced = StaticDecoder(engine.model, len(prompts), plen, new)
+    fixed = StaticDecoder(engine.model, len(prompts), plen, new, fixed=True)
+    a, b = sliced.prefill(ids, mask), fixed.prefill(ids, mask)
+    torch.testing.assert_close(a, b)
+    sliced.repeat_interleave(n)
+    fixed.repeat_interleave(n)
+    a, b = a.repeat_interleave(n, 0), b.repeat_interleave(n, 0)
+    for _ in range(new):
+        tok = a.argmax(-1)
+        a, b = sliced.step(tok), fixed.step(tok).clone()
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="holds 7 generated tokens"):
+        fixed.step(tok)
+    with pytest.raises(RuntimeError, match="keeps its rows"):
+        fixed.select(torch.tensor([0]))
+    with pytest.raises(ValueError, match="needs fixed=True"):
+        StaticDecoder(engine.model, 1, plen, new, graph=True)
+
+
+def test_cuda_graph_needs_a_cuda_device(model_dir):
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        NativeEngine(model_dir, cuda_graph=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
+def test_cuda_graph_decode_matches_eager(model_dir, prompts):
+    graphed = NativeEngine(model_dir, device="cuda", cuda_graph=True)
+    eager = NativeEngine(model_dir, device="cuda")
+    for params in (greedy(n=2, max_new=10), SamplingParams(n=3, max_new_tokens=12, temperature=1.0, seed=7)):
+        a, b = graphed.generate(prompts, params), eager.generate(prompts, params)
+        assert [r.output_ids for r in a] == [r.output_ids for r in b]
+        gaps = [abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra.logprobs, rb.logprobs)]
+        assert max(gaps) < 1e-3
+
+
 def test_unsupported_architectures_fall_back_with_a_reason(model_dir):
     from fastcrit.rollout.decode import unsupported
 
