@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fastcrit-installed
 
-.PHONY: install demo ctrl-demo ctrl-humaneval test bench clean
+.PHONY: install demo ctrl-demo ctrl-humaneval test bench trl-venv clean
 
 install: $(STAMP)
 
@@ -38,9 +38,18 @@ test: install
 
 # Every benchmark, one after another (each also runs alone: python benchmarks/bench_<thing>.py, or
 # fastcrit bench PART [--quick]); rows to benchmarks/results/*.csv, report.md, PNGs, the README table.
-bench: install
+bench: install trl-venv
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/fastcrit bench all
 
+# TRL for bench_trl.py (fastcrit bench e2e), in its own environment: it pins its own versions.
+trl-venv: .venv-trl/.installed
+.venv-trl/.installed:
+	$(PY) -m venv .venv-trl
+	.venv-trl/bin/pip install -q --upgrade pip
+	.venv-trl/bin/pip install -q torch==2.13.0
+	.venv-trl/bin/pip install -q trl==1.16.0
+	touch $@
+
 clean:
-	rm -rf $(VENV) build *.egg-info runs
+	rm -rf $(VENV) .venv-trl build *.egg-info runs

@@ -47,7 +47,9 @@ PARTS: dict[str, tuple[Script, ...]] = {
                        quick=("--repeats", "2"), threads=False),),
     "train": (Script("train", "bench_train.py", "bench_train.csv"),
               Script("balance", "bench_balance.py", "bench_balance.csv", threads=False)),
-    "e2e": (Script("e2e", "bench_train.py", "bench_e2e.csv", args=("--e2e",)),),
+    "e2e": (Script("e2e", "bench_train.py", "bench_e2e.csv", args=("--e2e",)),
+            # against TRL's GRPOTrainer, in the Python of `make trl-venv` (skipped, saying so, without one)
+            Script("trl", "bench_trl.py", "bench_trl.csv")),
 }
 CHOICES = (*PARTS, "all")
 TABLE_COLUMNS = ("bench", "variant", "settings", "metric", "median", "spread", "repeats", "device", "commit",
@@ -211,7 +213,9 @@ def run_script(s: Script, bdir: Path, results: Path, quick: bool, threads: int |
            "seconds": round(time.perf_counter() - t0, 1), "rows": len(read_csv(results / s.csv)) - before}
     last = proc.stdout.strip().splitlines()[-1:] or [""]
     try:
-        json.loads(last[0])
+        summary = json.loads(last[0])
+        if isinstance(summary, dict) and summary.get("skipped"):
+            out["skipped"] = summary["skipped"]
     except ValueError:
         if proc.returncode == 0:
             out["rc"] = -1
@@ -255,7 +259,8 @@ def cmd_bench(args) -> int:
         readme = str(bdir / "README.md")
     failures = [{k: d[k] for k in ("name", "rc", "error")} for d in done if d["rc"] != 0]
     print(json.dumps({"parts": [args.part] if not args.report_only else [], "quick": args.quick,
-                      "scripts": [{k: d[k] for k in ("name", "rc", "rows", "seconds")} for d in done],
+                      "scripts": [{k: d[k] for k in ("name", "rc", "rows", "seconds", "skipped") if k in d}
+                                  for d in done],
                       "rows_written": sum(max(d["rows"], 0) for d in done), "results": str(results),
                       "report": str(report), "plots": pngs, "readme": readme,
                       "wall_s": round(time.perf_counter() - t0, 1), "failures": failures}))

@@ -106,3 +106,24 @@ def test_cheapest_real_part_writes_a_full_row_and_ends_with_json(tmp_path):
         assert all(r.get(k) not in (None, "") for k in REQUIRED), r
         assert float(r["spread"]) >= 0 and int(r["repeats"]) == 3
     assert "| kl | eager_torch | B=8 T=512 dtype=float32 | ms |" in (tmp_path / "report.md").read_text()
+
+
+def test_trl_bench_without_a_trl_python_writes_nothing_and_says_why(tmp_path):
+    """bench_trl.py needs a Python with trl (make trl-venv); without one the part reports a skip
+    with the way out instead of failing or writing rows."""
+    env = {k: v for k, v in os.environ.items() if k != "FASTCRIT_TRL_PYTHON"}
+    env.update(OMP_NUM_THREADS="1", FASTCRIT_BENCH_RESULTS=str(tmp_path))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_trl
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert bench_trl.peer_python(str(tmp_path / "no-python")) in (None, str(ROOT / ".venv-trl" / "bin" / "python"))
+    if (ROOT / ".venv-trl").exists():
+        pytest.skip("this checkout has .venv-trl: the bench would run TRL")
+    proc = subprocess.run([sys.executable, "-m", "fastcrit.cli", "bench", "e2e", "--only", "trl", "--out",
+                           str(tmp_path)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["rows_written"] == 0 and "make trl-venv" in summary["scripts"][0]["skipped"]
+    assert not (tmp_path / "bench_trl.csv").exists()
