@@ -8,8 +8,8 @@ steps), sync (weights into the engine) and step (the whole step). The first ``--
 dropped (they pay for lazy initialisation). One row per phase: median, q20, q80 over the remaining
 steps, in ms, plus the step's tokens/s. ``--e2e`` writes only the whole-step row, as bench ``e2e``.
 
-What it does NOT cover: a comparison with another trainer (e.g. TRL's GRPOTrainer) on the same
-config -- the ``peer`` column says so; the SFT warm start; evaluation and checkpoint time (outside
+What it does NOT cover: a comparison with another trainer on the same config -- bench_trl.py runs
+TRL's GRPOTrainer side by side; the SFT warm start; evaluation and checkpoint time (outside
 the step). Appends rows to <results>/bench_train.csv (or bench_e2e.csv) and prints one JSON object
 as the last line.
 """
@@ -30,7 +30,7 @@ from _common import write_rows  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "cpu", "grpo.yaml")
 PHASES = ("rollout", "reward", "ref", "update", "sync", "step")
-PEER = "none: no peer trainer (TRL GRPOTrainer) measured"
+PEER = "none here: bench_trl.py measures TRL's GRPOTrainer side by side"
 
 
 def quantile(xs: list[float], q: float) -> float:
