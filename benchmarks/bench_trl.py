@@ -24,7 +24,8 @@ recomputes each layer's forward in the backward pass to hold less memory) and wi
 Measured: the wall time of one rollout step (generation, reward, reference, two updates, and for
 fastcrit the weight sync into its engine) -- fastcrit's own ``time/step_s``; TRL's from a callback,
 the sum of its two optimizer steps -- first ``--warmup`` steps dropped; and each process's peak
-resident set (VmHWM), model loading included. Rows go to results/bench_trl.csv.
+resident set, model loading included (both sides run under _peak.py: VmHWM at exit or the RSS
+sampled every 2 ms, the larger; fastcrit's phase metrics reset VmHWM, so VmHWM alone is not it). Rows go to results/bench_trl.csv.
 """
 from __future__ import annotations
 
@@ -100,12 +101,16 @@ def run_trl(python: str, model: str, s: dict, steps: int, threads: int, workdir:
     spec_file, out_file = workdir + "-spec.json", workdir + "-out.json"
     with open(spec_file, "w") as f:
         json.dump(spec, f)
-    proc = subprocess.run([python, os.path.join(HERE, "_trl_peer.py"), "--spec", spec_file, "--out", out_file],
-                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    peak_file = workdir + "-peak.json"
+    proc = subprocess.run([python, os.path.join(HERE, "_peak.py"), os.path.join(HERE, "_trl_peer.py"), "--spec",
+                           spec_file, "--out", out_file], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": str(threads), "FASTCRIT_PEAK_FILE": peak_file})
     if proc.returncode != 0:
         raise SystemExit(f"bench_trl: the TRL peer failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     with open(out_file) as f:
         out = json.load(f)
+    with open(peak_file) as f:
+        out["peak_rss_mb"] = json.load(f)["peak_rss_mb"]
     k = s["updates_per_step"]
     ups = out["update_s"]
     lengths = [float(h["completions/mean_length"]) for h in out["logs"] if "completions/mean_length" in h]
