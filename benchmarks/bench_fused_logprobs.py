@@ -202,7 +202,7 @@ def _latest_csv_rows(device):
     latest = {}
     with open(CSV_PATH, newline="") as f:
         for r in csv.DictReader(f):
-            if r.get("device") != device or r.get("error") or not r.get("peak_mb"):
+            if r.get("device") != device or r.get("error") or not r.get("peak_mb") or int(r.get("V") or V) != V:
                 continue
             latest[(r["impl"], int(r["tokens"]))] = {"impl": r["impl"], "tokens": int(r["tokens"]),
                                                      "peak_mb": float(r["peak_mb"])}
@@ -235,6 +235,7 @@ def _plot(rows, device):
 
 
 def main(argv=None) -> dict:
+    global V  # --vocab: the worker processes get it too
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", default=None,
                     help="comma list; default 1024,2048,4096 on CPU (8192 takes minutes per case "
@@ -245,8 +246,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-csv", action="store_true")
     ap.add_argument("--plot-only", action="store_true",
                     help="redraw the PNG from the newest CSV row per (impl, tokens) and exit")
+    ap.add_argument("--vocab", type=int, default=V, help=f"lm_head rows V (default {V}, Qwen2.5's)")
+    ap.add_argument("--no-plot", action="store_true", help="leave fused_logprobs_memory.png as it is")
     ap.add_argument("--worker", nargs=3, metavar=("IMPL", "TOKENS", "REPEATS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    V = args.vocab
 
     if args.worker:
         impl, tokens, repeats = args.worker
@@ -275,8 +279,8 @@ def main(argv=None) -> dict:
             if device == "cpu":
                 env = dict(os.environ, TRITON_INTERPRET="0")
                 proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", impl,
-                                       str(tokens), str(args.repeats)], capture_output=True, text=True,
-                                      env=env)
+                                       str(tokens), str(args.repeats), "--vocab", str(V)], capture_output=True,
+                                      text=True, env=env)
                 if proc.returncode != 0:
                     row = {"impl": impl, "tokens": tokens, "error": proc.stderr.strip()[-400:]}
                 else:
@@ -311,7 +315,7 @@ def main(argv=None) -> dict:
                 if k in fields or k == "bench"} for r in rows]
         append_csv(CSV_PATH, standardize(out, settings=("tokens", "H", "V", "dtype"), repeats=args.repeats,
                                          median="ms_p50", q20="ms_p20", q80="ms_p80", variant="impl"))
-    png = _plot(rows if args.no_csv else _latest_csv_rows(device), device)
+    png = None if args.no_plot else _plot(rows if args.no_csv else _latest_csv_rows(device), device)
     summary = {"bench": "fused_logprobs", "timestamp": stamp, "commit": commit, "machine": machine,
                "device": device, "H": H, "V": V, "dtype": "fp32",
                "memory_method": ("peak RSS growth (VmHWM after clear_refs) in a fresh subprocess per case"

@@ -41,6 +41,8 @@ PARTS: dict[str, tuple[Script, ...]] = {
         Script("advantages", "bench_advantages.py", "bench_advantages.csv"),
         Script("ppo", "bench_ppo.py", "bench_ppo.csv"),
         Script("pacs", "bench_pacs.py", "bench_pacs.csv"),
+        # fused vs naive log-probs as the response length and the vocabulary grow (+ bench_scaling_sweeps.png)
+        Script("scaling", "bench_scaling.py", "bench_scaling.csv"),
     ),
     "rollout": (Script("generate", "bench_generate.py", "bench_generate.csv"),),
     "sandbox": (Script("sandbox", "bench_sandbox.py", "bench_sandbox.csv", args=("--repeats", "5"),
