@@ -88,6 +88,8 @@ def _worker(rank: int, world_size: int, device_kind: str, fn: Callable, args: tu
                         "Every node must start with the same --nnodes and rendezvous endpoint") from e
     try:
         fn(ctx, *args)
+        if world_size > 1:  # tear down together: no rank destroys the group while a peer still talks
+            dist.barrier()
     except Exception as e:
         if world_size > 1 and _is_dist_failure(e):
             raise DistError(f"{where(rank, world_size)}: a collective failed: {type(e).__name__}: "
