@@ -3,8 +3,8 @@
 Called by bench_trl.py as ``PEER_PYTHON benchmarks/_trl_peer.py --spec SPEC.json --out OUT.json``;
 SPEC holds the model directory, the prompts (chat messages) and answers, and every setting. The
 reward is fastcrit's own ``reverse`` rule, imported from this checkout (it needs no more than the
-standard library). OUT gets the wall time of every optimizer step, TRL's logged metrics and the
-process's peak resident set (VmHWM).
+standard library). OUT gets the wall time of every optimizer step and TRL's logged metrics; the peak resident set
+comes from _peak.py, which bench_trl.py runs this script under (as it runs fastcrit).
 """
 from __future__ import annotations
 
@@ -15,14 +15,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def peak_rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def main() -> None:
@@ -81,7 +73,7 @@ def main() -> None:
     steps = [b - a for a, b in zip(clock.ends, clock.ends[1:])]
     logs = [h for h in trainer.state.log_history if "loss" in h or "reward" in h]
     with open(args.out, "w") as f:
-        json.dump({"update_s": steps, "logs": logs, "peak_rss_mb": peak_rss_mb(),
+        json.dump({"update_s": steps, "logs": logs,
                    "trl": __import__("trl").__version__, "torch": torch.__version__}, f)
 
 

@@ -7,7 +7,7 @@ Python with trl. Without one the script writes no rows and says so in its JSON l
 
 Both sides, each in a fresh process, the two taking turns (fastcrit first in odd rounds, TRL first
 in even ones): the same model directory (configs/cpu/grpo.yaml's tiny Qwen2, or for ``large`` a
-~11M-parameter one of the same family), the shipped ``reverse`` prompts in the chat template with no
+13.4M-parameter one of the same family), the shipped ``reverse`` prompts in the chat template with no
 system prompt, fastcrit's ``reverse`` reward, 8 prompts x 8 samples per rollout step, the same
 max new tokens (12; ``large``: 64), temperature 0.7, top-p 1, no top-k, KL coefficient 0.001
 (fastcrit low_var_kl; TRL's beta, k3), lr 3e-4 constant, AdamW (0.9, 0.999, 1e-8, no weight decay),

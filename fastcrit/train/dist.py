@@ -114,15 +114,14 @@ def _first_line(e: BaseException) -> str:
 
 
 def _is_dist_failure(e: BaseException) -> bool:
-    """Whether ``e`` came out of the process group (a peer gone, a timeout) rather than our code."""
+    """Whether ``e`` came out of the process group (a peer gone, a timeout) rather than our code:
+    torch's distributed error types, or a RuntimeError raised by the gloo / NCCL backends (their
+    messages name them; a generic "connection refused" from, say, a proxy endpoint does not count)."""
     dist_errors = tuple(t for t in (getattr(dist, "DistError", None), getattr(dist, "DistNetworkError", None),
                                     getattr(dist, "DistStoreError", None)) if t is not None)
     if dist_errors and isinstance(e, dist_errors):
         return True
-    text = str(e)
-    return isinstance(e, RuntimeError) and any(m in text for m in (
-        "Connection reset by peer", "Connection closed by peer", "Broken pipe", "Timed out waiting",
-        "timed out", "gloo", "NCCL", "Socket Timeout", "Connection refused"))
+    return isinstance(e, RuntimeError) and any(m in str(e) for m in ("gloo", "NCCL", "c10d", "ProcessGroup"))
 
 
 def launch(fn: Callable, args: tuple, nproc: int, device_kind: str,
