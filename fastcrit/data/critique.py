@@ -98,6 +98,19 @@ def part_review(needed: str, has: str) -> str | None:
     return "; ".join(f"needs `{y}`, has `{x}`: {'ok' if x == y else 'wrong'}" for x, y in zip(a, b))
 
 
+def line_review(needed: str, has: str) -> str:
+    """The review of the code's line: first the line the problem needs, written whole, then the
+    code's line part by part against it ("the problem needs `return max(xs) * 6 + 4`. By part: needs
+    `return max(xs)`, has `return max(xs)`: ok; ..."), or both whole lines when they do not cut
+    alike. The needed line comes first and whole because that is how a critic can write it: by
+    solving the problem from its statement before it reads the code, not part by part beside the
+    code's parts (where it copies what the code has)."""
+    review = part_review(needed, has)
+    if review is None:
+        return f"the problem needs `{needed}` and the code has `{has}`"
+    return f"the problem needs `{needed}`. By part: {review}"
+
+
 def feedback_sentence(passed: bool, failures: list[str]) -> str:
     if passed:
         return "Every test passes."
@@ -110,8 +123,9 @@ def synthetic_critique(passed: bool, failures: list[str], solution_code: str,
     """A critique grounded in execution feedback, whose judgment is the real outcome.
 
     Where the solution and a reference solution differ in one line (or not at all), the analysis
-    reviews the code's line part by part against the reference's ("needs `* 6`, has `* 6`: ok;
-    needs `+ 4`, has `+ 5`: wrong"), or names both lines when they do not cut alike; then it says what the
+    names the reference's line whole, then reviews the code's line part by part against it ("needs
+    `* 6`, has `* 6`: ok; needs `+ 4`, has `+ 5`: wrong"), or names both lines when they do not cut
+    alike (``line_review``); then it says what the
     execution showed: the first failing test with expected and actual values, or the error (the
     sandbox's message), or that every test passes. The suggestion is the needed line when there is
     one, else a request to make the failing case hold. Departure from the paper: CTRL has a strong
@@ -121,8 +135,7 @@ def synthetic_critique(passed: bool, failures: list[str], solution_code: str,
     lines = key_lines(solution_code, reference_code)
     analysis = feedback_sentence(passed, failures)
     if lines:
-        review = part_review(*lines) or f"the problem needs `{lines[0]}` and the code has `{lines[1]}`"
-        analysis = f"{review}. {analysis}"
+        analysis = f"{line_review(*lines)}. {analysis}"
     if passed:
         return format_critique(analysis, NO_SUGGESTION, True)
     if lines and lines[0] != lines[1]:

@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 
 from fastcrit.data.critique import (FINALIZE, NO_SUGGESTION, VAGUE_SUGGESTION, feedback_sentence,
-                                   format_critique, part_review)
+                                   format_critique, line_review)
 
 # (arg, phrase, expression): the expression is what the function returns.
 TEMPLATES = (
@@ -166,9 +166,7 @@ def _revise_row(spec: Spec, rng: random.Random) -> dict:
     v = rng.choice(INPUTS[spec.arg])
 
     def analysis(claimed: str, passed: bool) -> str:
-        review = part_review(f"return {claimed}", f"return {start}")
-        review = review or f"the problem needs `return {claimed}` and the code has `return {start}`"
-        return f"{review}. " + feedback_sentence(passed, [
+        return f"{line_review(f'return {claimed}', f'return {start}')}. " + feedback_sentence(passed, [
             f"AssertionError: assert {spec.name}({v!r}) == {evaluate(claimed, spec.arg, v)!r} "
             f"(returned {evaluate(start, spec.arg, v)!r})"])
 

@@ -44,7 +44,8 @@ def test_synthetic_critique_is_grounded_and_its_judgment_is_the_outcome():
     bad = "def g(xs):\n    return max(xs) * 6 + 5\n"
     c = synthetic_critique(False, ["AssertionError: assert g([1]) == 10 (returned 11)"], bad, ref)
     assert parse_judgment(c) is False
-    assert c.startswith("Analysis: needs `return max(xs)`, has `return max(xs)`: ok; needs `* 6`, has `* 6`: ok; "
+    assert c.startswith("Analysis: the problem needs `return max(xs) * 6 + 4`. By part: needs `return max(xs)`, "
+                        "has `return max(xs)`: ok; needs `* 6`, has `* 6`: ok; "
                         "needs `+ 4`, has `+ 5`: wrong. "
                         "AssertionError: assert g([1]) == 10 (returned 11).\n")
     assert suggested_line(c) == "return max(xs) * 6 + 4"
