@@ -141,10 +141,12 @@ class RAROConfig:
     # The warm start (sft.data "" = made from data.train) teaches both roles' formats. Policy rows
     # answer with the expert's answer, except a share warm_start_cut of them, cut short at a random
     # point: a starting policy that often stops early, a gap a critic can see. Critic rows show the
-    # expert's answer and another question's and name the expert's ("expert"), or name one at random
-    # ("random": the critic learns the verdict format only and starts at chance, still exploring).
+    # expert's answer and another question's and name the expert's ("expert"), or the expert's
+    # answer and the same cut short at a random word ("cut": the cut policy's mistake, a difference
+    # a small critic learns), or name one at random ("random": the critic learns the verdict format
+    # only and starts at chance, still exploring).
     warm_start_cut: float = 0.0
-    warm_start_critic: Literal["expert", "random"] = "expert"
+    warm_start_critic: Literal["expert", "cut", "random"] = "expert"
 
 
 @dataclass

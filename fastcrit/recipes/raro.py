@@ -214,8 +214,9 @@ def critic_acc(parsed: list[tuple[int, int]]) -> float:
 def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
     """SFT rows for both roles, from the expert answers alone: the policy answers each question (a
     share ``r.warm_start_cut`` of its answers cut short at a random word); the critic sees the
-    expert's answer and another question's expert answer (a wrong answer that looks right), in
-    random order, and names the expert's, or (``r.warm_start_critic == "random"``) one at random."""
+    expert's answer and another question's expert answer (a wrong answer that looks right) or, with
+    ``r.warm_start_critic == "cut"``, the expert's answer cut short at a random word (the mistake
+    the cut policy makes), in random order, and names the expert's, or (``"random"``) one at random."""
     rng = random.Random(seed)
     rows = []
     for i, ex in enumerate(examples):
@@ -226,11 +227,13 @@ def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
                                   {"role": "user", "content": ex.prompt},
                                   {"role": "assistant", "content": answer}]})
         other = examples[(i + rng.randrange(1, len(examples))) % len(examples)].answer
+        if r.warm_start_critic == "cut" and len(words) > 1:
+            other = " ".join(words[:rng.randrange(1, len(words))])
         if other == ex.answer:
             continue
         pos = rng.choice((1, 2))
         j = Judged(ex.prompt, ex.answer, other, pos, None)
-        label = pos if r.warm_start_critic == "expert" else rng.choice((1, 2))
+        label = rng.choice((1, 2)) if r.warm_start_critic == "random" else pos
         rows.append({"messages": [{"role": "system", "content": r.critic_system},
                                   {"role": "user", "content": critic_text(j)},
                                   {"role": "assistant", "content": f"[Answer {label}]"}]})

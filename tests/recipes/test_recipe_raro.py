@@ -77,3 +77,27 @@ def test_warm_start_rows_cut_policy_answers_and_random_critic_labels():
     assert all(" ".join(reversed(q.split(": ")[1].split())).startswith(a) for q, a in policy)  # prefixes
     labels = [r["messages"][-1]["content"] for r in cut if r["messages"][0]["content"] != RAROConfig.policy_system]
     assert 0.35 < labels.count("[Answer 1]") / len(labels) < 0.65
+
+
+def test_cut_warm_start_shows_the_critic_the_expert_answer_against_itself_cut_short():
+    from types import SimpleNamespace
+
+    from fastcrit.algos.raro import parse_label
+    from fastcrit.config import RAROConfig
+    from fastcrit.recipes.raro import warm_start_rows
+
+    ex = [SimpleNamespace(prompt=f"Reverse the letters: {w}", answer=" ".join(reversed(w.split())))
+          for w in ("a b c d e", "f g h i j", "k l m n o", "p q r s t")] * 20
+    rows = warm_start_rows(ex, RAROConfig(warm_start_critic="cut", warm_start_cut=0.7))
+    critic = [r for r in rows if r["messages"][0]["content"] != RAROConfig.policy_system]
+    assert len(critic) == len(ex)
+    positions = []
+    for r in critic:
+        q, label = r["messages"][1]["content"], parse_label(r["messages"][-1]["content"])
+        expert = next(e.answer for e in ex if e.prompt in q)
+        named = q.split(f"Answer {label}:\n")[1].split("\n")[0]
+        other = q.split(f"Answer {3 - label}:\n")[1].split("\n")[0]
+        assert named == expert  # the label names the expert's answer
+        assert expert.startswith(other + " ") and len(other.split()) < len(expert.split())  # cut short
+        positions.append(label)
+    assert 0.3 < positions.count(1) / len(positions) < 0.7
