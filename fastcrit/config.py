@@ -217,6 +217,13 @@ class CTRLConfig:
     # 0 and is not executed, as a critique without a judgment. Reads the critique and the code it
     # reviews, never the outcome. Off = the paper's rule alone.
     consistent_review: bool = False
+    # Training reward: Critique-RL's direct discriminability reward (Xi et al., 2025): a valid
+    # critique whose verdict matches the sandbox's outcome of the solution it judged earns this much
+    # on top of its revision's score. 0 = the paper's rule alone (the revision's score only).
+    judgment_reward: float = 0.0
+    # Critique-RL's stage I: the first this many RL steps reward the verdict alone (judgment_reward
+    # x right verdict; nothing is revised or executed); the revision's score joins after them.
+    judgment_only_steps: int = 0
     rounds: int = 1  # critique -> revision rounds at test time (`fastcrit critique`)
     critic: str = ""  # test time: critic model dir; "" = newest checkpoint of trainer.output_dir
     critic_endpoint: str = ""  # test time: an OpenAI-compatible critic instead of a local one
@@ -513,6 +520,12 @@ def validate(cfg: Config) -> None:
     need(cfg.pacs.beta > 0, f"pacs.beta: must be > 0, got {cfg.pacs.beta}")
     need(cfg.ctrl.rounds >= 1, f"ctrl.rounds: must be >= 1, got {cfg.ctrl.rounds}")
     need(cfg.ctrl.solutions_per_problem >= 1, "ctrl.solutions_per_problem: must be >= 1")
+    need(cfg.ctrl.judgment_reward >= 0, f"ctrl.judgment_reward: must be >= 0, got {cfg.ctrl.judgment_reward}")
+    need(cfg.ctrl.judgment_only_steps >= 0,
+         f"ctrl.judgment_only_steps: must be >= 0, got {cfg.ctrl.judgment_only_steps}")
+    need(cfg.ctrl.judgment_only_steps == 0 or cfg.ctrl.judgment_reward > 0,
+         "ctrl.judgment_only_steps: the verdict-only steps need ctrl.judgment_reward > 0 (every reward "
+         "would be 0)")
     need(cfg.proxy.rollout.n == 1, "proxy.rollout.n: the proxy writes one revision per critique (n=1)")
     need(cfg.proxy.max_prompt_len >= 1, "proxy.max_prompt_len: must be >= 1")
     need(cfg.algorithm.name != "ctrl" or cfg.reward.name == "code",

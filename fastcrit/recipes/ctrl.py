@@ -37,6 +37,14 @@ def critique_scores(n: int, sent: list[tuple[int, str]], results) -> torch.Tenso
     return scores
 
 
+def judged_right(attempts: list[Attempt], judged: list[bool | None], skip: set[int]) -> torch.Tensor:
+    """[n] 1.0 where a valid critique's verdict is the real outcome of the solution it judged (the
+    discriminability reward of ``ctrl.judgment_reward``); 0 for a wrong verdict, none, or an invalid
+    critique (in ``skip``)."""
+    return torch.tensor([float(j is not None and i not in skip and j == a.passed)
+                         for i, (j, a) in enumerate(zip(judged, attempts))])
+
+
 class CTRL:
     def __init__(self, run: Run):
         c = run.cfg
@@ -64,15 +72,18 @@ class CTRL:
 
     def step(self, step: int) -> dict[str, float]:
         run, c = self.run, self.run.cfg
+        self.reward.stats()  # the step's sandbox counters start here (not with an evaluation's)
         pairs = run.share(self.pairs, step)
         rollouts = run.generate([ids for ids, _ in pairs], run.sampling(step))  # n critiques each
         attempts = [pairs[r.prompt_index][1] for r in rollouts]
         critiques = [run.tok.decode(r.output_ids, skip_special_tokens=True) for r in rollouts]
+        invalid = self._inconsistent(attempts, critiques)
+        stage_one = step <= c.ctrl.judgment_only_steps  # Critique-RL's stage I: the verdict alone
+        skip = set(range(len(critiques))) if stage_one else invalid
         with run.timer("revise"):
             judged, sent = revise(self.proxy, attempts, critiques,
                                   max_new_tokens=c.proxy.rollout.max_new_tokens,
-                                  temperature=c.proxy.rollout.temperature,
-                                  skip=self._inconsistent(attempts, critiques))
+                                  temperature=c.proxy.rollout.temperature, skip=skip)
         t0, finished = time.perf_counter(), []
         pending = self.reward.submit([RewardItem(attempts[i].problem.question, text, "",
                                                  problem=attempts[i].problem) for i, text in sent])
@@ -82,12 +93,15 @@ class CTRL:
         with run.timer("sandbox_wait"):
             results = pending.result()
         run.times["time/sandbox_s"] = (finished[0] if finished else time.perf_counter()) - t0
-        batch.scores = scores = critique_scores(len(rollouts), sent, results)
+        revision = critique_scores(len(rollouts), sent, results)
+        right = judged_right(attempts, judged, invalid)
+        batch.scores = scores = revision + c.ctrl.judgment_reward * right
         batch.advantages = outcome_advantages("grpo", scores, batch.group_ids, batch.response_mask,
                                               norm_by_std=c.algorithm.norm_adv_by_std)
         stats = run.update(batch)
         run.sync()
         return {**self._metrics(attempts, critiques, judged, sent, results, scores),
+                "reward/revision_mean": revision.mean().item(), "reward/judgment_mean": right.mean().item(),
                 "response_len/mean": batch.response_mask.sum(-1).mean().item(), **stats}
 
     def _inconsistent(self, attempts: list[Attempt], critiques: list[str]) -> set[int]:

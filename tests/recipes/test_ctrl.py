@@ -272,3 +272,36 @@ def test_consistent_review_makes_self_contradicting_critiques_invalid():
     off = SimpleNamespace(run=SimpleNamespace(cfg=SimpleNamespace(ctrl=SimpleNamespace(consistent_review=False))))
     assert CTRL._inconsistent(on, attempts, critiques) == {2, 4, 5}
     assert CTRL._inconsistent(off, attempts, critiques) == set()
+
+
+def test_judgment_reward_pays_only_a_valid_critique_whose_verdict_is_the_real_outcome():
+    from types import SimpleNamespace
+
+    from fastcrit.recipes.ctrl import judged_right
+
+    attempts = [SimpleNamespace(passed=p) for p in (True, True, False, False, True, False)]
+    judged = [True, False, False, True, None, False]  # right, wrong, right, wrong, none, right-but-invalid
+    assert judged_right(attempts, judged, {5}).tolist() == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_critique_rl_stages_verdict_alone_then_with_the_revision(workdir, tmp_path):
+    """ctrl.judgment_only_steps: those steps revise and execute nothing and their reward is the
+    verdict's; after them the revision's score joins (reward = revision + w x right verdict)."""
+    out = str(tmp_path / "run")
+    cli("train", workdir, out, "trainer.total_steps=3", "ctrl.judgment_reward=0.5", "ctrl.judgment_only_steps=2")
+    r = rows(out)
+    for x in r[:2]:
+        assert x["reward/revision_mean"] == 0.0 and x["sandbox/executions"] == 0.0
+        assert x["reward/mean"] == pytest.approx(0.5 * x["reward/judgment_mean"])
+        assert x["reward/judgment_mean"] == pytest.approx(x["critique/judgment_acc"])
+    last = r[2]
+    assert last["reward/mean"] == pytest.approx(last["reward/revision_mean"] + 0.5 * last["reward/judgment_mean"])
+
+
+def test_judgment_only_steps_need_a_judgment_reward(tmp_path):
+    from fastcrit.config import ConfigError
+
+    with pytest.raises(ConfigError, match="ctrl.judgment_only_steps"):
+        load_config(CPU_CONFIG, ["ctrl.judgment_only_steps=5"])
+    with pytest.raises(ConfigError, match="ctrl.judgment_reward"):
+        load_config(CPU_CONFIG, ["ctrl.judgment_reward=-1"])
