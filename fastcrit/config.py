@@ -119,6 +119,12 @@ class PPOConfig:
     value_clip: float = 0.5  # |v - v_old| range of the clipped value loss
     kl_in_reward_coef: float = 0.0  # reward -= coef * kl(old, ref) per token (0 = no penalty)
     kl_in_reward_kind: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"] = "k1"
+    # Online reward model (iterated RLHF): every this many steps the reward model (reward.name's
+    # `model` part) takes rm_refresh_steps Bradley-Terry steps (rm.batch_size pairs, rm.lr) on pairs
+    # of the policy's own answers since the last refresh, ranked by rm.label_reward, and scores with
+    # the new weights from then on. It is checkpointed in <checkpoint>/rm/. 0 = a frozen reward model.
+    rm_refresh_every: int = 0
+    rm_refresh_steps: int = 10
 
 
 @dataclass
@@ -509,6 +515,13 @@ def validate(cfg: Config) -> None:
          "reward.name uses 'model': set reward.model_path to a reward model directory (fastcrit rm writes one)")
     need(cfg.ppo.value_clip >= 0, "ppo.value_clip: must be >= 0")
     need(0.0 <= cfg.ppo.gamma <= 1.0 and 0.0 <= cfg.ppo.lam <= 1.0, "ppo.gamma, ppo.lam: must be in [0, 1]")
+    need(cfg.ppo.rm_refresh_every >= 0, "ppo.rm_refresh_every: must be >= 0")
+    if cfg.ppo.rm_refresh_every and cfg.algorithm.name == "ppo":
+        need("model" in cfg.reward.name.split("+"),
+             f"ppo.rm_refresh_every: reward.name {cfg.reward.name!r} has no `model` part to refresh")
+        need(bool(cfg.rm.label_reward),
+             "ppo.rm_refresh_every: set rm.label_reward, the reward that ranks the policy's answers into pairs")
+        need(cfg.ppo.rm_refresh_steps >= 1, "ppo.rm_refresh_steps: must be >= 1")
     need(0.0 < cfg.rm.val_fraction < 1.0, "rm.val_fraction: must be in (0, 1)")
     need(not cfg.rm.label_reward or cfg.rm.samples_per_prompt >= 2,
          "rm.samples_per_prompt: on-policy pairs need at least 2 answers per prompt")

@@ -12,19 +12,34 @@
 The critic starts from ``ppo.critic_path`` (default ``model.path``; a causal LM gets a fresh value
 head) and is checkpointed next to the policy in ``<checkpoint>/critic/``, a Hugging Face directory
 that loads with ``AutoModelForTokenClassification``.
+
+With ``ppo.rm_refresh_every`` the reward model learns on as the policy moves (iterated, online RLHF):
+
+        pairs += answers of this step ranked by rm.label_reward            (per prompt, as `fastcrit rm`)
+        every rm_refresh_every steps: rm_refresh_steps Bradley-Terry steps on pairs; pairs = []
+
+so the policy is scored by a reward model that has seen what the policy now writes, not only what it
+wrote before training (a frozen one is over-optimised: see docs/algorithms.md).
 """
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import torch
 
 from fastcrit.algos.advantages import gae, last_valid_index, masked_whiten
 from fastcrit.config import ConfigError, loss_scale
+from fastcrit.data.datasets import PreferencePair
 from fastcrit.models.hf import load_tokenizer
 from fastcrit.recipes.grpo import GRPO
-from fastcrit.recipes.scaffold import Run, info_means
+from fastcrit.recipes.rm import accuracy, bradley_terry_step, ranked_pairs
+from fastcrit.recipes.scaffold import Run, info_means, reward_items
+from fastcrit.reward import get_reward_manager
+from fastcrit.reward.model import CombinedReward, ModelReward
 from fastcrit.train.actor import Actor
+from fastcrit.train.dist import all_reduce, all_reduce_mean
+from fastcrit.train.policy import full_named_tensors
 from fastcrit.train.value import build_value_actor, compute_values, explained_variance, update_values
 from fastcrit_kernels import kl_penalty
 
@@ -43,13 +58,28 @@ class PPO(GRPO):
         self.critic = build_value_actor(path, dtype=c.model.dtype, device=run.ctx.device,
                                         world_size=run.ctx.world_size, total_updates=updates,
                                         optim=dataclasses.replace(c.optim, lr=c.ppo.critic_lr))
+        self.online = OnlineRM(run, self.reward) if c.ppo.rm_refresh_every else None
 
     def actors(self) -> dict[str, Actor]:
-        return {"critic": self.critic}
+        return {"critic": self.critic, **({"rm": self.online.actor} if self.online else {})}
+
+    def state_dict(self) -> dict:
+        return self.online.state_dict() if self.online else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.online:
+            self.online.load_state_dict(state)
 
     def step(self, step: int) -> dict[str, float]:
         run, c = self.run, self.run.cfg
-        _, rollouts, scores, results = self.sample_and_score(step)
+        prompts, rollouts, scores, results = self.sample_and_score(step)
+        online = {}
+        if self.online:
+            texts = [run.tok.decode(r.output_ids, skip_special_tokens=True) for r in rollouts]
+            self.online.add(reward_items(rollouts, texts, [p.example for p in prompts]))
+            if step % c.ppo.rm_refresh_every == 0:
+                with run.timer("rm_refresh"):
+                    online = self.online.refresh(step)
         batch = run.batch(rollouts, scores)
         batch.ref_logprobs = run.reference(batch)
         with run.timer("values"):
@@ -68,7 +98,76 @@ class PPO(GRPO):
                 "critic/values_mean": masked_mean(batch.values, batch.response_mask),
                 "critic/returns_mean": masked_mean(batch.returns, batch.response_mask),
                 **({"reward/kl_penalty": kl} if kl is not None else {}),
-                "response_len/mean": batch.response_mask.sum(-1).mean().item(), **critic_stats, **stats}
+                "response_len/mean": batch.response_mask.sum(-1).mean().item(), **critic_stats, **online, **stats}
+
+
+class OnlineRM:
+    """The reward model of ``reward.name``'s `model` part, trained on during the run
+    (``ppo.rm_refresh_every``): a trainable copy of ``reward.model_path`` (its own AdamW at
+    ``rm.lr``), the pairs of the policy's answers since the last refresh, and the reward manager
+    that scores with its weights."""
+
+    def __init__(self, run: Run, reward):
+        c = run.cfg
+        self.run, self.cfg = run, c
+        self.scorer = model_part(reward)
+        self.labeler = get_reward_manager(c.rm.label_reward)
+        refreshes = max(1, c.trainer.total_steps // c.ppo.rm_refresh_every)
+        optim = dataclasses.replace(c.optim, lr=c.rm.lr, warmup_steps=0, lr_schedule="constant")
+        self.actor = build_value_actor(c.reward.model_path, dtype=c.model.dtype, device=run.ctx.device,
+                                       world_size=run.ctx.world_size, optim=optim,
+                                       total_updates=refreshes * c.ppo.rm_refresh_steps)
+        self.tok = load_tokenizer(c.reward.model_path)
+        self.pairs: list[PreferencePair] = []
+        self.loaded = False  # the scorer holds the trained weights (after a refresh or a resume)
+
+    def add(self, items) -> None:
+        """This step's answers, ranked per prompt by ``rm.label_reward``, join the pairs."""
+        labels = [r.score for r in self.labeler(items)]
+        self.pairs += ranked_pairs([it.prompt for it in items], [it.response for it in items], labels)
+
+    def refresh(self, step: int) -> dict[str, float]:
+        """Bradley-Terry steps on the pairs gathered since the last refresh, then the scorer takes
+        the new weights. Logged: how often the reward model ranked the policy's new pairs right
+        before (rm/onpolicy_acc), the loss and accuracy of the steps, the pairs."""
+        c, micro = self.cfg, self.cfg.trainer.micro_batch_size
+        have = -all_reduce([-float(len(self.pairs))], "max")[0]  # the fewest of any rank: all step, or none
+        out = {"rm/pairs": float(len(self.pairs))}
+        if have >= 1:
+            rng = random.Random((c.trainer.seed * 1_000_003 + step) * 64 + self.run.ctx.rank)
+            sample = rng.sample(self.pairs, min(len(self.pairs), 512))
+            out["rm/onpolicy_acc"] = accuracy(self.actor, self.tok, sample, micro)["acc"]
+            sums = {"loss": 0.0, "acc": 0.0}
+            for _ in range(c.ppo.rm_refresh_steps):
+                batch = [rng.choice(self.pairs) for _ in range(c.rm.batch_size)]
+                res = bradley_terry_step(self.actor, self.tok, batch, micro, c.optim.grad_clip)
+                sums = {k: sums[k] + res[k] / c.ppo.rm_refresh_steps for k in sums}
+            out.update({"rm/refresh_loss": sums["loss"], "rm/refresh_acc": sums["acc"]})
+            self.sync()
+        self.pairs = []
+        return all_reduce_mean(out)
+
+    def sync(self) -> None:
+        self.scorer.load_weights(full_named_tensors(self.actor.module))  # a collective
+        self.loaded = True
+
+    def state_dict(self) -> dict:
+        return {"rm_pairs": [dataclasses.astuple(p) for p in self.pairs]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pairs = [PreferencePair(*p) for p in state.get("rm_pairs", [])]
+        self.sync()  # the checkpoint's reward model, not reward.model_path's
+
+
+def model_part(reward) -> ModelReward:
+    """The ModelReward inside ``reward`` (alone or a part of a CombinedReward)."""
+    if isinstance(reward, ModelReward):
+        return reward
+    if isinstance(reward, CombinedReward):
+        for _, mgr in reward.parts:
+            if isinstance(mgr, ModelReward):
+                return mgr
+    raise ConfigError("ppo.rm_refresh_every: the reward has no `model` part to train on")
 
 
 def rm_means(results) -> dict[str, float]:

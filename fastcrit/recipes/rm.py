@@ -52,6 +52,41 @@ def accuracy(actor, tok, pairs: list[PreferencePair], micro: int) -> dict[str, f
     return {"acc": float((c > r).float().mean()), "margin": float((c - r).mean())}
 
 
+def ranked_pairs(prompts: list[str], answers: list[str], scores: list[float]) -> list[PreferencePair]:
+    """Preference pairs from scored answers: every two different answers to the same prompt with
+    different scores make a pair, the higher-scored one chosen (prompts in first-seen order)."""
+    by_prompt: dict[str, list[tuple[float, str]]] = {}
+    for p, t, s in zip(prompts, answers, scores):
+        by_prompt.setdefault(p, []).append((s, t))
+    pairs = []
+    for prompt, group in by_prompt.items():
+        for a in range(len(group)):
+            for b in range(a + 1, len(group)):
+                (sa, ta), (sb, tb) = group[a], group[b]
+                if sa != sb and ta != tb:
+                    hi, lo = (ta, tb) if sa > sb else (tb, ta)
+                    pairs.append(PreferencePair(prompt, hi, lo))
+    return pairs
+
+
+def bradley_terry_step(actor, tok, batch: list[PreferencePair], micro: int, grad_clip: float) -> dict[str, float]:
+    """One optimizer step of -log sigmoid(r(chosen) - r(rejected)) on ``batch`` (mean over pairs);
+    returns this rank's loss, accuracy (chosen scored above rejected) and the optimizer's stats."""
+    actor.optimizer.zero_grad(set_to_none=True)
+    loss_sum, hits = 0.0, 0.0
+    for sl in _micro_slices(len(batch), micro):
+        part = batch[sl]
+        ids, mask = _encode(tok, part)
+        v = last_token_values(actor, ids, mask)
+        margin = v[:len(part)] - v[len(part):]
+        loss = -F.logsigmoid(margin).mean() * (len(part) / len(batch))
+        loss.backward()
+        loss_sum += loss.item()
+        hits += float((margin > 0).float().sum())
+    opt = optimizer_step(actor, grad_clip)
+    return {"loss": loss_sum, "acc": hits / len(batch), **opt}
+
+
 def on_policy_pairs(ctx: DistContext, cfg: Config, model_path: str, tok, out_dir: str):
     """The model's own answers, ranked by ``rm.label_reward``: for each prompt, every two sampled
     answers with different scores make a pair (higher score chosen). Same on every rank (seeded)."""
@@ -72,17 +107,7 @@ def on_policy_pairs(ctx: DistContext, cfg: Config, model_path: str, tok, out_dir
     label = get_reward_manager(c.label_reward)
     scores = [r.score for r in label([RewardItem(examples[r.prompt_index].prompt, t, examples[r.prompt_index].answer,
                                                  examples[r.prompt_index].meta) for r, t in zip(rollouts, texts)])]
-    by_prompt: dict[int, list[tuple[float, str]]] = {}
-    for r, t, s in zip(rollouts, texts, scores):
-        by_prompt.setdefault(r.prompt_index, []).append((s, t))
-    pairs = []
-    for i, answers in sorted(by_prompt.items()):
-        for a in range(len(answers)):
-            for b in range(a + 1, len(answers)):
-                (sa, ta), (sb, tb) = answers[a], answers[b]
-                if sa != sb and ta != tb:
-                    hi, lo = (ta, tb) if sa > sb else (tb, ta)
-                    pairs.append(PreferencePair(examples[i].prompt, hi, lo))
+    pairs = ranked_pairs([examples[r.prompt_index].prompt for r in rollouts], texts, scores)
     if not pairs:
         raise ConfigError(f"rm.label_reward {c.label_reward!r}: the answers to each prompt all scored alike "
                           f"({len(texts)} answers), so there is no pair to learn from (raise "
@@ -131,21 +156,10 @@ def run_rm(ctx: DistContext, cfg: Config) -> dict:
     for step in range(1, c.steps + 1):
         t0 = time.perf_counter()
         idx = step_indices(len(train), c.batch_size, step, cfg.trainer.seed, ctx.rank, ctx.world_size)
-        batch = [train[i] for i in idx]
-        actor.optimizer.zero_grad(set_to_none=True)
-        loss_sum, hits = 0.0, 0.0
-        for sl in _micro_slices(len(batch), micro):
-            part = batch[sl]
-            ids, mask = _encode(tok, part)
-            v = last_token_values(actor, ids, mask)
-            margin = v[:len(part)] - v[len(part):]
-            loss = -F.logsigmoid(margin).mean() * (len(part) / len(batch))
-            loss.backward()
-            loss_sum += loss.item()
-            hits += float((margin > 0).float().sum())
-        opt = optimizer_step(actor, cfg.optim.grad_clip)
-        stats = all_reduce_mean({"rm/loss": loss_sum, "rm/acc": hits / len(batch)})
-        log.log({"step": step, **stats, **{f"rm/{k}": v for k, v in opt.items()},
+        out = bradley_terry_step(actor, tok, [train[i] for i in idx], micro, cfg.optim.grad_clip)
+        loss, acc = out.pop("loss"), out.pop("acc")
+        stats = all_reduce_mean({"rm/loss": loss, "rm/acc": acc})
+        log.log({"step": step, **stats, **{f"rm/{k}": v for k, v in out.items()},
                  "time/step_s": time.perf_counter() - t0})
     end = accuracy(actor, tok, val, micro)
     final = os.path.join(out_dir, "final")

@@ -47,6 +47,23 @@ class ModelReward:
         self.device, self.batch_size = torch.device(device), batch_size
 
     @torch.no_grad()
+    def load_weights(self, named_tensors) -> None:
+        """Copy full tensors into the reward model by Hugging Face name (a reward model trained on
+        during a run, e.g. PPO's ``ppo.rm_refresh_every``). Every weight must be given; a name the
+        model lacks or a wrong shape raises before anything is copied."""
+        targets = self.model.state_dict(keep_vars=True)
+        given = dict(named_tensors)
+        missing, unknown = sorted(set(targets) - set(given)), sorted(set(given) - set(targets))
+        if missing or unknown:
+            raise KeyError(f"ModelReward.load_weights: missing {missing[:3]}, unknown {unknown[:3]}")
+        for name, t in given.items():
+            if tuple(t.shape) != tuple(targets[name].shape):
+                raise ValueError(f"ModelReward.load_weights: {name!r} has shape {tuple(t.shape)}, "
+                                 f"the reward model expects {tuple(targets[name].shape)}")
+        for name, t in given.items():
+            targets[name].data.copy_(t.to(device=targets[name].device, dtype=targets[name].dtype))
+
+    @torch.no_grad()
     def scores(self, items: list[RewardItem]) -> torch.Tensor:
         out = []
         for s in range(0, len(items), self.batch_size):

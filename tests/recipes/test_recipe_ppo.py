@@ -91,3 +91,56 @@ def test_shipped_preference_pairs_prefer_the_better_answer():
         os.path.join(os.path.dirname(__file__), "..", "..", "fastcrit", "data", "tasks", "reverse_train.jsonl")))}
     assert all(reverse_reward(p.chosen, answers[p.prompt]) > reverse_reward(p.rejected, answers[p.prompt])
                for p in pairs)
+
+
+def test_online_reward_model_refreshes_on_the_policys_pairs_and_resumes_exactly(tmp_path, same_checkpoint,
+                                                                                monkeypatch):
+    """ppo.rm_refresh_every: the reward model trains on pairs of the policy's answers ranked by
+    rm.label_reward, then scores with the new weights; its weights, optimizer and the pairs gathered
+    since the last refresh come back on resume."""
+    (tmp_path / "len_label.py").write_text("def longer(prompt, response, answer, meta):\n"
+                                           "    return float(len(response))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    online = ["reward.weights=[1.0, 0.0]", "ppo.rm_refresh_every=2", "ppo.rm_refresh_steps=2",
+              "rm.label_reward=len_label:longer", "rollout.n=4", "rollout.temperature=1.5"]
+    straight, resumed = str(tmp_path / "a"), str(tmp_path / "b")
+    assert run("rm", straight) == 0
+    assert run("train", straight, "trainer.total_steps=5", "trainer.save_every=3", *online) == 0
+    r = rows(straight)
+    refreshed = [x for x in r if "rm/onpolicy_acc" in x]
+    assert [x["step"] for x in refreshed] == [2, 4]
+    for x in refreshed:
+        assert x["rm/pairs"] > 0 and 0.0 <= x["rm/onpolicy_acc"] <= 1.0 and x["rm/refresh_loss"] > 0
+    # the policy is scored by the refreshed reward model: it no longer scores as the file it started from
+    from safetensors.torch import load_file
+    import torch
+
+    start = load_file(os.path.join(straight, "rm", "final", "model.safetensors"))
+    after = load_file(os.path.join(straight, "checkpoints", "step_5", "rm", "model.safetensors"))
+    assert any(not torch.equal(start[k], after[k]) for k in start)
+
+    assert run("rm", resumed) == 0
+    assert run("train", resumed, "trainer.total_steps=3", "trainer.save_every=3", *online) == 0  # 1 pair batch pending
+    assert run("train", resumed, "trainer.total_steps=5", "trainer.save_every=3", *online) == 0
+    for x, y in zip(r, rows(resumed)):
+        assert stable(x) == pytest.approx(stable(y), rel=1e-5, abs=1e-6)
+    same_checkpoint(straight, resumed, 5)
+    rb = load_file(os.path.join(resumed, "checkpoints", "step_5", "rm", "model.safetensors"))
+    assert all(torch.equal(after[k], rb[k]) for k in after)
+
+
+def test_online_reward_model_needs_a_model_part_and_a_label():
+    from fastcrit.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="rm.label_reward"):
+        load_config(CPU_CONFIG, ["ppo.rm_refresh_every=5"])
+    with pytest.raises(ConfigError, match="no `model` part"):
+        load_config(CPU_CONFIG, ["ppo.rm_refresh_every=5", "reward.name=rule", "reward.weights=[]",
+                                 "rm.label_reward=rule"])
+
+
+def test_ranked_pairs_prefer_the_higher_score_per_prompt():
+    from fastcrit.recipes.rm import ranked_pairs
+
+    pairs = ranked_pairs(["p", "p", "p", "q", "q"], ["a", "b", "c", "a", "a"], [1.0, 0.0, 1.0, 1.0, 0.0])
+    assert [(x.prompt, x.chosen, x.rejected) for x in pairs] == [("p", "a", "b"), ("p", "c", "b")]
