@@ -116,17 +116,18 @@ def measure(fn, device, repeats: int, warmup: int = 2):
     return _summary([t for t, _ in runs], [p for _, p in runs] if peak is None else [peak])
 
 
-def measure_interleaved(fns: dict, device, repeats: int, warmup: int = 1, log=None) -> dict:
+def measure_interleaved(fns: dict, device, repeats: int, warmup: int = 1, log=None, memory: bool = True) -> dict:
     """``measure`` for several cases taking turns (a, b, c, a, b, c, ...), so that a change in the
     machine's load while they run reaches every case alike: {name: the row ``measure`` gives, plus
     the process CPU time ``cpu_ms`` (q20/q80 too): on a shared machine less sensitive to the other
     jobs than wall time, though thread barriers that spin count in it)}. ``log(name, round, seconds,
-    cpu seconds)`` is called after each run (progress of long cases; round < 0: warm-up)."""
+    cpu seconds)`` is called after each run (progress of long cases; round < 0: warm-up).
+    ``memory=False``: no resident-set sampling on CPU (peaks 0; see ``_timed``)."""
     times, peaks, cpu = ({k: [] for k in fns} for _ in range(3))
     for r in range(warmup + repeats):
         for k, fn in fns.items():
             c0 = time.process_time()
-            t, p = _timed(fn, device)
+            t, p = _timed(fn, device, memory=memory)
             c = time.process_time() - c0
             if r >= warmup:
                 times[k].append(t)

@@ -11,7 +11,8 @@ each prompt n times where the engine prefills it once. Throughput is generated t
 including EOS) per second of wall time; the tokens differ between the two because the random
 streams differ, so the token counts are reported too.
 
-Times come from this process with glibc's allocator as a training run has it. Peak memory (growth
+Times come from this process with glibc's allocator as a training run has it, the two sides taking turns
+(HF, engine, HF, ...: a change in the machine's load reaches both alike). Peak memory (growth
 of the resident set, sampled every 0.2 ms, on CPU) comes from a child process run with a fixed
 64 KiB mmap threshold, so that freed blocks leave the resident set at once: that setting makes
 every mid-sized allocation a fresh mmap and slowed the engine's decode 2.4x, so it must not be on
@@ -28,7 +29,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import fixed_mmap_threshold, machine, measure, write_rows  # noqa: E402
+from _common import fixed_mmap_threshold, machine, measure_interleaved, write_rows  # noqa: E402
 
 from fastcrit.models.hf import load_tokenizer, resolve_model_path  # noqa: E402
 from fastcrit.rollout.native import NativeEngine  # noqa: E402
@@ -118,7 +119,9 @@ def main() -> None:
         def run_hf():
             counts["hf_generate"] = hf_generate(model, tok, prompts, n, max_new, seed=0)
 
-        res = {"hf_generate": measure(run_hf, device, repeats), "native_engine": measure(run_native, device, repeats)}
+        # the two sides take turns (hf, native, hf, ...), so a change in the machine's load reaches both
+        res = measure_interleaved({"hf_generate": run_hf, "native_engine": run_native}, device, repeats, warmup=2,
+                                  memory=False)
         if peaks is not None:
             for k in res:
                 res[k]["peak_mb"] = peaks[f"{k}/{num_prompts}/{n}/{max_new}"]

@@ -5,16 +5,20 @@ every generated token; with small models and batches that overhead is most of th
 engine runs the same modules (projections, norms, MLPs, rotary embedding: the model's own
 ``nn.Module``\\s and weights) in a fixed order over a cache allocated once for the whole generation:
 
-- prompts are left-padded, so every row writes its t-th generated token's keys and values into the
-  same cache column ``P + t``; a key-padding mask (prompt mask, then ones) is all the masking decode
-  needs;
-- prefill attends causally within each prompt; a padding query attends to itself only, so no row
-  ever takes a softmax over nothing;
-- rows that stopped leave the batch by ``select`` (one gather of the cache).
+- a prompt's keys and values are cached once, however many samples it has; its samples' queries
+  are stacked into one matrix against them, so a decode step reads each prompt's cache once (n
+  samples of a prompt read it n times from n copies in a plain KV cache, and with short prompts
+  and GQA that reading is most of a small model's decode time); each row's generated keys and values
+  have their own part of the cache, where every row writes its t-th token into column ``t``;
+- prompts are left-padded; an additive bias (-inf on padding, computed once in prefill) is all the
+  masking decode needs; prefill attends causally within each prompt, and a padding query attends to
+  itself only, so no row ever takes a softmax over nothing;
+- rows that stopped leave the batch by ``select`` (one gather of the generated part; prompts left
+  without rows leave the prompt part).
 
 ``fixed=True`` keeps every shape of a decode step the same from the first step to the last, so the
 step can be captured as a CUDA graph (``graph=True``, CUDA only) and replayed: it attends over the
-whole cache width under the key mask (a generated column turns on when its token is written), and
+whole width of the generated part under a bias (a column turns on when its token is written), and
 the token, its cache column and the positions live in buffers the step reads (``index_copy_`` /
 ``index_fill_`` at the column, no Python-side slicing). Rows then never leave the batch. On CPU the
 fixed step runs eagerly (tests compare it with the sliced one); the capture itself has not run here
@@ -68,29 +72,40 @@ def _rms(norm):
         else F.rms_norm(x, (x.shape[-1],), w, eps)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding in the rotate-half layout: x cos + rotate_half(x) sin, where rotate_half(x)
+    = (-x2, x1) is x rolled by half the head dimension times the signs (-1, +1) already folded
+    into ``sin_signed``: three ops where slicing, negating and concatenating took six."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
 
 
 def fuse_weights(model) -> list[tuple]:
     """Per layer: the q/k/v projections as one weight (and bias) and the gate/up projections as
-    one, so a layer runs two matmuls where it ran five. Copies: rebuild after the weights change."""
+    one, so a layer runs two matmuls where it ran five. Where q is not normalised (no q_norm), its
+    rows carry the attention scale (rotary is linear, so q's scores come out scaled and the step
+    skips a multiply). Copies: rebuild after the weights change."""
     out = []
     with torch.no_grad():
         for layer in model.model.layers:
             a, m = layer.self_attn, layer.mlp
-            w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-            b = (torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+            scale = 1.0 if hasattr(a, "q_norm") else a.scaling
+            w = torch.cat([a.q_proj.weight * scale, a.k_proj.weight, a.v_proj.weight])
+            b = (torch.cat([a.q_proj.bias * scale, a.k_proj.bias, a.v_proj.bias])
                  if a.q_proj.bias is not None else None)
             out.append((w, b, torch.cat([m.gate_proj.weight, m.up_proj.weight])))
     return out
 
 
 class StaticDecoder:
-    """Prefill, then one token per ``step``, for ``rows`` sequences of at most ``prompt_len +
-    max_new`` tokens. Call ``prefill`` once; ``repeat_interleave`` copies each row n times (one
-    prefill per distinct prompt); ``select`` keeps some rows."""
+    """Prefill, then one token per ``step``, for ``rows`` prompts of at most ``prompt_len`` tokens
+    and ``max_new`` generated ones. Call ``prefill`` once; ``repeat_interleave`` gives each prompt
+    n rows; ``select`` keeps some rows.
+
+    The cache has two parts. A prompt's keys and values are stored once, ``[prompts, kv, P, d]``,
+    whatever the number of its rows: every sample of a prompt attends to the same copy, so a decode
+    step reads the prompt's cache once per prompt, not once per sample (the queries of a prompt's
+    rows are stacked into one matrix against it). Generated keys and values are per row,
+    ``[rows, kv, max_new, d]``. A row's scores over both parts go through one softmax."""
 
     def __init__(self, model, rows: int, prompt_len: int, max_new: int, fused: list[tuple] | None = None,
                  fixed: bool = False, graph: bool = False):
@@ -106,11 +121,17 @@ class StaticDecoder:
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         p = next(model.parameters())
+        self.dtype, self.device = p.dtype, p.device
         self.P, self.max_new, self.t = prompt_len, max_new, 0
-        shape = (rows, self.kv_heads, prompt_len + max_new, self.head_dim)
-        self.k = [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in self.base.layers]
-        self.v = [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in self.base.layers]
-        self.key_mask = None  # [rows, P + max_new] bool
+        shape = (rows, self.kv_heads, prompt_len, self.head_dim)
+        self.kp = [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in self.base.layers]
+        self.vp = [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in self.base.layers]
+        self.kg = self.vg = None  # generated part [rows, kv, max_new, d], made at the first step
+        self.bias_p = None  # [prompts, P]: 0 on a prompt token, -inf on padding (added to the scores)
+        self.bias_g = None  # fixed only, [rows, max_new]: -inf until the column is written
+        self.group = torch.arange(rows, device=p.device)  # each row's prompt (ascending)
+        self.width = 1  # rows per prompt in the grid of stacked queries
+        self.slot = None  # each row's place in the [prompts x width] grid; None: the rows are the grid
         self.norms = [(_rms(layer.input_layernorm), _rms(layer.post_attention_layernorm)) for layer in self.base.layers]
         self.final_norm = _rms(self.base.norm)
         a = self.base.layers[0].self_attn
@@ -120,44 +141,75 @@ class StaticDecoder:
         x = torch.zeros(1, 1, dtype=p.dtype, device=p.device)
         self.cos, self.sin = self.base.rotary_emb(x, torch.arange(prompt_len + max_new, device=p.device)[None])
         self.cos, self.sin = self.cos[0], self.sin[0]  # [positions, head_dim]
+        half = self.head_dim // 2  # rotate_half's signs (-1 on the first half), folded into sin
+        self.sin = self.sin * torch.cat([-torch.ones(half), torch.ones(self.head_dim - half)]).to(self.sin)
 
-    def _attend(self, i, layer, x, c, s, cols: slice, mask):
+    def _attend(self, i, layer, x, c, s, mask):
+        """Self-attention of layer i: the prompts' causal attention in prefill (``mask``), else
+        one decode step (``mask`` None)."""
         a, (w, bias, _) = layer.self_attn, self.fused[i]
         b, q_len, _ = x.shape
         h, kv, d = self.heads, self.kv_heads, self.head_dim
         qkv = F.linear(x, w, bias)
         v = qkv[..., (h + kv) * d:].view(b, q_len, kv, d).transpose(1, 2)
-        if self.qk_norm is None:  # rotate q and k in one go
-            qk = qkv[..., :(h + kv) * d].view(b, q_len, h + kv, d).transpose(1, 2)
-            qk = qk * c + _rotate_half(qk) * s
+        if self.qk_norm is None:  # rotate q and k in one go; q's rows of the weight carry the scale
+            qk = _rotate(qkv[..., :(h + kv) * d].view(b, q_len, h + kv, d).transpose(1, 2), c, s)
             q, k = qk[:, :h], qk[:, h:]
+            scale = 1.0
         else:
             q = self.qk_norm[i][0](qkv[..., :h * d].view(b, q_len, h, d)).transpose(1, 2)
             k = self.qk_norm[i][1](qkv[..., h * d:(h + kv) * d].view(b, q_len, kv, d)).transpose(1, 2)
-            q, k = q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
-        if isinstance(cols, slice):
-            self.k[i][:, :, cols] = k
-            self.v[i][:, :, cols] = v
-            keys, values = self.k[i][:, :, :cols.stop], self.v[i][:, :, :cols.stop]
-        else:  # fixed: the column is a tensor, the keys the whole width
-            self.k[i].index_copy_(2, cols, k)
-            self.v[i].index_copy_(2, cols, v)
-            keys, values = self.k[i], self.v[i]
-        if q_len == 1 and keys.device.type == "cpu":
-            # Decode on CPU: the heads that share a KV head attend as one [group, d] block, so the
-            # cache is read once per KV head and not expanded; 10-20% under SDPA's GQA path here.
-            scores = torch.matmul(q.reshape(b, kv, h // kv, d), keys.transpose(-1, -2)) * a.scaling
-            probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-            return a.o_proj(torch.matmul(probs, values).reshape(b, 1, h * d))
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=a.scaling, enable_gqa=kv != h)
-        return a.o_proj(out.transpose(1, 2).reshape(b, q_len, h * d))
+            q, k, scale = _rotate(q, c, s), _rotate(k, c, s), a.scaling
+        if mask is not None:  # prefill: the prompt part of the cache
+            self.kp[i].copy_(k)
+            self.vp[i].copy_(v)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=kv != h)
+            return a.o_proj(out.transpose(1, 2).reshape(b, q_len, h * d))
+        if self.fixed:  # the column is a tensor, the generated keys the whole width
+            self.kg[i].index_copy_(2, self._col, k)
+            self.vg[i].index_copy_(2, self._col, v)
+            kg, vg = self.kg[i], self.vg[i]
+        else:
+            self.kg[i][:, :, self.t:self.t + 1] = k
+            self.vg[i][:, :, self.t:self.t + 1] = v
+            kg, vg = self.kg[i][:, :, :self.t + 1], self.vg[i][:, :, :self.t + 1]
+        # The heads that share a KV head attend as one [group, d] block: the cache is read once per
+        # KV head, never expanded. The scale goes on q (a few numbers), not on the scores.
+        q = (q if scale == 1.0 else q * scale).reshape(b, kv, h // kv, d)
+        sp = torch.matmul(self._to_grid(q), self.kp[i].transpose(-1, -2))  # [prompts, kv, width*g, P]
+        sp = self._from_grid(sp.add_(self.bias_p[:, None, None, :]))
+        sg = torch.matmul(q, kg.transpose(-1, -2))  # [rows, kv, g, t]
+        if self.bias_g is not None:
+            sg.add_(self.bias_g[:, None, None, :])
+        probs = torch.softmax(torch.cat([sp, sg], dim=-1), dim=-1)
+        out = torch.matmul(probs[..., self.P:], vg)
+        out += self._from_grid(torch.matmul(self._to_grid(probs[..., :self.P]), self.vp[i]))
+        return a.o_proj(out.reshape(b, 1, h * d))
 
-    def _run(self, ids, pos, cols, mask) -> torch.Tensor:
+    def _to_grid(self, x: torch.Tensor) -> torch.Tensor:
+        """[rows, kv, g, m] -> [prompts, kv, width * g, m]: each prompt's rows stacked (empty
+        places in the grid are zeros, and their results are never read)."""
+        if self.slot is not None:
+            grid = x.new_zeros((self.kp[0].shape[0] * self.width,) + x.shape[1:])
+            grid[self.slot] = x
+            x = grid
+        n, kv, g, m = x.shape
+        return x.view(n // self.width, self.width, kv, g, m).transpose(1, 2).reshape(n // self.width, kv,
+                                                                                       self.width * g, m)
+
+    def _from_grid(self, y: torch.Tensor) -> torch.Tensor:
+        """[prompts, kv, width * g, m] -> [rows, kv, g, m], the inverse of ``_to_grid``."""
+        prompts, kv, wg, m = y.shape
+        y = y.view(prompts, kv, self.width, wg // self.width, m).transpose(1, 2).reshape(
+            prompts * self.width, kv, wg // self.width, m)
+        return y if self.slot is None else y[self.slot]
+
+    def _run(self, ids, pos, mask) -> torch.Tensor:
         x = self.base.embed_tokens(ids)
         c, s = self.cos[pos][:, None], self.sin[pos][:, None]  # [rows, 1, q_len, head_dim]
         for i, layer in enumerate(self.base.layers):
             pre, post = self.norms[i]
-            x = x + self._attend(i, layer, pre(x), c, s, cols, mask)
+            x = x + self._attend(i, layer, pre(x), c, s, mask)
             m = layer.mlp
             gate, up = F.linear(post(x), self.fused[i][2]).chunk(2, dim=-1)
             x = x + m.down_proj(m.act_fn(gate) * up)
@@ -168,14 +220,20 @@ class StaticDecoder:
         """ids/mask [rows, P] left-padded; returns the last position's logits [rows, V] (fp32)."""
         rows, P = ids.shape
         valid = mask.bool()
-        # sliced steps read only the columns written so far; fixed ones turn each column on as they write it
-        gen = valid.new_zeros((rows, self.max_new)) if self.fixed else valid.new_ones((rows, self.max_new))
-        self.key_mask = torch.cat([valid, gen], dim=1)
+        self.bias_p = torch.zeros(rows, P, dtype=self.dtype, device=ids.device).masked_fill_(~valid, float("-inf"))
         pos = (mask.cumsum(1) - 1).clamp(min=0)
         causal = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()
         attn = (causal[None] & valid[:, None, :]) | torch.eye(P, dtype=torch.bool, device=ids.device)[None]
         self.next_pos = mask.sum(1)
-        return self._run(ids, pos, slice(0, P), attn[:, None])
+        return self._run(ids, pos, attn[:, None])
+
+    def _start_decode(self) -> None:
+        """The generated part of the cache, one row per sample (after ``repeat_interleave``)."""
+        shape = (self.group.numel(), self.kv_heads, self.max_new, self.head_dim)
+        self.kg = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.base.layers]
+        self.vg = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.base.layers]
+        if self.fixed:
+            self.bias_g = torch.full((shape[0], self.max_new), float("-inf"), dtype=self.dtype, device=self.device)
 
     @torch.inference_mode()
     def step(self, tok: torch.Tensor) -> torch.Tensor:
@@ -183,11 +241,11 @@ class StaticDecoder:
         logits are a buffer the next step overwrites."""
         if self.t >= self.max_new:
             raise RuntimeError(f"StaticDecoder.step: the cache holds {self.max_new} generated tokens")
+        if self.kg is None:
+            self._start_decode()
         if self.fixed:
             return self._fixed_step(tok)
-        col = self.P + self.t
-        mask = self.key_mask[:, None, None, :col + 1]
-        logits = self._run(tok[:, None], self.next_pos[:, None], slice(col, col + 1), mask)
+        logits = self._run(tok[:, None], self.next_pos[:, None], None)
         self.next_pos = self.next_pos + 1
         self.t += 1
         return logits
@@ -195,7 +253,7 @@ class StaticDecoder:
     def _fixed_step(self, tok: torch.Tensor) -> torch.Tensor:
         if self._out is None:  # the buffers the step reads, made once the rows are final
             self._tok = torch.zeros_like(tok)
-            self._col = torch.full((1,), self.P, dtype=torch.long, device=tok.device)
+            self._col = torch.zeros((1,), dtype=torch.long, device=tok.device)
         self._tok.copy_(tok)
         if self.use_graph and self.graph is None:
             self._capture()
@@ -211,8 +269,8 @@ class StaticDecoder:
     def _body(self) -> torch.Tensor:
         """One fixed-shape decode step from the buffers. Running it twice with the same buffers
         writes the same column again (so warm-up runs before a capture change nothing)."""
-        self.key_mask.index_fill_(1, self._col, True)
-        return self._run(self._tok[:, None], self.next_pos[:, None], self._col, self.key_mask[:, None, None, :])
+        self.bias_g.index_fill_(1, self._col, 0.0)
+        return self._run(self._tok[:, None], self.next_pos[:, None], None)
 
     def _capture(self) -> None:
         """Capture ``_body`` as a CUDA graph: warm-up on a side stream, then ``torch.cuda.graph``."""
@@ -227,17 +285,31 @@ class StaticDecoder:
             self._out = self._body()
 
     def repeat_interleave(self, n: int) -> None:
-        if self._out is not None:
+        """n rows per prompt, sharing the prompt's part of the cache (nothing is copied)."""
+        if self.kg is not None:
             raise RuntimeError("StaticDecoder.repeat_interleave: only before the first step")
-        self.k = [c.repeat_interleave(n, dim=0) for c in self.k]
-        self.v = [c.repeat_interleave(n, dim=0) for c in self.v]
-        self.key_mask = self.key_mask.repeat_interleave(n, dim=0)
+        self.group = self.group.repeat_interleave(n)
         self.next_pos = self.next_pos.repeat_interleave(n, dim=0)
+        self.width *= n
 
     def select(self, keep: torch.Tensor) -> None:
+        """Keep the rows ``keep`` (ascending); prompts left without a row leave the cache."""
         if self.fixed:
             raise RuntimeError("StaticDecoder.select: a fixed decoder keeps its rows (its step's shapes are fixed)")
-        self.k = [c.index_select(0, keep) for c in self.k]
-        self.v = [c.index_select(0, keep) for c in self.v]
-        self.key_mask = self.key_mask.index_select(0, keep)
+        if self.kg is not None:
+            self.kg = [c.index_select(0, keep) for c in self.kg]
+            self.vg = [c.index_select(0, keep) for c in self.vg]
         self.next_pos = self.next_pos.index_select(0, keep)
+        alive, group, counts = torch.unique_consecutive(self.group.index_select(0, keep), return_inverse=True,
+                                                        return_counts=True)
+        if alive.numel() < self.kp[0].shape[0]:
+            self.kp = [c.index_select(0, alive) for c in self.kp]
+            self.vp = [c.index_select(0, alive) for c in self.vp]
+            self.bias_p = self.bias_p.index_select(0, alive)
+        self.group, self.width = group, int(counts.max())
+        if bool((counts == self.width).all()):
+            self.slot = None  # every prompt keeps all its rows: the rows are the grid
+        else:
+            first = counts.cumsum(0) - counts
+            rank = torch.arange(group.numel(), device=group.device) - first[group]
+            self.slot = group * self.width + rank

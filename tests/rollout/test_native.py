@@ -87,6 +87,30 @@ def test_static_decode_matches_the_hugging_face_forward(model_dir, prompts):
         assert gaps and max(gaps) < 1e-4
 
 
+def test_static_decode_matches_hugging_face_on_qwen3(model_dir, prompts):
+    """Qwen3's q/k norms take the path where q keeps its weight and is scaled in the step."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    base = NativeEngine(model_dir).model.config
+    cfg = Qwen3Config(vocab_size=base.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                      eos_token_id=base.eos_token_id, pad_token_id=base.pad_token_id)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg).float()
+    with torch.no_grad():  # visible norms, not the ones they start at
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    fast = NativeEngine(model, tokenizer=None)
+    assert fast.static_decode_off is None
+    slow = NativeEngine(model, tokenizer=None, static_decode=False)
+    params = SamplingParams(n=3, max_new_tokens=10, temperature=1.0, seed=5)
+    a, b = fast.generate(prompts, params), slow.generate(prompts, params)
+    assert [r.output_ids for r in a] == [r.output_ids for r in b]
+    gaps = [abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra.logprobs, rb.logprobs)]
+    assert gaps and max(gaps) < 1e-4
+
+
 def test_fixed_shape_decode_steps_match_the_sliced_ones(model_dir, prompts):
     """The fixed-shape step (whole cache width under the key mask, column and positions in buffers:
     what a CUDA graph captures) gives the sliced step's logits at every step, eagerly on CPU."""
@@ -115,6 +139,39 @@ def test_fixed_shape_decode_steps_match_the_sliced_ones(model_dir, prompts):
         fixed.select(torch.tensor([0]))
     with pytest.raises(ValueError, match="needs fixed=True"):
         StaticDecoder(engine.model, 1, plen, new, graph=True)
+
+
+def test_shared_prompt_cache_through_uneven_compaction(model_dir, prompts):
+    """A prompt's cache is stored once for its n rows (stacked queries); after ``select`` keeps 2, 3,
+    0 and 1 rows of the four prompts, and then drops a whole prompt more, every row's logits still
+    equal Hugging Face's forward over a per-row cache."""
+    from fastcrit.rollout.decode import StaticDecoder
+    from fastcrit.rollout.native import _HFDecoder
+
+    engine = NativeEngine(model_dir)
+    plen, n = max(len(p) for p in prompts), 3
+    ids = torch.full((len(prompts), plen), engine.pad_token_id)
+    mask = torch.zeros((len(prompts), plen), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, plen - len(p):], mask[r, plen - len(p):] = torch.tensor(p), 1
+    ours, ref = StaticDecoder(engine.model, len(prompts), plen, 8), _HFDecoder(engine.model)
+    with torch.inference_mode():
+        a, b = ours.prefill(ids, mask), ref.prefill(ids, mask)
+        assert ours.kp[0].shape[0] == len(prompts)
+        ours.repeat_interleave(n)
+        ref.repeat_interleave(n)
+        a = a.repeat_interleave(n, 0)
+        assert ours.kp[0].shape[0] == len(prompts)  # the prompt part is not copied
+        keeps = {2: torch.tensor([0, 2, 3, 4, 5, 11]), 5: torch.tensor([0, 1, 5])}
+        for t in range(7):
+            if t in keeps:
+                ours.select(keeps[t])
+                ref.select(keeps[t])
+                a = a[keeps[t]]
+            tok = a.argmax(-1)
+            a, b = ours.step(tok), ref.step(tok)
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        assert ours.kp[0].shape[0] == 2 and ours.slot is not None  # prompts 0 and 3 are left, 2 rows and 1 row
 
 
 def test_cuda_graph_needs_a_cuda_device(model_dir):
