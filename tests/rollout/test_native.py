@@ -142,9 +142,9 @@ def test_fixed_shape_decode_steps_match_the_sliced_ones(model_dir, prompts):
 
 
 def test_shared_prompt_cache_through_uneven_compaction(model_dir, prompts):
-    """A prompt's cache is stored once for its n rows (stacked queries); after ``select`` keeps 2, 3,
-    0 and 1 rows of the four prompts, and then drops a whole prompt more, every row's logits still
-    equal Hugging Face's forward over a per-row cache."""
+    """A prompt's cache is stored once for its n rows (stacked queries); after ``select`` drops a row
+    before the first step, keeps 2, 3, 0 and 1 rows of the four prompts, and then drops a whole
+    prompt more, every row's logits still equal Hugging Face's forward over a per-row cache."""
     from fastcrit.rollout.decode import StaticDecoder
     from fastcrit.rollout.native import _HFDecoder
 
@@ -162,7 +162,9 @@ def test_shared_prompt_cache_through_uneven_compaction(model_dir, prompts):
         ref.repeat_interleave(n)
         a = a.repeat_interleave(n, 0)
         assert ours.kp[0].shape[0] == len(prompts)  # the prompt part is not copied
-        keeps = {2: torch.tensor([0, 2, 3, 4, 5, 11]), 5: torch.tensor([0, 1, 5])}
+        # before the first step (the engine compacts after sampling the first token), then twice more
+        keeps = {0: torch.tensor([0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11]), 2: torch.tensor([0, 2, 3, 4, 5, 10]),
+                 5: torch.tensor([0, 1, 5])}
         for t in range(7):
             if t in keeps:
                 ours.select(keeps[t])
