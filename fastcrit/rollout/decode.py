@@ -80,19 +80,20 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> tor
 
 
 def fuse_weights(model) -> list[tuple]:
-    """Per layer: the q/k/v projections as one weight (and bias) and the gate/up projections as
-    one, so a layer runs two matmuls where it ran five. Where q is not normalised (no q_norm), its
-    rows carry the attention scale (rotary is linear, so q's scores come out scaled and the step
-    skips a multiply). Copies: rebuild after the weights change."""
+    """Per layer: (q/k/v projections as one weight, their bias, gate/up projections as one weight,
+    the scale the step still puts on q), so a layer runs two matmuls where it ran five. Where q is
+    not normalised (no q_norm), its rows carry the attention scale (rotary is linear, so q's scores
+    come out scaled) and the step's scale is 1; a q_norm would undo a scaled weight, so there the
+    step scales q. Copies: rebuild after the weights change."""
     out = []
     with torch.no_grad():
         for layer in model.model.layers:
             a, m = layer.self_attn, layer.mlp
-            scale = 1.0 if hasattr(a, "q_norm") else a.scaling
-            w = torch.cat([a.q_proj.weight * scale, a.k_proj.weight, a.v_proj.weight])
-            b = (torch.cat([a.q_proj.bias * scale, a.k_proj.bias, a.v_proj.bias])
+            in_weight, in_step = (1.0, a.scaling) if hasattr(a, "q_norm") else (a.scaling, 1.0)
+            w = torch.cat([a.q_proj.weight * in_weight, a.k_proj.weight, a.v_proj.weight])
+            b = (torch.cat([a.q_proj.bias * in_weight, a.k_proj.bias, a.v_proj.bias])
                  if a.q_proj.bias is not None else None)
-            out.append((w, b, torch.cat([m.gate_proj.weight, m.up_proj.weight])))
+            out.append((w, b, torch.cat([m.gate_proj.weight, m.up_proj.weight]), in_step))
     return out
 
 
@@ -147,19 +148,18 @@ class StaticDecoder:
     def _attend(self, i, layer, x, c, s, mask):
         """Self-attention of layer i: the prompts' causal attention in prefill (``mask``), else
         one decode step (``mask`` None)."""
-        a, (w, bias, _) = layer.self_attn, self.fused[i]
+        a, (w, bias, _, scale) = layer.self_attn, self.fused[i]
         b, q_len, _ = x.shape
         h, kv, d = self.heads, self.kv_heads, self.head_dim
         qkv = F.linear(x, w, bias)
         v = qkv[..., (h + kv) * d:].view(b, q_len, kv, d).transpose(1, 2)
-        if self.qk_norm is None:  # rotate q and k in one go; q's rows of the weight carry the scale
+        if self.qk_norm is None:  # rotate q and k in one go
             qk = _rotate(qkv[..., :(h + kv) * d].view(b, q_len, h + kv, d).transpose(1, 2), c, s)
             q, k = qk[:, :h], qk[:, h:]
-            scale = 1.0
         else:
             q = self.qk_norm[i][0](qkv[..., :h * d].view(b, q_len, h, d)).transpose(1, 2)
             k = self.qk_norm[i][1](qkv[..., h * d:(h + kv) * d].view(b, q_len, kv, d)).transpose(1, 2)
-            q, k, scale = _rotate(q, c, s), _rotate(k, c, s), a.scaling
+            q, k = _rotate(q, c, s), _rotate(k, c, s)
         if mask is not None:  # prefill: the prompt part of the cache
             self.kp[i].copy_(k)
             self.vp[i].copy_(v)
