@@ -223,6 +223,9 @@ class CTRLConfig:
     # 0 and is not executed, as a critique without a judgment. Reads the critique and the code it
     # reviews, never the outcome. Off = the paper's rule alone.
     consistent_review: bool = False
+    # With consistent_review: a critique with no review it can check (neither a part-by-part nor a
+    # whole-line review of the code's line) is invalid too, so dropping the review is no way out.
+    require_review: bool = False
     # Training reward: Critique-RL's direct discriminability reward (Xi et al., 2025): a valid
     # critique whose verdict matches the sandbox's outcome of the solution it judged earns this much
     # on top of its revision's score. 0 = the paper's rule alone (the revision's score only).
@@ -539,6 +542,9 @@ def validate(cfg: Config) -> None:
     need(cfg.ctrl.judgment_only_steps == 0 or cfg.ctrl.judgment_reward > 0,
          "ctrl.judgment_only_steps: the verdict-only steps need ctrl.judgment_reward > 0 (every reward "
          "would be 0)")
+    need(not cfg.ctrl.require_review or cfg.ctrl.consistent_review,
+         "ctrl.require_review: only with ctrl.consistent_review: true (it makes a critique without a "
+         "review invalid, as consistent_review does one that contradicts its review)")
     need(cfg.proxy.rollout.n == 1, "proxy.rollout.n: the proxy writes one revision per critique (n=1)")
     need(cfg.proxy.max_prompt_len >= 1, "proxy.max_prompt_len: must be >= 1")
     need(cfg.algorithm.name != "ctrl" or cfg.reward.name == "code",

@@ -106,11 +106,13 @@ class CTRL:
 
     def _inconsistent(self, attempts: list[Attempt], critiques: list[str]) -> set[int]:
         """The critiques that contradict their own review, when ``ctrl.consistent_review`` makes
-        them invalid (see CTRLConfig)."""
-        if not self.run.cfg.ctrl.consistent_review:
+        them invalid, and those without a review when ``ctrl.require_review`` does (CTRLConfig)."""
+        c = self.run.cfg.ctrl
+        if not c.consistent_review:
             return set()
+        out = {True} if c.require_review else {True, None}  # None: nothing to check
         return {i for i, (a, t) in enumerate(zip(attempts, critiques))
-                if review_agrees(t, a.solution) is False}
+                if review_agrees(t, a.solution) not in out}
 
     def _metrics(self, attempts, critiques, judged, sent, results, scores) -> dict[str, float]:
         n = max(len(attempts), 1)

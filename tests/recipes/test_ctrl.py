@@ -268,10 +268,13 @@ def test_consistent_review_makes_self_contradicting_critiques_invalid():
     critiques = [true_wrong, true_right, lie, free, misquote, sneak]
     codes = [bad, ref, ref, ref, bad, bad]
     attempts = [SimpleNamespace(solution=f"```python\n{c}```") for c in codes]
-    on = SimpleNamespace(run=SimpleNamespace(cfg=SimpleNamespace(ctrl=SimpleNamespace(consistent_review=True))))
-    off = SimpleNamespace(run=SimpleNamespace(cfg=SimpleNamespace(ctrl=SimpleNamespace(consistent_review=False))))
-    assert CTRL._inconsistent(on, attempts, critiques) == {2, 4, 5}
-    assert CTRL._inconsistent(off, attempts, critiques) == set()
+    def recipe(consistent, required=False):
+        ctrl = SimpleNamespace(consistent_review=consistent, require_review=required)
+        return SimpleNamespace(run=SimpleNamespace(cfg=SimpleNamespace(ctrl=ctrl)))
+
+    assert CTRL._inconsistent(recipe(True), attempts, critiques) == {2, 4, 5}
+    assert CTRL._inconsistent(recipe(True, required=True), attempts, critiques) == {2, 3, 4, 5}  # + no review
+    assert CTRL._inconsistent(recipe(False), attempts, critiques) == set()
 
 
 def test_judgment_reward_pays_only_a_valid_critique_whose_verdict_is_the_real_outcome():
@@ -305,3 +308,6 @@ def test_judgment_only_steps_need_a_judgment_reward(tmp_path):
         load_config(CPU_CONFIG, ["ctrl.judgment_only_steps=5"])
     with pytest.raises(ConfigError, match="ctrl.judgment_reward"):
         load_config(CPU_CONFIG, ["ctrl.judgment_reward=-1"])
+    with pytest.raises(ConfigError, match="ctrl.require_review: only with ctrl.consistent_review"):
+        load_config(CPU_CONFIG, ["ctrl.require_review=true"])
+    assert load_config(CPU_CONFIG, ["ctrl.consistent_review=true", "ctrl.require_review=true"]).ctrl.require_review
