@@ -19,7 +19,9 @@ log-probs with an extra forward pass (needed with two updates per batch), fastcr
 engine's (fp32 native: equal up to rounding, as recompute_old_logprobs=auto decides). TRL runs
 twice: as it comes (``trl_grpo_trainer``: GRPOConfig's default gradient_checkpointing=True, which
 recomputes each layer's forward in the backward pass to hold less memory) and without it
-(``trl_grpo_trainer_no_gc``); fastcrit keeps its activations.
+(``trl_grpo_trainer_no_gc``); fastcrit keeps its activations. fastcrit runs twice too: as it comes
+(``fastcrit_grpo``: trainer.share_prompts, a group's prompt run once in the reference and update
+passes) and with each sample running its prompt again, as TRL does (``fastcrit_grpo_unshared``).
 
 Measured: the wall time of one rollout step (generation, reward, reference, two updates, and for
 fastcrit the weight sync into its engine) -- fastcrit's own ``time/step_s``; TRL's from a callback,
@@ -66,8 +68,8 @@ def model_dir(spec: str | None) -> str:
     return resolve_model_path(spec or model_spec(load_config(CONFIG).model))
 
 
-def run_fastcrit(model: str, s: dict, steps: int, threads: int, workdir: str) -> dict:
-    sets = {"model.path": model, "trainer.total_steps": steps, "sft.steps": 0, "trainer.output_dir": workdir,
+def run_fastcrit(model: str, s: dict, steps: int, threads: int, workdir: str, share: bool = True) -> dict:
+    sets = {"trainer.share_prompts": str(share).lower(), "model.path": model, "trainer.total_steps": steps, "sft.steps": 0, "trainer.output_dir": workdir,
             "trainer.save_every": 0, "trainer.eval_every": 0, "data.val_size": 8, "trainer.compute_threads": threads,
             "trainer.progress": "false", "rollout.max_new_tokens": s["max_new_tokens"], "rollout.n": s["n"],
             "rollout.temperature": s["temperature"], "data.prompts_per_step": s["prompts_per_step"],
@@ -146,14 +148,16 @@ def main() -> None:
     for name in settings:
         s = {**COMMON, "max_new_tokens": SETTINGS[name]["max_new_tokens"]}
         model = model_dir(SETTINGS[name]["model"])
-        sides = ("fastcrit_grpo", "trl_grpo_trainer", "trl_grpo_trainer_no_gc")
+        # fastcrit_grpo_unshared: trainer.share_prompts=false (each sample runs its prompt again, as TRL does)
+        sides = ("fastcrit_grpo", "fastcrit_grpo_unshared", "trl_grpo_trainer", "trl_grpo_trainer_no_gc")
         got, peaks, lens = ({k: [] for k in sides} for _ in range(3))
         with tempfile.TemporaryDirectory(prefix="fastcrit-bench-trl-") as d:
             for r in range(rounds):
                 order = sides if r % 2 == 0 else sides[::-1]
                 for side in order:
                     w = os.path.join(d, f"{name}-{side}-{r}")
-                    out = run_fastcrit(model, s, steps, args.threads, w) if side == "fastcrit_grpo" \
+                    out = run_fastcrit(model, s, steps, args.threads, w, share=side == "fastcrit_grpo") \
+                        if side.startswith("fastcrit") \
                         else run_trl(python, model, s, steps, args.threads, w, gc=side == "trl_grpo_trainer")
                     got[side] += out["step_s"][args.warmup:]
                     peaks[side].append(out["peak_rss_mb"])

@@ -290,6 +290,11 @@ class TrainerConfig:
     # restart per row; flash-attn's varlen path on CUDA, a block-causal mask on CPU, which is slower
     # there than padding and is for checking). The budget then counts real tokens.
     pack_sequences: bool = False
+    # Rows with the same prompt (a group's n samples) run the prompt once in every training and
+    # reference forward: its keys and values are computed for one row and gathered to the others
+    # (the same log-probs and gradients up to rounding; the layers see p + n r tokens, not n (p + r)).
+    # Not with pack_sequences (the packed rows run as they are).
+    share_prompts: bool = True
     resume: bool = True  # continue from the newest checkpoint in output_dir when there is one
     progress: bool = True
     compute_threads: int = 0  # torch threads per process; 0 = leave torch's default

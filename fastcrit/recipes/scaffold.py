@@ -222,7 +222,7 @@ def setup_run(ctx: DistContext, cfg: Config) -> Run:
         model_path = run_sft(ctx, cfg, model_path)
     tok = load_tokenizer(model_path)
     build = dict(dtype=cfg.model.dtype, device=ctx.device, world_size=ctx.world_size, liger=cfg.model.liger,
-                 packed=cfg.trainer.pack_sequences)
+                 packed=cfg.trainer.pack_sequences, share_prompts=cfg.trainer.share_prompts)
     updates = cfg.trainer.total_steps * cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches
     actor = build_actor(model_path, optim=cfg.optim, total_updates=updates, **build)
     needs_ref = cfg.algorithm.kl_coef != 0.0 or (cfg.algorithm.name == "ppo" and cfg.ppo.kl_in_reward_coef != 0.0)

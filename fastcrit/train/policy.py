@@ -6,13 +6,16 @@ parameters (embeddings, final norm, lm_head), so the fused kernel sees the full 
 """
 from __future__ import annotations
 
+import inspect
 from typing import Iterator
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+from transformers import DynamicCache
 
 from fastcrit_kernels import fused_logprobs
 
@@ -32,7 +35,7 @@ class CausalLMLogprobs(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, responses, response_mask,
                 temperature: float = 1.0, return_entropy: bool = False,
-                packed_index: torch.Tensor | None = None):
+                packed_index: torch.Tensor | None = None, share_prompts: bool = False):
         """input_ids/attention_mask/position_ids [B, P+R]; responses/response_mask [B, R].
 
         Returns logp [B, R] (0 where response_mask is 0), and entropy [B, R] when asked.
@@ -42,12 +45,20 @@ class CausalLMLogprobs(nn.Module):
         model keeps the sequences apart from the position resets: a block-causal mask on CPU,
         flash-attn's varlen path on GPU); responses/response_mask are [N] and ``packed_index`` [N]
         the position of the hidden state that predicts each of them. Returns [N] (and [N]).
+
+        ``share_prompts``: rows with the same prompt (a GRPO group's n samples) run their prompt
+        once (``shared_prompt_hidden``); the same log-probs and gradients, up to rounding.
         """
+        R = responses.shape[-1]
+        shared = None
+        if packed_index is None and share_prompts:
+            shared = self.shared_prompt_hidden(input_ids, attention_mask, position_ids, R)
         if packed_index is not None:
             hidden = self.base(input_ids=input_ids, attention_mask=None, position_ids=position_ids,
                                use_cache=False).last_hidden_state[0, packed_index]
+        elif shared is not None:
+            hidden = shared
         else:
-            R = responses.shape[1]
             hidden = self.base(input_ids=input_ids, attention_mask=attention_mask,
                                position_ids=position_ids, use_cache=False).last_hidden_state
             # logits at position t predict token t+1: the response tokens are predicted from P-1 .. P+R-2
@@ -60,6 +71,61 @@ class CausalLMLogprobs(nn.Module):
         # FSDP2 warns about (and mishandles in-place ops on) view outputs of the root module: the
         # kernel's [N] -> [B, R] reshape is a view, so hand back owning tensors ([B, R] is small).
         return tuple(t.clone() for t in out) if return_entropy else out.clone()
+
+
+    def shared_prompt_hidden(self, input_ids, attention_mask, position_ids, R: int) -> torch.Tensor | None:
+        """The hidden states that predict the R response tokens [B, R, H], each distinct prompt of
+        the batch run once: a forward over the distinct prompts fills a KV cache, which is then
+        indexed out to their rows (a differentiable gather: the gradients of a prompt's rows add
+        up in its keys and values), and a second forward runs the responses against it. Rows
+        [prompt | response], prompts left-padded, responses right-padded, as ``forward`` takes
+        them. In one process, None when no two rows share a prompt (nothing to save: ``forward``
+        runs them whole); across processes always the two passes, since FSDP's collectives need
+        every rank to run the model as many times.
+
+        Of a group of n samples with prompt length p and response length r, the layers see
+        p + n r tokens instead of n (p + r); attention is the same (each response reads its own
+        prompt's keys). Exact up to rounding: the prompt's keys and values are those of the whole
+        sequence, since a prompt token never attends to what follows it."""
+        P = input_ids.shape[1] - R
+        if P <= 0 or not _attention_only(self.lm.config):
+            return None
+        rows = input_ids.shape[0]
+        key = torch.cat([input_ids[:, :P], attention_mask[:, :P]], dim=1)
+        _, inverse = torch.unique(key, dim=0, return_inverse=True)
+        distinct = int(inverse.max()) + 1
+        if distinct == rows and not (dist.is_initialized() and dist.get_world_size() > 1):
+            return None
+        # one row standing for each distinct prompt (identical rows: any one of them)
+        rep = torch.empty(distinct, dtype=torch.long, device=inverse.device).scatter_(
+            0, inverse, torch.arange(rows, device=inverse.device))
+        try:  # Transformers >= 4.56 sizes each layer's cache by the config (sliding windows)
+            cache = DynamicCache(config=self.lm.config)
+        except TypeError:
+            cache = DynamicCache()
+        first = self.base(input_ids=input_ids[rep, :P], attention_mask=attention_mask[rep, :P],
+                          position_ids=position_ids[rep, :P], use_cache=True,
+                          **{_cache_kwarg(self.base): cache}).last_hidden_state
+        cache.batch_select_indices(inverse)  # each row its prompt's keys and values
+        rest = self.base(input_ids=input_ids[:, P:], attention_mask=attention_mask,
+                         position_ids=position_ids[:, P:], use_cache=True,
+                         **{_cache_kwarg(self.base): cache}).last_hidden_state
+        # the prompt's last position predicts the first response token; response t predicts t+1
+        return torch.cat([first[inverse, -1:], rest[:, :-1]], dim=1)
+
+
+def _attention_only(config) -> bool:
+    """Whether every layer is (full or sliding-window) attention, whose cache is keys and values a
+    gather can hand to other rows; a recurrent layer's state (Mamba, linear attention) is not
+    shared: such models run their rows whole."""
+    kinds = getattr(config, "layer_types", None) or ["full_attention"]
+    return all(k in ("full_attention", "sliding_attention") for k in kinds)
+
+
+def _cache_kwarg(base: nn.Module) -> str:
+    """The name Hugging Face's model forward gives its KV cache argument: ``cache`` from
+    Transformers 5.x (``past_key_values`` deprecated there), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def shard(module: CausalLMLogprobs, world_size: int, device: torch.device,

@@ -280,3 +280,69 @@ def test_pacs_micro_batches_keep_whole_groups_and_give_the_same_update(tiny_mode
     assert pa["stats"]["actor/grad_norm"] > 0
     for n in pa["grads"]:
         torch.testing.assert_close(pa["grads"][n], pb["grads"][n], atol=1e-6, rtol=1e-4)
+
+
+def make_grouped_batch(seed: int, n: int = 4):
+    """Three prompts of different lengths with n samples each (a GRPO batch), then one prompt with
+    a single sample: rows that share a prompt, left-padded prompts, right-padded responses."""
+    g = torch.Generator().manual_seed(seed)
+    rs = []
+    for i, plen in enumerate((3, 6, 4, 5)):
+        p = torch.randint(3, 200, (plen,), generator=g).tolist()
+        for _ in range(n if i < 3 else 1):
+            o_len = int(torch.randint(1, 6, (1,), generator=g))
+            o = torch.randint(3, 200, (o_len,), generator=g).tolist()
+            rs.append(Rollout(i, p, o, (-torch.rand(o_len, generator=g) * 3).tolist(), "stop"))
+    b = collate(rs, pad_id=0)
+    b.advantages = torch.randn(len(rs), generator=g)[:, None] * b.response_mask
+    b.ref_logprobs = b.old_logprobs - 0.1 * torch.rand(b.old_logprobs.shape, generator=g) * b.response_mask
+    return b
+
+
+def _shared_prompts(ctx, path, share, out_file, rank_slice=False):
+    torch.manual_seed(0)
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
+                        optim=OptimConfig(lr=1e-2), share_prompts=share)
+    b = make_grouped_batch(4)
+    if rank_slice:  # rank 0: the first two groups, rank 1: the rest
+        b = b.select(torch.arange(0, 8) if ctx.rank == 0 else torch.arange(8, len(b)))
+    logp = compute_logprobs(actor, b, 0.7, micro_batch_size=16)
+    # micro-batches of 5 rows split groups: a micro-batch's rows that share a prompt still share it
+    stats = all_reduce_mean(update_policy(actor, b, ALGO, micro_batch_size=5, **UPDATE))
+    _save_grads(ctx, actor, {**stats, "logp": logp}, out_file)
+
+
+def test_shared_prompts_give_the_same_logprobs_and_update(tiny_model_path, tmp_path):
+    """trainer.share_prompts: the rows of a prompt run it once (a KV cache gathered to its rows);
+    log-probs, loss and gradients are those of the rows run whole, in one process and in two."""
+    whole, shared, two = (str(tmp_path / f"{k}.pt") for k in ("whole", "shared", "two"))
+    launch(_shared_prompts, (tiny_model_path, False, whole), 1, "cpu")
+    launch(_shared_prompts, (tiny_model_path, True, shared), 1, "cpu")
+    launch(_shared_prompts, (tiny_model_path, True, two, True), 2, "cpu")
+    pw, ps, p2 = torch.load(whole), torch.load(shared), torch.load(two)
+    torch.testing.assert_close(ps["stats"]["logp"], pw["stats"]["logp"], atol=1e-5, rtol=1e-5)
+    for k in ("loss/policy", "kl/mean", "actor/entropy", "actor/grad_norm"):
+        assert ps["stats"][k] == pytest.approx(pw["stats"][k], rel=1e-5, abs=1e-7), k
+    for n in pw["params"]:
+        torch.testing.assert_close(ps["params"][n], pw["params"][n], atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(p2["params"][n], pw["params"][n], atol=1e-6, rtol=1e-4)
+
+
+def test_shared_prompt_hidden_equals_the_whole_rows_and_steps_aside_without_sharing(tiny_model_path):
+    from fastcrit.models.hf import load_model
+    from fastcrit.train.policy import CausalLMLogprobs
+
+    m = CausalLMLogprobs(load_model(tiny_model_path))
+    b = make_grouped_batch(5)
+    R = b.responses.shape[1]
+    with torch.no_grad():
+        whole = m.base(input_ids=b.input_ids, attention_mask=b.attention_mask,
+                       position_ids=b.position_ids).last_hidden_state[:, -R - 1:-1]
+        got = m.shared_prompt_hidden(b.input_ids, b.attention_mask, b.position_ids, R)
+    valid = b.response_mask.bool()
+    torch.testing.assert_close(got[valid], whole[valid], atol=1e-5, rtol=1e-5)
+    single = b.select(torch.tensor([0, 4, 8, 12]))  # one row per prompt: nothing to share
+    assert m.shared_prompt_hidden(single.input_ids, single.attention_mask, single.position_ids, R) is None
+    # a model with a recurrent layer (its cache is a state, not keys a gather can share) runs whole
+    m.lm.config.layer_types = ["full_attention", "linear_attention"] * 2
+    assert m.shared_prompt_hidden(b.input_ids, b.attention_mask, b.position_ids, R) is None
