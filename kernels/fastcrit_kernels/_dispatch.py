@@ -12,11 +12,7 @@ fp32, and fp64 tiles would not fit a GPU's shared memory) and ``auto`` where tri
 installed. ``backend="triton"`` without triton is an error.
 
 Triton is optional: when ``import triton`` fails, ``jit`` turns each kernel into a stand-in that
-raises on launch, and the torch path works alone. It is imported only where a kernel can run: a
-CUDA device, the interpreter (``TRITON_INTERPRET=1``), ``FASTCRIT_KERNELS_BACKEND=triton``, or
-``FASTCRIT_KERNELS_TRITON=1`` (e.g. to compile the kernels for a GPU target on a machine without
-one; ``FASTCRIT_KERNELS_TRITON=0`` never imports it). Elsewhere ``auto`` takes the torch path
-anyway, and skipping the import saves about 100 MB of resident memory and a second of start-up.
+raises on launch, and the torch path works alone.
 """
 from __future__ import annotations
 
@@ -27,27 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
-def triton_interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def _wants_triton() -> bool:
-    """Whether to import triton (see the module's docstring)."""
-    asked = os.environ.get("FASTCRIT_KERNELS_TRITON", "")
-    if asked in ("0", "1"):
-        return asked == "1"
-    return (triton_interpreting() or os.environ.get("FASTCRIT_KERNELS_BACKEND") == "triton"
-            or torch.cuda.is_available())
-
-
-triton = tl = None
-TRITON_SKIPPED = not _wants_triton()  # installed or not, it was not asked for here
-if not TRITON_SKIPPED:
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:  # the torch path needs neither
-        triton = tl = None
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the torch path needs neither
+    triton = None
+    tl = None
 
 HAS_TRITON = triton is not None
 BACKENDS = ("auto", "triton", "torch")
@@ -79,6 +60,10 @@ def jit(fn=None, *, do_not_specialize=()):
     return wrap if fn is None else wrap(fn)
 
 
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
     """Return "triton" or "torch" for a call on ``tensors`` (any CUDA tensor makes it a GPU call)."""
     if backend not in BACKENDS:
@@ -93,10 +78,6 @@ def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
     if backend == "auto":
         backend = "triton" if on_cuda and HAS_TRITON else "torch"
     if backend == "triton" and not HAS_TRITON:
-        if TRITON_SKIPPED:
-            raise RuntimeError("backend='triton': triton was not imported (no CUDA device, and neither "
-                               "TRITON_INTERPRET=1 nor FASTCRIT_KERNELS_TRITON=1 was set when "
-                               "fastcrit_kernels was imported); use backend='torch' (or 'auto')")
         raise RuntimeError("backend='triton' needs triton, which is not installed; use backend='torch' "
                            "(or 'auto')")
     if backend == "triton" and not on_cuda and not triton_interpreting():
