@@ -374,6 +374,11 @@ def _triton_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need
                 (h, w, b, labels, lse, ent, g_lp, g_ent, dz,
                  N, H, v0, v1, h.stride(0), w.stride(0), dz.stride(0), inv_t), precision)
         d = dz[:, : v1 - v0]
+        if not d.is_cuda and not d.is_contiguous():
+            # A narrower last chunk leaves unwritten columns after each row. torch's bf16 GEMM on
+            # CPUs with AMX / AVX512-BF16 reads past K into them (NaN there gives 0 * NaN = NaN in
+            # d_hidden: measured, torch 2.13); cuBLAS keeps to the leading dimension.
+            d = d.contiguous()
         _add_mm_fp32(d_h, d, w[v0:v1])
         if need_w:
             torch.mm(d.t(), h, out=d_w[v0:v1])
