@@ -6,6 +6,7 @@ parameters (embeddings, final norm, lm_head), so the fused kernel sees the full 
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Iterator
 
@@ -50,15 +51,13 @@ class CausalLMLogprobs(nn.Module):
         once (``shared_prompt_hidden``); the same log-probs and gradients, up to rounding.
         """
         R = responses.shape[-1]
-        shared = None
-        if packed_index is None and share_prompts:
-            shared = self.shared_prompt_hidden(input_ids, attention_mask, position_ids, R)
+        hidden = None
         if packed_index is not None:
             hidden = self.base(input_ids=input_ids, attention_mask=None, position_ids=position_ids,
                                use_cache=False).last_hidden_state[0, packed_index]
-        elif shared is not None:
-            hidden = shared
-        else:
+        elif share_prompts:
+            hidden = self.shared_prompt_hidden(input_ids, attention_mask, position_ids, R)
+        if hidden is None:
             hidden = self.base(input_ids=input_ids, attention_mask=attention_mask,
                                position_ids=position_ids, use_cache=False).last_hidden_state
             # logits at position t predict token t+1: the response tokens are predicted from P-1 .. P+R-2
@@ -71,7 +70,6 @@ class CausalLMLogprobs(nn.Module):
         # FSDP2 warns about (and mishandles in-place ops on) view outputs of the root module: the
         # kernel's [N] -> [B, R] reshape is a view, so hand back owning tensors ([B, R] is small).
         return tuple(t.clone() for t in out) if return_entropy else out.clone()
-
 
     def shared_prompt_hidden(self, input_ids, attention_mask, position_ids, R: int) -> torch.Tensor | None:
         """The hidden states that predict the R response tokens [B, R, H], each distinct prompt of
@@ -103,13 +101,12 @@ class CausalLMLogprobs(nn.Module):
             cache = DynamicCache(config=self.lm.config)
         except TypeError:
             cache = DynamicCache()
+        arg = _cache_kwarg(type(self.base))
         first = self.base(input_ids=input_ids[rep, :P], attention_mask=attention_mask[rep, :P],
-                          position_ids=position_ids[rep, :P], use_cache=True,
-                          **{_cache_kwarg(self.base): cache}).last_hidden_state
+                          position_ids=position_ids[rep, :P], use_cache=True, **{arg: cache}).last_hidden_state
         cache.batch_select_indices(inverse)  # each row its prompt's keys and values
         rest = self.base(input_ids=input_ids[:, P:], attention_mask=attention_mask,
-                         position_ids=position_ids[:, P:], use_cache=True,
-                         **{_cache_kwarg(self.base): cache}).last_hidden_state
+                         position_ids=position_ids[:, P:], use_cache=True, **{arg: cache}).last_hidden_state
         # the prompt's last position predicts the first response token; response t predicts t+1
         return torch.cat([first[inverse, -1:], rest[:, :-1]], dim=1)
 
@@ -122,10 +119,12 @@ def _attention_only(config) -> bool:
     return all(k in ("full_attention", "sliding_attention") for k in kinds)
 
 
-def _cache_kwarg(base: nn.Module) -> str:
+@functools.cache
+def _cache_kwarg(model_class: type) -> str:
     """The name Hugging Face's model forward gives its KV cache argument: ``cache`` from
-    Transformers 5.x (``past_key_values`` deprecated there), ``past_key_values`` before."""
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    Transformers 5.x (``past_key_values`` deprecated there), ``past_key_values`` before. Read once
+    per model class."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def shard(module: CausalLMLogprobs, world_size: int, device: torch.device,
