@@ -4,6 +4,7 @@ Shapes: Qwen2.5-0.5B's lm_head (H=896, V=151936), fp32, tokens in {1024, 2048, 4
 Implementations, side by side in one run:
   naive        full logits -> log_softmax -> gather (verl's non-fused path), plain autograd
   ours         fastcrit_kernels.fused_logprobs (torch path on CPU, Triton on CUDA)
+  ours_torch   the same with backend="torch" (on CUDA: cuBLAS GEMMs over chunks; not in the default set)
   liger_lp     Liger-Kernel's chunked selective log-prob (LigerFusedLinearPPOBase.chunk_forward)
   ours_grpo    fastcrit_kernels.fused_linear_ppo_loss (token-mean PPO clip + k3 KL, beta 0.04)
   liger_grpo   Liger-Kernel's LigerFusedLinearGRPOLoss (loss_type "bnpo" = token-mean, beta 0.04)
@@ -46,6 +47,7 @@ CSV_PATH = os.path.join(RESULTS, "fused_logprobs.csv")
 PNG_PATH = os.path.join(RESULTS, "fused_logprobs_memory.png")
 JSONL_PATH = os.path.join(RESULTS, "fused_logprobs.jsonl")  # one summary object per run
 IMPLS = ("naive", "ours", "liger_lp", "ours_grpo", "liger_grpo")
+EXTRA = ("ours_torch",)  # chosen by --impls only
 H, V = 896, 151936
 SEQ = 1024  # tokens per sequence for the [B, T] losses
 
@@ -84,6 +86,12 @@ def _make_case(impl: str, tokens: int, device: str):
         def fn():
             lp = fused_logprobs(hidden, weight, labels)
             lp.backward(up)
+    elif impl == "ours_torch":
+        from fastcrit_kernels import fused_logprobs
+
+        def fn():
+            lp = fused_logprobs(hidden, weight, labels, backend="torch")
+            lp.backward(up)
     elif impl == "liger_lp":
         from liger_kernel.chunked_loss.fused_linear_ppo import LigerFusedLinearPPOBase
 
@@ -108,7 +116,7 @@ def _make_case(impl: str, tokens: int, device: str):
                            old_per_token_logps=old)
             loss.backward()
     else:
-        raise ValueError(f"unknown impl {impl!r}; choose from {IMPLS}")
+        raise ValueError(f"unknown impl {impl!r}; choose from {IMPLS + EXTRA}")
 
     def run():
         zero()
@@ -219,7 +227,7 @@ def _plot(rows, device):
         print("matplotlib not installed: no PNG", file=sys.stderr)
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
-    for impl in IMPLS:
+    for impl in IMPLS + EXTRA:
         pts = sorted((r["tokens"], r["peak_mb"]) for r in rows if r["impl"] == impl and "peak_mb" in r)
         if pts:
             ax.plot([p[0] for p in pts], [p[1] / 1024 for p in pts], marker="o", label=impl)
@@ -240,7 +248,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--tokens", default=None,
                     help="comma list; default 1024,2048,4096 on CPU (8192 takes minutes per case "
                          "there), 1024,2048,4096,8192 on CUDA")
-    ap.add_argument("--impls", default=",".join(IMPLS), help=f"comma list from {IMPLS}")
+    ap.add_argument("--impls", default=",".join(IMPLS), help=f"comma list from {IMPLS + EXTRA}")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs after the memory run (CPU)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--no-csv", action="store_true")
@@ -269,8 +277,8 @@ def main(argv=None) -> dict:
     tokens_list = [int(t) for t in (args.tokens or default_tokens).split(",")]
     impls = [i for i in args.impls.split(",") if i]
     for i in impls:
-        if i not in IMPLS:
-            ap.error(f"unknown impl {i!r}; choose from {IMPLS}")
+        if i not in IMPLS + EXTRA:
+            ap.error(f"unknown impl {i!r}; choose from {IMPLS + EXTRA}")
 
     commit, stamp = _git_commit(), _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     rows = []

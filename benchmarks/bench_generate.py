@@ -11,6 +11,9 @@ each prompt n times where the engine prefills it once. Throughput is generated t
 including EOS) per second of wall time; the tokens differ between the two because the random
 streams differ, so the token counts are reported too.
 
+On CUDA a third side takes the same turns: the native engine with the decode step captured as a
+CUDA graph (``cuda_graph=True``, its own copy of the weights); peaks there are torch's allocation.
+
 Times come from this process with glibc's allocator as a training run has it, the two sides taking turns
 (HF, engine, HF, ...: a change in the machine's load reaches both alike). Peak memory (growth
 of the resident set, sampled every 0.2 ms, on CPU) comes from a child process run with a fixed
@@ -95,6 +98,9 @@ def main() -> None:
     tok = load_tokenizer(path)
     engine = NativeEngine(path, tok, dtype=args.dtype, device=device)
     model = engine.model  # the same weights for both sides
+    # On CUDA a third side: the decode step captured as a CUDA graph (NativeEngine(cuda_graph=True)),
+    # its own copy of the same weights.
+    graphed = NativeEngine(path, tok, dtype=args.dtype, device=device, cuda_graph=True) if device.type == "cuda" else None
     settings = [(4, 4, 16)] if args.quick else [(8, 8, 32), (16, 8, 64), (32, 8, 128)]
     repeats = 3 if args.quick else 7
     if args.memory_probe:
@@ -119,9 +125,14 @@ def main() -> None:
         def run_hf():
             counts["hf_generate"] = hf_generate(model, tok, prompts, n, max_new, seed=0)
 
-        # the two sides take turns (hf, native, hf, ...), so a change in the machine's load reaches both
-        res = measure_interleaved({"hf_generate": run_hf, "native_engine": run_native}, device, repeats, warmup=2,
-                                  memory=False)
+        def run_graphed():
+            counts["native_cuda_graph"] = sum(len(r.output_ids) for r in graphed.generate(prompts, params))
+
+        sides = {"hf_generate": run_hf, "native_engine": run_native}
+        if graphed is not None:
+            sides["native_cuda_graph"] = run_graphed
+        # the sides take turns (hf, native, hf, ...), so a change in the machine's load reaches each alike
+        res = measure_interleaved(sides, device, repeats, warmup=2, memory=False)
         if peaks is not None:
             for k in res:
                 res[k]["peak_mb"] = peaks[f"{k}/{num_prompts}/{n}/{max_new}"]

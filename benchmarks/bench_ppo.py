@@ -62,12 +62,14 @@ def eager_k3(lp, ref, mask):
     return (kl * mask).sum() / mask.sum()
 
 
-def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=()) -> dict:
-    """The four fused-linear cases (see the module docstring) on one set of inputs."""
+def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=(), dtype=torch.float32) -> dict:
+    """The four fused-linear cases (see the module docstring) on one set of inputs. With a 16-bit
+    ``dtype`` hidden states and lm_head are in it; naive then computes the logits in it and the
+    log-softmax in fp32 (verl's order), and gemm3's GEMMs run in it."""
     g = torch.Generator().manual_seed(0)
     B, T = max(1, N // 1024), min(N, 1024)
-    hidden = torch.randn(B, T, H, generator=g).to(device).requires_grad_()
-    weight = (torch.randn(V, H, generator=g) * 0.02).to(device).requires_grad_()
+    hidden = torch.randn(B, T, H, generator=g).to(device, dtype).requires_grad_()
+    weight = (torch.randn(V, H, generator=g) * 0.02).to(device, dtype).requires_grad_()
     labels = torch.randint(0, V, (B, T), generator=g).to(device)
     mask = torch.ones(B, T, device=device)
     adv = torch.randn(B, generator=g).to(device)
@@ -89,7 +91,11 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=()) -> dic
 
     # each case drops its gradients when done, so that the next one's peak memory counts its own
     def naive():
-        lp = logprobs_reference(hidden, weight, labels, dtype=torch.float32)
+        if dtype == torch.float32:
+            lp = logprobs_reference(hidden, weight, labels, dtype=torch.float32)
+        else:
+            logits = (hidden @ weight.t()).float()
+            lp = torch.log_softmax(logits, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
         a = adv[:, None].expand(B, T)
         loss = eager_policy_loss(lp, old, a, mask) + 0.04 * eager_k3(lp, ref, mask)
         loss.backward()
@@ -111,22 +117,23 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=()) -> dic
 
 def lm_rows(args, device, info) -> list[dict]:
     N, H, V = (256, 256, 16384) if args.quick else (2048, 896, 151936)
+    dtype = getattr(torch, args.lm_dtype)
     if args.lm_shape:
         N, H, V = (int(x) for x in args.lm_shape.split(","))
     repeats = args.lm_repeats or (2 if args.quick else 3)
     backend = "triton" if device.type == "cuda" else "torch"
     load0 = os.getloadavg()[0]
-    print(f"fused linear loss N={N} H={H} V={V} fp32, {repeats} turns + 1 warm-up, load {load0:.2f}, "
+    print(f"fused linear loss N={N} H={H} V={V} {args.lm_dtype}, {repeats} turns + 1 warm-up, load {load0:.2f}, "
           f"{torch.get_num_threads()} threads",
           file=sys.stderr, flush=True)
     chunks = [int(x) for x in args.lm_chunks.split(",")] if args.lm_chunks else []
-    res = measure_interleaved(lm_cases(N, H, V, device, backend, chunks), device, repeats, warmup=1,
+    res = measure_interleaved(lm_cases(N, H, V, device, backend, chunks, dtype), device, repeats, warmup=1,
                               log=lambda k, r, t, c: print(f"  {k:16s} turn {r:>2} {t:8.2f} s  cpu {c:8.2f} s  load "
                                                            f"{os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True))
     load1 = os.getloadavg()[0]
     rows = []
     for k, r in res.items():
-        rows.append({"bench": f"{NAME}_fused_linear", "variant": k, "N": N, "H": H, "V": V, "dtype": "float32", **r,
+        rows.append({"bench": f"{NAME}_fused_linear", "variant": k, "N": N, "H": H, "V": V, "dtype": args.lm_dtype, **r,
                      "time_ratio_vs_gemm3": r["ms"] / res["gemm3"]["ms"],
                      "cpu_ratio_vs_gemm3": r["cpu_ms"] / res["gemm3"]["cpu_ms"],
                      "cpu_ratio_vs_naive": r["cpu_ms"] / res["naive"]["cpu_ms"],
@@ -163,6 +170,8 @@ def _extra_args(ap) -> None:
     ap.add_argument("--lm-only", action="store_true", help="only the fused linear loss section")
     ap.add_argument("--lm-shape", default=None, help="N,H,V for the fused linear section")
     ap.add_argument("--lm-repeats", type=int, default=None, help="timed turns per case (default 3, quick 2)")
+    ap.add_argument("--lm-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="hidden states and lm_head dtype of the fused linear section (default float32)")
     ap.add_argument("--lm-chunks", default=None,
                     help="comma list of MiB: also the grad-in-forward path with these chunk_bytes")
 

@@ -50,7 +50,8 @@ class NativeEngine:
     ``tokenizer`` is only read for its EOS and pad ids; it is loaded from the model directory when
     not given. ``static_decode`` (default on): the lean decoder of fastcrit.rollout.decode where
     the architecture allows it. ``cuda_graph`` (CUDA only, default off): the decode step captured
-    as a CUDA graph per chunk and replayed; unverified here (no GPU has run it).
+    as a CUDA graph per chunk and replayed (ran on an H100, torch 2.11: the same tokens as eager
+    decoding, 4.9-5.8x HF ``generate`` on the tiny model; docs/gpu.md).
     """
 
     def __init__(self, model, tokenizer=None, *, dtype: str | torch.dtype | None = None,
@@ -81,7 +82,7 @@ class NativeEngine:
         self.static_decode_off = "static_decode=False" if not static_decode else unsupported(self.model)
         self._fused: list | None = None  # the static decoder's fused weights, rebuilt when weights change
         # The decode step captured as a CUDA graph per generate chunk and replayed (fixed shapes, so
-        # rows that stopped stay in the batch). Written against torch's API; not run here (no GPU).
+        # rows that stopped stay in the batch). Written against torch's API; ran on an H100.
         if cuda_graph and self.device.type != "cuda":
             raise ValueError(f"NativeEngine: cuda_graph=True needs a CUDA device, not {self.device}")
         if cuda_graph and self.static_decode_off:

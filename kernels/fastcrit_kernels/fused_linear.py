@@ -47,8 +47,9 @@ Triton kernels per chunk: softmax statistics over vocab splits, and d_logits wri
 or into a bf16/fp16 buffer that feeds both gradient GEMMs with fp32 accumulation. bf16/fp16
 weights: the logits GEMM needs ``torch.mm(..., out_dtype=torch.float32)`` (torch >= 2.8), else
 the recompute path is taken; d_W accumulates over token chunks in fp32 ([V, H] fp32, twice the
-weight's size) and is rounded once. This GPU path has not run on a GPU yet: its kernels are
-compile-checked for sm_80 / sm_90a and its launches tested under the Triton interpreter, where the
+weight's size) and is rounded once. This GPU path ran on an H100 (torch 2.11, triton 3.6): the
+tests pass there, and its times are beside ``GPU_CHUNK_BYTES_16BIT`` below; its kernels are also
+compile-checked for sm_80 / sm_90a, and its launches tested under the Triton interpreter, where the
 bf16/fp16 products go through fp32 copies instead of ``out_dtype``. Masked tokens may hold any label
 (padding).
 """
@@ -72,9 +73,16 @@ _IGNORE = -100
 # V = 151936, H = 896, the logits GEMM of 220-token chunks (128 MiB) took ~1.25x, of 441-token ones
 # (256 MiB) ~1.08x the time of one 2048-token GEMM, and the d_hidden GEMM ~1.12x / ~1.05x; d_W's
 # GEMM did not care. 256 MiB is ~220 MB more than the recompute path's peak (which is mostly d_W,
-# 545 MB at this shape), a quarter of the unfused path's. GPU: as fused_logprobs' chunks.
+# 545 MB at this shape), a quarter of the unfused path's. GPU, fp32: as fused_logprobs' chunks
+# (512 MiB: 1.08x three plain GEMMs on an H100 at N 16384, H 896, V 151936). GPU, bf16 / fp16: 2 GiB
+# of fp32 logits plus 16-bit d_logits, about 2350 tokens at that vocabulary. Each chunk adds its
+# products to the fp32 d_W through a separate fp32 GEMM result (block by block), so thin chunks
+# pay that pass many times: on the H100, bf16, forward + backward took 61.4 ms at 512 MiB, 37.1 ms
+# at 2 GiB (peak 3.3 GB) and 32.5 ms at 8 GiB (10.1 GB); the recompute path 40.1 ms (0.9 GB), the
+# unfused loss 62.2 ms (38 GB), three plain bf16 GEMMs 18.7 ms (benchmarks/gpu_check.sh).
 CPU_CHUNK_BYTES = 256 * 1024 * 1024
 GPU_CHUNK_BYTES = 512 * 1024 * 1024
+GPU_CHUNK_BYTES_16BIT = 2 * 1024 * 1024 * 1024
 _W_BLOCK_GPU = 8192  # vocab rows per d_W GEMM where bf16/fp16 products are added to an fp32 d_W
 
 
@@ -354,7 +362,8 @@ def _chunk_tokens(chunk_bytes, V, h):
     if h.is_cuda and h.dtype in (torch.bfloat16, torch.float16):
         per_token += V * 2
     if chunk_bytes is None:
-        chunk_bytes = GPU_CHUNK_BYTES if h.is_cuda else CPU_CHUNK_BYTES
+        chunk_bytes = CPU_CHUNK_BYTES if not h.is_cuda else \
+            GPU_CHUNK_BYTES_16BIT if h.dtype in (torch.bfloat16, torch.float16) else GPU_CHUNK_BYTES
     return max(1, int(chunk_bytes) // per_token)
 
 
@@ -512,7 +521,8 @@ def fused_linear_ppo_loss(
         grad_in_forward: compute the gradients in the forward (three GEMMs; see the module
             docstring); default: whenever a gradient is wanted. False: the recompute path.
         chunk_bytes: logits per chunk on the grad-in-forward path (default ``CPU_CHUNK_BYTES``,
-            256 MiB, or ``GPU_CHUNK_BYTES``, 512 MiB); the recompute path takes ``fused_logprobs``'.
+            256 MiB; on a GPU ``GPU_CHUNK_BYTES``, 512 MiB, for fp32 and ``GPU_CHUNK_BYTES_16BIT``,
+            2 GiB, for bf16 / fp16); the recompute path takes ``fused_logprobs``'.
     Returns:
         (loss scalar fp32, stats of detached scalars: ``pg_loss``, ``entropy`` (agg of the
         entropy), ``kl`` (agg of the KL; only with ``ref_logp``), ``clipfrac``, ``clipfrac_lower``,

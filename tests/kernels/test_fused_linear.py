@@ -7,10 +7,14 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from _triton_on_cuda import on_cuda
+
 from fastcrit_kernels import _fused_linear_torch
 from fastcrit_kernels._reference import ref_agg_loss, ref_kl_penalty, ref_pacs_loss, ref_ppo_policy_loss
 from fastcrit_kernels.fused_linear import fused_linear_pacs_loss, fused_linear_ppo_loss
 from fastcrit_kernels.logprobs import logprobs_reference
+
+fused_linear_ppo_loss, fused_linear_pacs_loss = on_cuda(fused_linear_ppo_loss), on_cuda(fused_linear_pacs_loss)
 
 # One tolerance table for this module: input dtype -> (loss atol, loss rtol, grad atol, grad rtol).
 # The losses are computed from fp32 log-probs for every input dtype; bf16 loosens the gradients,
@@ -20,9 +24,10 @@ TOL = {
     torch.bfloat16: (2e-5, 1e-5, 2e-2, 2e-2),
 }
 # Triton on CPU tensors runs only under the interpreter, which tests/conftest.py turns on only where
-# there is no GPU; on a GPU machine the compiled kernels are tested on CUDA tensors instead.
-BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(
-    torch.cuda.is_available(), reason="interpreter is off on a GPU machine; CUDA tests cover Triton"))]
+# there is no GPU; on a GPU machine the "triton" cases run the compiled kernels on CUDA copies of the
+# same inputs (_triton_on_cuda.on_cuda). Shapes the GPU launchers do not take (H not a multiple of 16)
+# go to the torch path there, as they would for a user (the composites' own kernels take any shape).
+BACKENDS = ["torch", "triton"]
 
 
 def _batch(B, T, H, V, dtype, seed=0, bias=True):
@@ -120,6 +125,29 @@ def test_ppo_matches_unfused(case, path, backend, dtype):
     assert (got[0][mask == 0] == 0).all()  # masked tokens get no gradient
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("path", list(PATHS))
+def test_cuda_ppo_at_gpu_shapes(path, dtype):
+    """test_ppo_matches_unfused's GRPO case at a shape the log-prob kernels take on a GPU (H a
+    multiple of 16), so that the recompute path runs them too; clipping, KL and entropy all on."""
+    agg, kind, kl_coef, ent_coef, clip_c, temp, per_seq, scale = PPO_CASES["grpo_k3_entropy"]
+    B, T, H, V = 4, 33, 64, 517
+    hidden, weight, b, labels, mask, old, ref, g = _batch(B, T, H, V, dtype)
+    adv = torch.randn(B, generator=g)
+    kw = dict(kl_coef=kl_coef, kl_kind=kind, entropy_coef=ent_coef, clip_c=clip_c, agg=agg, temperature=temp)
+    loss, stats = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, ref_logp=ref, bias=b,
+                                        backend="triton", **PATHS[path], **kw)
+    params = _params(hidden, weight, b)
+    want, want_stats, p64 = _naive_ppo(params, labels, mask, old, adv, ref, **kw)
+    latol, lrtol, _, _ = TOL[dtype]
+    torch.testing.assert_close(loss.double(), want, atol=latol, rtol=lrtol)
+    torch.testing.assert_close(stats["clipfrac"].double(), want_stats["clipfrac"].double(), atol=latol, rtol=lrtol)
+    assert 0 < float(stats["clipfrac"]) < 1
+    got = torch.autograd.grad(loss * 2.5, params)
+    _check_grads(params, got, torch.autograd.grad(want * 2.5, p64), dtype)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("path", ["gif", "recompute"])
 def test_ppo_token_weight_and_frozen_head(path, backend):
@@ -205,8 +233,9 @@ def _mm_flops(fn):
 def test_three_gemms_not_four(backend):
     """Forward + backward of the grad-in-forward PPO loss is three [n, H] x [H, V] products for its n
     valid tokens, over one chunk or several; the recompute path's is four for all N tokens. PACS is
-    three where each group fits a chunk and four for a group that does not."""
-    B, T, H, V = 4, 7, 24, 131
+    three where each group fits a chunk and four for a group that does not. (H = 32: a multiple of 16,
+    which the GPU's log-prob kernels take; H = 24 would send the recompute path to torch's there.)"""
+    B, T, H, V = 4, 7, 32, 131
     hidden, weight, b, labels, mask, old, ref, g = _batch(B, T, H, V, torch.float32)
     adv = torch.randn(B, generator=g)
     one = lambda m: 2 * int((m != 0).sum()) * H * V  # noqa: E731  (one logits-sized GEMM)

@@ -4,8 +4,11 @@ import pytest
 import torch
 
 import fastcrit_kernels.logprobs as L
+from _triton_on_cuda import on_cuda
 from fastcrit_kernels import fused_logprobs, resolve_backend
 from fastcrit_kernels.logprobs import logprobs_reference
+
+fused_logprobs = on_cuda(fused_logprobs)
 
 # One tolerance table for this module: input dtype -> (value atol, value rtol, grad atol, grad rtol).
 # Values are computed in fp32 for every input dtype, so bf16 / fp16 only loosen the gradients, which
@@ -17,9 +20,10 @@ TOL = {
     torch.float16: (2e-5, 1e-5, 4e-3, 4e-3),
 }
 # Triton on CPU tensors runs only under the interpreter, which tests/conftest.py turns on only where
-# there is no GPU; on a GPU machine the compiled kernels are tested on CUDA tensors instead.
-BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(
-    torch.cuda.is_available(), reason="interpreter is off on a GPU machine; CUDA tests cover Triton"))]
+# there is no GPU; on a GPU machine the "triton" cases run the compiled kernels on CUDA copies of the
+# same inputs (_triton_on_cuda.on_cuda). Shapes the GPU launchers do not take (H not a multiple of 16)
+# go to the torch path there, as they would for a user; test_cuda_* below keep to shapes that do.
+BACKENDS = ["torch", "triton"]
 
 
 def _inputs(lead, H, V, dtype, *, bias=False, seed=0, scale=1.0, ignore=()):
@@ -176,6 +180,16 @@ def test_parity_with_liger_chunk_forward(backend):
     gb = torch.autograd.grad((theirs * up).sum(), [h2, w2, b2])
     for a, e in zip(ga, gb):
         torch.testing.assert_close(a, e, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_cuda_kernels_at_gpu_shapes(dtype):
+    """test_matches_reference's check at a shape the GPU launchers take (H a multiple of 16; V not a
+    multiple of any tile, so the last tile is padded), with bias, temperature and ignored labels,
+    forced into several vocab splits and backward chunks."""
+    _compare("triton", dtype, (4, 75), 128, 3001, temperature=0.8, bias=True, ignore=(0, 5, 299),
+             chunk_bytes=4 * 300 * 512)
 
 
 @pytest.mark.gpu
@@ -376,3 +390,19 @@ def test_triton_backward_reads_no_unwritten_d_logits(monkeypatch):
     for g, w in zip(got, want):
         assert torch.isfinite(g.float()).all()
         torch.testing.assert_close(g.float(), w.float(), atol=0.1, rtol=0.05)
+
+
+def test_auto_sends_exact_fp32_on_a_gpu_to_cublas(monkeypatch):
+    """``auto`` with fp32 operands and no TF32 on a GPU takes the torch path (cuBLAS's fp32 GEMMs ran
+    2x faster than Triton's exact-fp32 dot on an H100); 16-bit operands, TF32, an explicit "triton"
+    (argument or environment) and CPU tensors keep their choice."""
+    h = torch.zeros(2, 16)
+    assert not L._cublas_is_faster("auto", h, torch.float32, False)  # a CPU tensor: no GPU launch
+    monkeypatch.setattr(L, "_on_gpu", lambda t: True)
+    assert L._cublas_is_faster("auto", h, torch.float32, False)
+    assert not L._cublas_is_faster("auto", h, torch.float32, True)
+    assert not L._cublas_is_faster("auto", h, torch.bfloat16, False)
+    assert not L._cublas_is_faster("auto", h, torch.float16, False)
+    assert not L._cublas_is_faster("triton", h, torch.float32, False)
+    monkeypatch.setenv("FASTCRIT_KERNELS_BACKEND", "triton")
+    assert not L._cublas_is_faster("auto", h, torch.float32, False)

@@ -1,7 +1,14 @@
 """fastcrit_kernels stands alone: importable and usable with only torch and triton (no fastcrit,
 no numpy), as `pip install ./kernels` promises; and its torch path works without triton."""
+import os
 import subprocess
 import sys
+
+import fastcrit_kernels
+
+# Where this fastcrit_kernels comes from (an install, or the source tree on PYTHONPATH): the children
+# get only that folder, so they find the package but not fastcrit (which SCRIPT also blocks).
+HOME = os.path.dirname(os.path.dirname(os.path.abspath(fastcrit_kernels.__file__)))
 
 SCRIPT = r"""
 import sys
@@ -25,7 +32,7 @@ print("ok")
 
 def test_imports_and_runs_without_fastcrit_or_numpy():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300,
-                         env={"PATH": "/usr/bin:/bin", "FASTCRIT_KERNELS_BACKEND": "torch"})
+                         env={"PATH": "/usr/bin:/bin", "FASTCRIT_KERNELS_BACKEND": "torch", "PYTHONPATH": HOME})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
 
@@ -79,6 +86,6 @@ def test_torch_path_works_without_triton():
     """With triton unimportable, the package imports and every public function runs on CPU through
     the torch path (auto picks it); asking for triton says it is missing."""
     out = subprocess.run([sys.executable, "-c", NO_TRITON], capture_output=True, text=True, timeout=300,
-                         env={"PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1"})
+                         env={"PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1", "PYTHONPATH": HOME})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["auto", "ok", "torch", "ok", "ok"]

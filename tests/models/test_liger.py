@@ -62,6 +62,8 @@ def test_unsupported_architectures_are_left_alone():
     assert apply_liger(object()) == []
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors need the interpreter, which is off on a GPU "
+                    "machine; test_all_patches_keep_the_loss_on_gpu checks RoPE there")
 def test_rope_patch_keeps_the_loss(tiny_model_path, qwen2_module):
     """Liger's RoPE kernel (the one patch that runs under the interpreter) in a tiny Qwen2: same
     log-probs, loss and gradients as transformers' RoPE."""

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# fastcrit on one CUDA GPU, in one call: what a machine without a GPU cannot run.
+#
+#   bash benchmarks/gpu_check.sh                  # every step
+#   STEPS="tests grpo" bash benchmarks/gpu_check.sh
+#
+# Steps: env (GPU, versions), tests (the kernel tests with the compiled Triton kernels, the gpu-marked
+# engine and Liger tests), kernels (fused linear loss and fused log-probs against naive and three plain
+# GEMMs, fp32 and bf16, and Liger's fused GRPO loss), generate (native engine, eager and CUDA-graph decode, against HF generate),
+# grpo (a short GRPO run of configs/cpu/grpo.yaml on the GPU: bf16 mixed precision through FSDP2 on
+# NCCL, Liger patches, CUDA-graph rollout), ppo (configs/cpu/ppo.yaml's reward model, then a short
+# PPO run with the value critic, both bf16 on the GPU). They run in the order of what matters most, each under
+# its own time limit and all under DEADLINE seconds (default 480: a step gets what is left, none
+# starts with under 15 s); its exit code and time are printed at the end. Everything a step prints goes to $OUT/gpu_check.log (default
+# runs/gpu_check), with the benchmarks' CSV rows and the run's metrics beside it.
+#
+# It uses the python3 on PATH as it is (torch with CUDA, triton, transformers, tokenizers,
+# safetensors, pyyaml, numba, pytest, pytest-xdist; liger-kernel for the Liger checks) with the source
+# tree on PYTHONPATH: nothing is installed. SGLang and flash-attn are not used.
+set -u
+OUT=${OUT:-runs/gpu_check}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+export PYTHONPATH="$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export FASTCRIT_CACHE=${FASTCRIT_CACHE:-/tmp/fastcrit_cache}
+PY=${PY:-python3}
+STEPS=${STEPS:-env tests grpo ppo kernels generate}
+DEADLINE=${DEADLINE:-480}
+LOG="$OUT/gpu_check.log"
+RUN=/tmp/fastcrit_gpu_grpo
+PPO=/tmp/fastcrit_gpu_ppo
+summary=()
+CSVS="bench_ppo fused_logprobs bench_generate"
+declare -A before  # rows each results CSV had at the start: the rows after them are this run's
+for f in $CSVS; do before[$f]=$(cat "benchmarks/results/$f.csv" 2>/dev/null | wc -l); done
+
+step() {  # step NAME LIMIT_S CMD...: run, log, keep the tail for the end
+  local name=$1 limit=$2 t0=$SECONDS rc
+  shift 2
+  if ((DEADLINE - SECONDS < 15)); then
+    summary+=("$(printf '%-28s skipped: the deadline' "$name")")
+    return
+  fi
+  ((limit > DEADLINE - SECONDS)) && limit=$((DEADLINE - SECONDS))
+  echo "=== $name (limit ${limit}s): $*" | tee -a "$LOG"
+  timeout "$limit" "$@" >"$OUT/.step" 2>&1
+  rc=$?
+  cat "$OUT/.step" >>"$LOG"
+  tail -n "${TAIL:-12}" "$OUT/.step" | cut -c1-220
+  summary+=("$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" "$((SECONDS - t0))")")
+}
+
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+
+if has env; then
+  step gpu 20 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+  step versions 60 "$PY" -c "
+import torch, triton, transformers
+print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__,
+      'transformers', transformers.__version__, torch.cuda.get_device_name(0))
+try:
+    import liger_kernel, importlib.metadata as m; print('liger-kernel', m.version('liger-kernel'))
+except ImportError as e:
+    print('liger-kernel missing:', e)
+from fastcrit.models.hf import resolve_model_path
+for spec in ('tiny', 'tiny:hidden=64,layers=2,heads=2,kv_heads=1,intermediate=128'):
+    print(spec, '->', resolve_model_path(spec))  # built once here, before pytest's workers race for it
+"
+fi
+
+if has tests; then
+  TAIL=6 step tests_kernels 240 "$PY" -m pytest -q -ra -p no:cacheprovider -n 8 tests/kernels
+  TAIL=8 step tests_engine_liger 120 "$PY" -m pytest -q -ra -p no:cacheprovider -n 4 \
+    tests/rollout/test_native.py tests/models/test_liger.py tests/train/test_memory.py
+fi
+
+if has grpo; then
+  rm -rf "$RUN"
+  TAIL=15 step grpo_bf16_fsdp2_cudagraph 180 "$PY" -m fastcrit.cli train configs/cpu/grpo.yaml \
+    --set trainer.device=cuda --set model.dtype=bfloat16 --set rollout.engine_args.cuda_graph=true \
+    --set trainer.total_steps=30 --set trainer.eval_every=15 --set trainer.save_every=30 \
+    --set "trainer.output_dir=$RUN"
+  for f in metrics.jsonl summary.json; do [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/grpo_$f"; done
+fi
+
+if has ppo; then
+  rm -rf "$PPO"
+  gpu=(--set trainer.device=cuda --set model.dtype=bfloat16 --set "trainer.output_dir=$PPO")
+  TAIL=4 step ppo_reward_model 90 "$PY" -m fastcrit.cli rm configs/cpu/ppo.yaml "${gpu[@]}" --set rm.steps=40
+  TAIL=12 step ppo_bf16_critic 120 "$PY" -m fastcrit.cli train configs/cpu/ppo.yaml "${gpu[@]}" \
+    --set "reward.model_path=$PPO/rm/final" --set rollout.engine_args.cuda_graph=true \
+    --set trainer.total_steps=20 --set trainer.eval_every=10 --set trainer.save_every=20
+  [ -f "$PPO/summary.json" ] && cp "$PPO/summary.json" "$OUT/ppo_summary.json"
+fi
+
+if has kernels; then
+  TAIL=6 step bench_ppo_fp32 90 "$PY" benchmarks/bench_ppo.py --lm-shape 16384,896,151936 --lm-repeats 10
+  # bf16, also at larger grad-in-forward chunks than the default 512 MiB
+  TAIL=7 step bench_ppo_bf16 60 "$PY" benchmarks/bench_ppo.py --lm-only --lm-shape 16384,896,151936 \
+    --lm-repeats 10 --lm-dtype bfloat16 --lm-chunks 2048,8192
+  TAIL=14 step bench_fused_logprobs 90 "$PY" benchmarks/bench_fused_logprobs.py --device cuda \
+    --tokens 8192,32768 --impls naive,ours,ours_torch,ours_grpo,liger_grpo --no-plot
+fi
+
+if has generate; then
+  TAIL=10 step bench_generate 120 "$PY" benchmarks/bench_generate.py
+fi
+
+for f in $CSVS; do
+  csv="benchmarks/results/$f.csv"
+  if [ -f "$csv" ] && (($(wc -l <"$csv") > before[$f])); then
+    { head -n 1 "$csv"; tail -n +$((before[$f] + 1)) "$csv"; } >"$OUT/$f.csv"
+  fi
+done
+rm -f "$OUT/.step"
+echo "=== summary"
+printf '%s\n' "${summary[@]}"
