@@ -43,12 +43,15 @@ bench: install trl-venv
 	$(BIN)/fastcrit bench all
 
 # TRL for bench_trl.py (fastcrit bench e2e), in its own environment: it pins its own versions.
+# triton too, the version fastcrit's environment has: Transformers imports torch._dynamo, which
+# imports triton wherever it is installed (~70-100 MB of resident memory), as in any CUDA install of
+# torch; without it TRL's peak would leave out what fastcrit's includes.
 trl-venv: .venv-trl/.installed
-.venv-trl/.installed:
+.venv-trl/.installed: $(STAMP)
 	$(PY) -m venv .venv-trl
 	.venv-trl/bin/pip install -q --upgrade pip
 	.venv-trl/bin/pip install -q torch==2.13.0
-	.venv-trl/bin/pip install -q trl==1.16.0
+	.venv-trl/bin/pip install -q trl==1.16.0 "triton==$$($(BIN)/python -c 'import triton; print(triton.__version__)')"
 	touch $@
 
 clean:

@@ -2,7 +2,9 @@
 
 Run alone: ``python benchmarks/bench_trl.py [--quick] [--setting small|large] [--peer-python PATH]``.
 TRL runs in its own environment (it pins its own versions): ``make trl-venv`` builds ``.venv-trl``
-(torch==2.13.0 CPU, trl==1.16.0); ``--peer-python`` or ``FASTCRIT_TRL_PYTHON`` points at another
+(torch==2.13.0 CPU, trl==1.16.0, and fastcrit's triton version: Transformers imports
+torch._dynamo, which imports triton wherever it is installed, so both processes hold it, as they
+would with a CUDA build of torch); ``--peer-python`` or ``FASTCRIT_TRL_PYTHON`` points at another
 Python with trl. Without one the script writes no rows and says so in its JSON line.
 
 Both sides, each in a fresh process, the two taking turns (fastcrit first in odd rounds, TRL first
@@ -58,6 +60,13 @@ def peer_python(arg: str | None) -> str | None:
         if cand and os.path.exists(cand):
             return cand
     return None
+
+
+def triton_version(python: str) -> str:
+    """The triton a Python imports ("none" without one): the two sides' peaks compare only when
+    both hold it (see the module docstring)."""
+    out = subprocess.run([python, "-c", "import triton; print(triton.__version__)"], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else "none"
 
 
 def model_dir(spec: str | None) -> str:
@@ -141,6 +150,10 @@ def main() -> None:
     if python is None:
         print(json.dumps({"bench": NAME, "skipped": "no Python with trl: run `make trl-venv` or pass --peer-python"}))
         return
+    tritons = {"fastcrit": triton_version(sys.executable), "trl": triton_version(python)}
+    if tritons["fastcrit"] != tritons["trl"]:
+        print(f"bench_trl: WARNING triton {tritons['fastcrit']} here, {tritons['trl']} in {python}: the peaks "
+              "differ by what importing it costs (make trl-venv installs the same one)", file=sys.stderr)
     settings = ["small"] if args.quick else (list(SETTINGS) if args.setting == "both" else [args.setting])
     rounds = args.rounds or (1 if args.quick else 3)
     steps = args.steps or (5 if args.quick else 8)
@@ -174,7 +187,8 @@ def main() -> None:
                          "response_len": statistics.mean(lens[side]) if lens[side] else float("nan"),
                          "speedup_vs_trl": med["trl_grpo_trainer"] / med[side],
                          "speedup_vs_trl_no_gc": med["trl_grpo_trainer_no_gc"] / med[side],
-                         "rounds": rounds, "steps": steps})
+                         "rounds": rounds, "steps": steps,
+                         "triton": tritons["fastcrit" if side.startswith("fastcrit") else "trl"]})
     out = write_rows(rows, NAME, settings=("setting", "model", "prompts", "n", "max_new_tokens", "threads"),
                      repeats=rounds * (steps - args.warmup))
     for r in rows:
