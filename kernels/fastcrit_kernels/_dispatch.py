@@ -64,14 +64,20 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
-    """Return "triton" or "torch" for a call on ``tensors`` (any CUDA tensor makes it a GPU call)."""
+def requested_backend(backend: str) -> str:
+    """What a call asked for: ``backend``, with ``FASTCRIT_KERNELS_BACKEND`` in place of ``auto``."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
         backend = os.environ.get("FASTCRIT_KERNELS_BACKEND", "auto")
         if backend not in BACKENDS:
             raise ValueError(f"FASTCRIT_KERNELS_BACKEND must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
+def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
+    """Return "triton" or "torch" for a call on ``tensors`` (any CUDA tensor makes it a GPU call)."""
+    backend = requested_backend(backend)
     if any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in tensors):
         return "torch"
     on_cuda = any(t.is_cuda for t in tensors if isinstance(t, torch.Tensor))

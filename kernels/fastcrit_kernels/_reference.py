@@ -204,3 +204,24 @@ def ref_pacs_loss(
         "accuracy": ((adv > 0).to(torch.float64) == y).to(torch.float64).mean(),
     }
     return loss, stats
+
+
+# Log-probs from hidden states x lm_head with the full logits: the oracle of fused_logprobs and
+# the "naive" baseline of the benchmarks (any dtype; fp64 by default).
+def logprobs_reference(hidden, weight, labels, *, temperature=1.0, bias=None, return_entropy=False,
+                       ignore_index=-100, dtype=torch.float64):
+    """Full ``[..., V]`` logits in ``dtype`` -> log_softmax -> gather. Differentiable by autograd."""
+    logits = hidden.to(dtype) @ weight.to(dtype).t()
+    if bias is not None:
+        logits = logits + bias.to(dtype)
+    logp_all = torch.log_softmax(logits / temperature, dim=-1)
+    valid = labels != ignore_index
+    safe = torch.where(valid, labels, torch.zeros_like(labels)).long()
+    lp = logp_all.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    lp = torch.where(valid, lp, torch.zeros_like(lp))
+    if not return_entropy:
+        return lp
+    p = logp_all.exp()
+    # 0 log 0 = 0 (torch.special.entr's convention): a logit of -inf adds nothing, not NaN
+    ent = -(p * logp_all.masked_fill(p == 0, 0.0)).sum(-1)
+    return lp, torch.where(valid, ent, torch.zeros_like(ent))

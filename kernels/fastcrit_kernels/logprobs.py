@@ -48,9 +48,10 @@ import os
 
 import torch
 
-from fastcrit_kernels._dispatch import (Tile, Variant, check_on_host, device_guard, jit, resolve_backend,
-                                        tl, triton, tuned)
+from fastcrit_kernels._dispatch import (Tile, Variant, check_on_host, device_guard, jit, requested_backend,
+                                        resolve_backend, tl, triton, tuned)
 from fastcrit_kernels._logprobs_torch import _torch_backward, _torch_forward
+from fastcrit_kernels._reference import logprobs_reference  # noqa: F401  (re-exported: callers import it here)
 
 # Bytes of logits one chunk may hold. The torch path keeps two fp32 [chunk_tokens, V] buffers alive,
 # the Triton backward one [tokens, chunk_vocab] d_logits buffer in the inputs' dtype.
@@ -476,8 +477,8 @@ def _cublas_is_faster(backend: str, h: torch.Tensor, gemm_dtype: torch.dtype, al
     on an H100 (torch 2.11, triton 3.6; H 896, V 151936, forward + backward), 421 ms against 211 ms
     at 8192 tokens and 1692 against 868 at 32768 (full logits: 151 / 608 ms, at 27x / 110x the
     memory). bf16 / fp16, and fp32 with TF32, keep the kernels; ``backend="triton"`` asks for them."""
-    asked = os.environ.get("FASTCRIT_KERNELS_BACKEND", "auto") if backend == "auto" else backend
-    return asked == "auto" and _on_gpu(h) and gemm_dtype == torch.float32 and not allow_tf32
+    return (requested_backend(backend) == "auto" and _on_gpu(h) and gemm_dtype == torch.float32
+            and not allow_tf32)
 
 
 def _check_inputs(hidden, weight, labels, temperature, bias):
@@ -583,25 +584,3 @@ def fused_logprobs(
     if return_entropy:
         return lp, ent.reshape(lead)
     return lp
-
-
-# ----------------------------------------------------------------------------------------------
-# Reference (plain torch, full logits): the oracle for tests and the "naive" baseline of benchmarks
-# ----------------------------------------------------------------------------------------------
-def logprobs_reference(hidden, weight, labels, *, temperature=1.0, bias=None, return_entropy=False,
-                       ignore_index=-100, dtype=torch.float64):
-    """Full ``[..., V]`` logits in ``dtype`` -> log_softmax -> gather. Differentiable by autograd."""
-    logits = hidden.to(dtype) @ weight.to(dtype).t()
-    if bias is not None:
-        logits = logits + bias.to(dtype)
-    logp_all = torch.log_softmax(logits / temperature, dim=-1)
-    valid = labels != ignore_index
-    safe = torch.where(valid, labels, torch.zeros_like(labels)).long()
-    lp = logp_all.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
-    lp = torch.where(valid, lp, torch.zeros_like(lp))
-    if not return_entropy:
-        return lp
-    p = logp_all.exp()
-    # 0 log 0 = 0 (torch.special.entr's convention): a logit of -inf adds nothing, not NaN
-    ent = -(p * logp_all.masked_fill(p == 0, 0.0)).sum(-1)
-    return lp, torch.where(valid, ent, torch.zeros_like(ent))
