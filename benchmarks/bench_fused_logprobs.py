@@ -3,8 +3,10 @@
 Shapes: Qwen2.5-0.5B's lm_head (H=896, V=151936), fp32, tokens in {1024, 2048, 4096, 8192}.
 Implementations, side by side in one run:
   naive        full logits -> log_softmax -> gather (verl's non-fused path), plain autograd
-  ours         fastcrit_kernels.fused_logprobs (torch path on CPU, Triton on CUDA)
+  ours         fastcrit_kernels.fused_logprobs, backend "auto" (torch path on CPU; on CUDA Triton, except
+               exact fp32, which goes to the torch path's cuBLAS GEMMs)
   ours_torch   the same with backend="torch" (on CUDA: cuBLAS GEMMs over chunks; not in the default set)
+  ours_triton  the same with backend="triton" (the Triton kernels; not in the default set)
   liger_lp     Liger-Kernel's chunked selective log-prob (LigerFusedLinearPPOBase.chunk_forward)
   ours_grpo    fastcrit_kernels.fused_linear_ppo_loss (token-mean PPO clip + k3 KL, beta 0.04)
   liger_grpo   Liger-Kernel's LigerFusedLinearGRPOLoss (loss_type "bnpo" = token-mean, beta 0.04)
@@ -47,7 +49,7 @@ CSV_PATH = os.path.join(RESULTS, "fused_logprobs.csv")
 PNG_PATH = os.path.join(RESULTS, "fused_logprobs_memory.png")
 JSONL_PATH = os.path.join(RESULTS, "fused_logprobs.jsonl")  # one summary object per run
 IMPLS = ("naive", "ours", "liger_lp", "ours_grpo", "liger_grpo")
-EXTRA = ("ours_torch",)  # chosen by --impls only
+EXTRA = ("ours_torch", "ours_triton")  # chosen by --impls only
 H, V = 896, 151936
 SEQ = 1024  # tokens per sequence for the [B, T] losses
 
@@ -91,6 +93,12 @@ def _make_case(impl: str, tokens: int, device: str):
 
         def fn():
             lp = fused_logprobs(hidden, weight, labels, backend="torch")
+            lp.backward(up)
+    elif impl == "ours_triton":
+        from fastcrit_kernels import fused_logprobs
+
+        def fn():
+            lp = fused_logprobs(hidden, weight, labels, backend="triton")
             lp.backward(up)
     elif impl == "liger_lp":
         from liger_kernel.chunked_loss.fused_linear_ppo import LigerFusedLinearPPOBase

@@ -8,7 +8,8 @@
 # engine and Liger tests), kernels (fused linear loss and fused log-probs against naive and three plain
 # GEMMs, fp32 and bf16, and Liger's fused GRPO loss), generate (native engine, eager and CUDA-graph decode, against HF generate),
 # grpo (a short GRPO run of configs/cpu/grpo.yaml on the GPU: bf16 mixed precision through FSDP2 on
-# NCCL, Liger patches, CUDA-graph rollout), ppo (configs/cpu/ppo.yaml's reward model, then a short
+# NCCL, Liger patches, CUDA-graph rollout), grpo_fp32 (a shorter fp32 run: the plain module with
+# torch's fused AdamW on CUDA, exact-fp32 log-probs through the torch path), ppo (configs/cpu/ppo.yaml's reward model, then a short
 # PPO run with the value critic, both bf16 on the GPU). They run in the order of what matters most, each under
 # its own time limit and all under DEADLINE seconds (default 480: a step gets what is left, none
 # starts with under 15 s); its exit code and time are printed at the end. Everything a step prints goes to $OUT/gpu_check.log (default
@@ -24,7 +25,7 @@ OUT=$(cd "$OUT" && pwd)
 export PYTHONPATH="$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export FASTCRIT_CACHE=${FASTCRIT_CACHE:-/tmp/fastcrit_cache}
 PY=${PY:-python3}
-STEPS=${STEPS:-env tests grpo ppo kernels generate}
+STEPS=${STEPS:-env tests grpo grpo_fp32 ppo kernels generate}
 DEADLINE=${DEADLINE:-480}
 LOG="$OUT/gpu_check.log"
 RUN=/tmp/fastcrit_gpu_grpo
@@ -71,7 +72,8 @@ fi
 if has tests; then
   TAIL=6 step tests_kernels 240 "$PY" -m pytest -q -ra -p no:cacheprovider -n 8 tests/kernels
   TAIL=8 step tests_engine_liger 120 "$PY" -m pytest -q -ra -p no:cacheprovider -n 4 \
-    tests/rollout/test_native.py tests/models/test_liger.py tests/train/test_memory.py
+    tests/rollout/test_native.py tests/models/test_liger.py tests/train/test_memory.py \
+    tests/train/test_actor.py::test_a_plain_module_steps_with_fused_adamw_like_foreach
 fi
 
 if has grpo; then
@@ -81,6 +83,14 @@ if has grpo; then
     --set trainer.total_steps=30 --set trainer.eval_every=15 --set trainer.save_every=30 \
     --set "trainer.output_dir=$RUN"
   for f in metrics.jsonl summary.json; do [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/grpo_$f"; done
+fi
+
+if has grpo_fp32; then
+  rm -rf "$RUN"_fp32
+  TAIL=10 step grpo_fp32_plain_fused_adamw 120 "$PY" -m fastcrit.cli train configs/cpu/grpo.yaml \
+    --set trainer.device=cuda --set trainer.total_steps=10 --set trainer.eval_every=10 \
+    --set trainer.save_every=10 --set "trainer.output_dir=$RUN"_fp32
+  for f in metrics.jsonl summary.json; do [ -f "$RUN"_fp32/$f ] && cp "$RUN"_fp32/$f "$OUT/grpo_fp32_$f"; done
 fi
 
 if has ppo; then
@@ -98,8 +108,8 @@ if has kernels; then
   # bf16, also at larger grad-in-forward chunks than the default 512 MiB
   TAIL=7 step bench_ppo_bf16 60 "$PY" benchmarks/bench_ppo.py --lm-only --lm-shape 16384,896,151936 \
     --lm-repeats 10 --lm-dtype bfloat16 --lm-chunks 2048,8192
-  TAIL=14 step bench_fused_logprobs 90 "$PY" benchmarks/bench_fused_logprobs.py --device cuda \
-    --tokens 8192,32768 --impls naive,ours,ours_torch,ours_grpo,liger_grpo --no-plot
+  TAIL=14 step bench_fused_logprobs 120 "$PY" benchmarks/bench_fused_logprobs.py --device cuda \
+    --tokens 8192,32768 --impls naive,ours,ours_triton,ours_grpo,liger_grpo --no-plot
 fi
 
 if has generate; then

@@ -346,3 +346,31 @@ def test_shared_prompt_hidden_equals_the_whole_rows_and_steps_aside_without_shar
     # a model with a recurrent layer (its cache is a state, not keys a gather can share) runs whole
     m.lm.config.layer_types = ["full_attention", "linear_attention"] * 2
     assert m.shared_prompt_hidden(b.input_ids, b.attention_mask, b.position_ids, R) is None
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_plain_module_steps_with_fused_adamw_like_foreach(tiny_model_path, device):
+    """One fp32 process gives the plain module torch's fused AdamW: three steps on the same
+    gradients leave the weights where the foreach AdamW (FSDP2's) leaves them."""
+    optim = OptimConfig(lr=1e-2, weight_decay=0.1)
+    actor = build_actor(tiny_model_path, dtype="float32", device=torch.device(device), world_size=1,
+                        optim=optim)
+    assert actor.optimizer.defaults["fused"] and not actor.optimizer.defaults["foreach"]
+    start = [p.detach().clone() for p in actor.module.parameters()]
+    twin = [p.detach().clone().requires_grad_(True) for p in actor.module.parameters()]
+    ref = torch.optim.AdamW(twin, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
+                            weight_decay=optim.weight_decay, foreach=True)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for p, q in zip(actor.module.parameters(), twin):
+            p.grad = torch.randn(p.shape, generator=g).to(device)
+            q.grad = p.grad.clone()
+        actor.optimizer.step()
+        ref.step()
+    for p, q, p0 in zip(actor.module.parameters(), twin, start):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+        assert (p - p0).abs().max() > 1e-3  # the steps moved every weight
