@@ -234,6 +234,12 @@ class CTRLConfig:
     # x right verdict; nothing is revised or executed); the revision's score joins after them.
     judgment_only_steps: int = 0
     rounds: int = 1  # critique -> revision rounds at test time (`fastcrit critique`)
+    # Test time and the held-out evaluation: the critic's sampling temperature (0 = greedy) and how
+    # many critiques each solution gets, each the start of its own chain of rounds (figures are means
+    # over them: the expected pass@1 and judgment accuracy of one sampled critique). The revisions
+    # stay greedy (the paper's proxy). Sampled, the evaluation reports the greedy round beside it.
+    critique_temperature: float = 0.0
+    critique_samples: int = 1
     critic: str = ""  # test time: critic model dir; "" = newest checkpoint of trainer.output_dir
     critic_endpoint: str = ""  # test time: an OpenAI-compatible critic instead of a local one
     critic_api_model: str = ""  # the model name that critic endpoint serves
@@ -540,6 +546,14 @@ def validate(cfg: Config) -> None:
     need(cfg.raro.lambda_pol >= 0 and cfg.raro.lambda_crit >= 0, "raro.lambda_pol, raro.lambda_crit: must be >= 0")
     need(cfg.pacs.beta > 0, f"pacs.beta: must be > 0, got {cfg.pacs.beta}")
     need(cfg.ctrl.rounds >= 1, f"ctrl.rounds: must be >= 1, got {cfg.ctrl.rounds}")
+    need(cfg.ctrl.critique_temperature >= 0,
+         f"ctrl.critique_temperature: must be >= 0, got {cfg.ctrl.critique_temperature}")
+    need(cfg.ctrl.critique_samples >= 1, f"ctrl.critique_samples: must be >= 1, got {cfg.ctrl.critique_samples}")
+    from fastcrit.types import is_greedy  # torch: here, not at import
+
+    need(cfg.ctrl.critique_samples == 1 or not is_greedy(cfg.ctrl.critique_temperature),
+         f"ctrl.critique_samples: {cfg.ctrl.critique_samples} greedy critiques of one solution are one "
+         f"critique; sample them (ctrl.critique_temperature > 0) or set 1")
     need(cfg.ctrl.solutions_per_problem >= 1, "ctrl.solutions_per_problem: must be >= 1")
     need(cfg.ctrl.judgment_reward >= 0, f"ctrl.judgment_reward: must be >= 0, got {cfg.ctrl.judgment_reward}")
     need(cfg.ctrl.judgment_only_steps >= 0,

@@ -26,6 +26,7 @@ from fastcrit.data.problems import Problem
 from fastcrit.reward import RewardItem, make_reward
 from fastcrit.reward.code import extract_program
 from fastcrit.rollout.chat import ChatModel
+from fastcrit.types import is_greedy
 
 
 @dataclass
@@ -121,12 +122,16 @@ def revise(generator: ChatModel, attempts: list[Attempt], critiques: list[str], 
 
 
 def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: list[Attempt], *,
-                   critic_tokens: int, generator_tokens: int, round_no: int = 1
+                   critic_tokens: int, generator_tokens: int, round_no: int = 1,
+                   temperature: float = 0.0, seed: int = 0
                    ) -> tuple[list[Attempt], RoundReport, list[dict]]:
-    """One critique -> revision round over every attempt. Returns the new attempts, the report and
-    one record per problem (texts and verdicts, for the JSONL file)."""
+    """One critique -> revision round over every attempt: the critic writes at ``temperature``
+    (greedy by default; sampled, attempt i draws with ``seed`` and its place i, so a list of
+    repeated attempts gets independent critiques), the generator revises greedily. Returns the new
+    attempts, the report and one record per problem (texts and verdicts, for the JSONL file)."""
     crits = critic.chat([critique_messages(a.problem.question, a.solution) for a in attempts],
-                        max_new_tokens=critic_tokens, temperature=0.0)
+                        max_new_tokens=critic_tokens, temperature=temperature,
+                        seed=None if is_greedy(temperature) else seed)
     texts = ["" if c.finish_reason == "prompt_too_long" else c.text for c in crits]
     judged, sent = revise(generator, attempts, texts, max_new_tokens=generator_tokens)
     raw = dict(sent)  # the revisions as written (prose and all); attempts carry their programs
@@ -163,17 +168,32 @@ def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: li
 
 
 def critique_rounds(critic: ChatModel, generator: ChatModel, reward, attempts: list[Attempt], *,
-                    rounds: int, critic_tokens: int, generator_tokens: int
-                    ) -> tuple[list[RoundReport], list[dict]]:
-    """Round 0 (the generator alone) and ``rounds`` critique -> revision rounds."""
+                    rounds: int, critic_tokens: int, generator_tokens: int, temperature: float = 0.0,
+                    samples: int = 1, seed: int = 0) -> tuple[list[RoundReport], list[dict]]:
+    """Round 0 (the generator alone) and ``rounds`` critique -> revision rounds. With ``samples`` >
+    1 (sampled critiques), each attempt starts that many chains; the reports are over all of them
+    and each record names its ``sample``."""
+    attempts = repeat_attempts(attempts, samples)
     reports = [RoundReport(0, sum(a.passed for a in attempts) / max(len(attempts), 1))]
     records: list[dict] = []
     for r in range(1, rounds + 1):
         attempts, rep, recs = critique_round(critic, generator, reward, attempts, round_no=r,
-                                             critic_tokens=critic_tokens, generator_tokens=generator_tokens)
+                                             critic_tokens=critic_tokens, generator_tokens=generator_tokens,
+                                             temperature=temperature, seed=round_seed(seed, r))
         reports.append(rep)
-        records += recs
+        records += [dict(rec, sample=i % samples) for i, rec in enumerate(recs)]
     return reports, records
+
+
+def repeat_attempts(attempts: list[Attempt], samples: int) -> list[Attempt]:
+    """Each attempt ``samples`` times in a row (the chains of sampled critiques it starts)."""
+    return [a for a in attempts for _ in range(samples)]
+
+
+def round_seed(seed: int, round_no: int) -> int:
+    """The critic's sampling seed in round ``round_no``: rounds draw apart (an engine's draws depend
+    on the seed plus the row's place, and rows number far fewer than this step)."""
+    return seed + 1_000_003 * round_no
 
 
 def format_reports(reports: list[RoundReport]) -> list[str]:
@@ -217,7 +237,9 @@ def run_critique(cfg: Config) -> dict:
         attempts = execute(reward, [p for p, _ in sols], [t for _, t in sols])
         reports, records = critique_rounds(critic, generator, reward, attempts, rounds=cfg.ctrl.rounds,
                                            critic_tokens=cfg.rollout.max_new_tokens,
-                                           generator_tokens=cfg.proxy.rollout.max_new_tokens)
+                                           generator_tokens=cfg.proxy.rollout.max_new_tokens,
+                                           temperature=cfg.ctrl.critique_temperature,
+                                           samples=cfg.ctrl.critique_samples, seed=cfg.trainer.seed)
     finally:
         reward.close()
         generator.close()
@@ -227,9 +249,13 @@ def run_critique(cfg: Config) -> dict:
         for rec in records:
             f.write(json.dumps(rec) + "\n")
     summary = {"problems": len(problems), "source": cfg.data.val, "critic": critic_name,
-               "generator": generator_name, "rounds": [asdict(r) for r in reports], "records": path}
+               "generator": generator_name, "critique_temperature": cfg.ctrl.critique_temperature,
+               "critique_samples": cfg.ctrl.critique_samples, "rounds": [asdict(r) for r in reports],
+               "records": path}
     with open(os.path.splitext(path)[0] + "_summary.json", "w") as f:
         json.dump(summary, f, indent=1)
-    print("\n".join([f"critique: {len(problems)} problems from {cfg.data.val}, critic {critic_name}",
+    how = ("greedy critiques" if is_greedy(cfg.ctrl.critique_temperature) else
+           f"{cfg.ctrl.critique_samples} critique(s) per solution at temperature {cfg.ctrl.critique_temperature:g}")
+    print("\n".join([f"critique: {len(problems)} problems from {cfg.data.val}, critic {critic_name}, {how}",
                      *format_reports(reports), f"  every round's texts and verdicts: {path}"]), flush=True)
     return summary

@@ -21,12 +21,14 @@ import torch
 from fastcrit.algos.advantages import outcome_advantages
 from fastcrit.data.critique import critique_messages, review_agrees
 from fastcrit.data.prompts import render_chat
-from fastcrit.recipes.critique import Attempt, RoundReport, critique_round, kept_when_correct, revise
+from fastcrit.recipes.critique import (Attempt, RoundReport, critique_round, kept_when_correct, repeat_attempts,
+                                      revise, round_seed)
 from fastcrit.recipes.ctrl_common import load_attempts, make_proxy, synth_dir
 from fastcrit.recipes.scaffold import Run
 from fastcrit.reward import RewardItem, make_reward
 from fastcrit.rollout.chat import LocalChat
 from fastcrit.train.dist import all_reduce_mean, std_over_ranks
+from fastcrit.types import is_greedy
 
 
 def critique_scores(n: int, sent: list[tuple[int, str]], results) -> torch.Tensor:
@@ -141,17 +143,25 @@ class CTRL:
         }
 
     def evaluate(self) -> dict[str, float]:
-        """One greedy critique -> revision round on this rank's share of the held-out solutions
-        (the paper's table in miniature); means over ranks."""
+        """One critique -> revision round on this rank's share of the held-out solutions (the
+        paper's table in miniature), the critiques as ``ctrl.critique_temperature`` /
+        ``critique_samples`` say; sampled, a greedy round too (``val/greedy_*``). Means over ranks.
+        Every evaluation draws the same numbers (seed ``trainer.seed``), so the SFT and RL critics
+        are compared on the same draws."""
         if not self.val:
             return {}
         run, c = self.run, self.run.cfg
         share = self.val[run.ctx.rank::run.ctx.world_size]
-        _, rep, _ = critique_round(self.critic, self.proxy, self.reward, share,
-                                   critic_tokens=c.rollout.max_new_tokens,
-                                   generator_tokens=c.proxy.rollout.max_new_tokens)
-        gen = RoundReport(0, sum(a.passed for a in share) / len(share))
-        return all_reduce_mean({**gen.metrics("val/generator_"), **rep.metrics("val/")})
+        tokens = dict(critic_tokens=c.rollout.max_new_tokens, generator_tokens=c.proxy.rollout.max_new_tokens)
+        temperature, k = c.ctrl.critique_temperature, c.ctrl.critique_samples
+        _, rep, _ = critique_round(self.critic, self.proxy, self.reward, repeat_attempts(share, k),
+                                   temperature=temperature, seed=round_seed(c.trainer.seed, 1), **tokens)
+        out = {**RoundReport(0, sum(a.passed for a in share) / len(share)).metrics("val/generator_"),
+               **rep.metrics("val/")}
+        if not is_greedy(temperature):
+            _, greedy, _ = critique_round(self.critic, self.proxy, self.reward, share, **tokens)
+            out.update(greedy.metrics("val/greedy_"))
+        return all_reduce_mean(out)
 
     def summary(self, first: dict, last: dict) -> dict:
         """The paper's table in miniature. "sft_critic" is the critic RL started from (the SFT warm
@@ -171,14 +181,27 @@ class CTRL:
             "rl_critic_kept_when_correct": last.get("val/kept_when_correct"),
             # how often a critique was true to its own part-by-part review (critique/review_agrees)
             "sft_critic_review_agrees": first.get("val/review_agrees"),
-            "rl_critic_review_agrees": last.get("val/review_agrees")}}
+            "rl_critic_review_agrees": last.get("val/review_agrees"),
+            # how the critiques above were written (greedy: temperature 0, one per solution)
+            "critique_temperature": self.run.cfg.ctrl.critique_temperature,
+            "critique_samples": self.run.cfg.ctrl.critique_samples,
+            **({} if "val/greedy_pass@1" not in first else {
+                "sft_critic_greedy": first["val/greedy_pass@1"], "rl_critic_greedy": last["val/greedy_pass@1"],
+                "sft_critic_greedy_judgment_acc": first["val/greedy_judgment_acc"],
+                "rl_critic_greedy_judgment_acc": last["val/greedy_judgment_acc"]})}}
 
     def summary_lines(self, summary: dict) -> list[str]:
         e = summary.get("eval")
         if not e:
             return []
         kept = lambda v: "  -" if v is None else f"{v:.3f}"  # noqa: E731
-        return [f"  held-out problems ({e['problems']}), one critique -> revision round:",
+        how = ("greedy critiques" if is_greedy(e["critique_temperature"]) else
+               f"{e['critique_samples']} critique(s) per solution at temperature {e['critique_temperature']:g}")
+        greedy = [] if "sft_critic_greedy" not in e else [
+            f"    greedy critiques: SFT critic {e['sft_critic_greedy']:.3f} / "
+            f"{e['sft_critic_greedy_judgment_acc']:.3f}, RL critic {e['rl_critic_greedy']:.3f} / "
+            f"{e['rl_critic_greedy_judgment_acc']:.3f} (pass@1 / judgment_acc)"]
+        return [f"  held-out problems ({e['problems']}), one critique -> revision round, {how}:",
                 "    critic        pass@1  judgment_acc  fixed  broken  kept when judged correct",
                 f"    (generator)   {e['generator']:.3f}",
                 f"    SFT critic    {e['sft_critic']:.3f}   {e['sft_critic_judgment_acc']:.3f}"
@@ -186,7 +209,7 @@ class CTRL:
                 f"   {kept(e.get('sft_critic_kept_when_correct'))}",
                 f"    RL critic     {e['rl_critic']:.3f}   {e['rl_critic_judgment_acc']:.3f}"
                 f"         {e['rl_critic_fixed']:.3f}  {e['rl_critic_broken']:.3f}"
-                f"   {kept(e.get('rl_critic_kept_when_correct'))}"]
+                f"   {kept(e.get('rl_critic_kept_when_correct'))}", *greedy]
 
     def close(self) -> None:
         self.reward.close()

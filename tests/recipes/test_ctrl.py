@@ -311,3 +311,44 @@ def test_judgment_only_steps_need_a_judgment_reward(tmp_path):
     with pytest.raises(ConfigError, match="ctrl.require_review: only with ctrl.consistent_review"):
         load_config(CPU_CONFIG, ["ctrl.require_review=true"])
     assert load_config(CPU_CONFIG, ["ctrl.consistent_review=true", "ctrl.require_review=true"]).ctrl.require_review
+
+
+def test_sampled_critiques_need_a_temperature_and_a_positive_count():
+    from fastcrit.config import ConfigError
+
+    with pytest.raises(ConfigError, match="ctrl.critique_samples: 3 greedy critiques"):
+        load_config(CPU_CONFIG, ["ctrl.critique_samples=3"])
+    with pytest.raises(ConfigError, match="ctrl.critique_samples: must be >= 1"):
+        load_config(CPU_CONFIG, ["ctrl.critique_samples=0", "ctrl.critique_temperature=1.0"])
+    with pytest.raises(ConfigError, match="ctrl.critique_temperature: must be >= 0"):
+        load_config(CPU_CONFIG, ["ctrl.critique_temperature=-0.5"])
+    cfg = load_config(CPU_CONFIG, ["ctrl.critique_samples=3", "ctrl.critique_temperature=0.5"])
+    assert (cfg.ctrl.critique_samples, cfg.ctrl.critique_temperature) == (3, 0.5)
+
+
+def test_sampled_test_time_starts_a_chain_per_sample_and_reports_over_them(workdir, tmp_path):
+    out = str(tmp_path / "run")
+    cli("train", workdir, out, "trainer.total_steps=1", "ctrl.critique_temperature=1.0", "ctrl.critique_samples=2")
+    e = json.load(open(os.path.join(out, "summary.json")))["eval"]  # sampled, with the greedy round beside
+    assert (e["critique_temperature"], e["critique_samples"]) == (1.0, 2)
+    assert {"sft_critic_greedy", "rl_critic_greedy", "sft_critic_greedy_judgment_acc",
+            "rl_critic_greedy_judgment_acc"} <= set(e)
+    cli("critique", workdir, out, "ctrl.rounds=2", "ctrl.critique_temperature=1.0", "ctrl.critique_samples=3",
+        "ctrl.output=" + os.path.join(out, "sampled.jsonl"))
+    with open(os.path.join(out, "sampled.jsonl")) as f:
+        recs = [json.loads(line) for line in f]
+    assert [r["round"] for r in recs] == [1] * 18 + [2] * 18  # 6 problems x 3 chains, two rounds
+    assert [r["sample"] for r in recs[:6]] == [0, 1, 2, 0, 1, 2]
+    assert [r["problem_id"] for r in recs[:3]] == [recs[0]["problem_id"]] * 3
+    for one, two in zip(recs[:18], recs[18:]):  # each chain goes on from its own first round
+        assert (two["problem_id"], two["sample"], two["passed_before"]) == (
+            one["problem_id"], one["sample"], one["passed_after"])
+    s = json.load(open(os.path.join(out, "sampled_summary.json")))
+    assert (s["critique_temperature"], s["critique_samples"]) == (1.0, 3)
+    first = s["rounds"][1]
+    assert first["failing_before"] + first["passing_before"] == 18
+    assert first["pass_at_1"] == pytest.approx(sum(r["passed_after"] for r in recs[:18]) / 18)
+    assert first["judgment_acc"] == pytest.approx(sum(
+        r["judgment"] is not None and (r["judgment"] == "Correct") == r["passed_before"] for r in recs[:18]) / 18)
+    # the three chains of a problem drew their own critiques (a tiny model at temperature 1)
+    assert len({r["critique"] for r in recs[:18]}) > 6
