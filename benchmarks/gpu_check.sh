@@ -10,14 +10,16 @@
 # grpo (a short GRPO run of configs/cpu/grpo.yaml on the GPU: bf16 mixed precision through FSDP2 on
 # NCCL, Liger patches, CUDA-graph rollout), grpo_fp32 (a shorter fp32 run: the plain module with
 # torch's fused AdamW on CUDA, exact-fp32 log-probs through the torch path), ppo (configs/cpu/ppo.yaml's reward model, then a short
-# PPO run with the value critic, both bf16 on the GPU). They run in the order of what matters most, each under
+# PPO run with the value critic, both bf16 on the GPU), recipes (PACS, RARO and CTRL, fp32, 10 steps each;
+# CTRL needs the demo's coder, synthesis and critic SFT under runs/). They run in the order of what matters most, each under
 # its own time limit and all under DEADLINE seconds (default 480: a step gets what is left, none
 # starts with under 15 s); its exit code and time are printed at the end. Everything a step prints goes to $OUT/gpu_check.log (default
 # runs/gpu_check), with the benchmarks' CSV rows and the run's metrics beside it.
 #
 # It uses the python3 on PATH as it is (torch with CUDA, triton, transformers, tokenizers,
 # safetensors, pyyaml, numba, pytest, pytest-xdist; liger-kernel for the Liger checks) with the source
-# tree on PYTHONPATH: nothing is installed. SGLang and flash-attn are not used.
+# tree on PYTHONPATH: nothing is installed, except that CTRL's sandbox workers (which start without
+# PYTHONPATH) get a path file in site-packages where fastcrit is not installed. SGLang and flash-attn are not used.
 set -u
 OUT=${OUT:-runs/gpu_check}
 mkdir -p "$OUT"
@@ -25,7 +27,7 @@ OUT=$(cd "$OUT" && pwd)
 export PYTHONPATH="$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export FASTCRIT_CACHE=${FASTCRIT_CACHE:-/tmp/fastcrit_cache}
 PY=${PY:-python3}
-STEPS=${STEPS:-env tests grpo grpo_fp32 ppo kernels generate}
+STEPS=${STEPS:-env tests grpo grpo_fp32 recipes ppo kernels generate}
 DEADLINE=${DEADLINE:-480}
 LOG="$OUT/gpu_check.log"
 RUN=/tmp/fastcrit_gpu_grpo
@@ -91,6 +93,45 @@ if has grpo_fp32; then
     --set trainer.device=cuda --set trainer.total_steps=10 --set trainer.eval_every=10 \
     --set trainer.save_every=10 --set "trainer.output_dir=$RUN"_fp32
   for f in metrics.jsonl summary.json; do [ -f "$RUN"_fp32/$f ] && cp "$RUN"_fp32/$f "$OUT/grpo_fp32_$f"; done
+fi
+
+if has recipes; then  # the other recipes on the GPU (fp32): a few steps each, start and end evaluated
+  gpu=(--set trainer.device=cuda --set trainer.total_steps=10 --set trainer.save_every=10 --set trainer.eval_every=10)
+  RECIPES=${RECIPES:-pacs raro ctrl}
+  for algo in pacs raro; do
+    [[ " $RECIPES " == *" $algo "* ]] || continue
+    rm -rf "/tmp/fastcrit_gpu_$algo"
+    TAIL=8 step "${algo}_fp32" 120 "$PY" -m fastcrit.cli train "configs/cpu/$algo.yaml" "${gpu[@]}" \
+      --set "trainer.output_dir=/tmp/fastcrit_gpu_$algo"
+    [ -f "/tmp/fastcrit_gpu_$algo/summary.json" ] && cp "/tmp/fastcrit_gpu_$algo/summary.json" "$OUT/${algo}_summary.json"
+  done
+  # CTRL needs the demo's coder (runs/cpu-coder/final) and, to skip stage 1 and the critic's SFT,
+  # runs/cpu-ctrl/{synth,sft}: carry them from a machine that ran `make ctrl-demo`
+  # CTRL's sandbox refuses to run without its native jail: carry fastcrit/sandbox/_native/bin or
+  # let cmake build it here
+  jail=fastcrit/sandbox/_native/bin/fastcrit-jail
+  if [[ " $RECIPES " == *" ctrl "* ]] && [ ! -x "$jail" ] && command -v cmake >/dev/null; then
+    cmake -S . -B /tmp/fastcrit_native -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+      cmake --build /tmp/fastcrit_native -j 4 >/dev/null &&
+      cmake --install /tmp/fastcrit_native --prefix fastcrit/sandbox/_native >/dev/null
+  fi
+  if [[ " $RECIPES " != *" ctrl "* ]]; then
+    :
+  elif [ -f runs/cpu-coder/final/COMPLETE ]; then
+    # the sandbox's workers start with a scrubbed environment (no PYTHONPATH): where fastcrit is not
+    # installed, a path file in the interpreter's site-packages lets them import it
+    if ! env -i PATH=/usr/bin:/bin "$(command -v "$PY")" -c "import fastcrit.sandbox.workers" 2>/dev/null; then
+      sp=$("$PY" -c "import site; print(site.getsitepackages()[0])")
+      echo "$PWD" >"$sp/fastcrit_src.pth" && echo "added $sp/fastcrit_src.pth -> $PWD" | tee -a "$LOG"
+    fi
+    rm -rf /tmp/fastcrit_gpu_ctrl
+    TAIL=10 step ctrl_fp32 150 "$PY" -m fastcrit.cli train configs/cpu/ctrl.yaml "${gpu[@]}" \
+      --set data.val_size=100 --set ctrl.synth_dir=runs/cpu-ctrl/synth --set sft.output_dir=runs/cpu-ctrl/sft \
+      --set trainer.output_dir=/tmp/fastcrit_gpu_ctrl
+    [ -f /tmp/fastcrit_gpu_ctrl/summary.json ] && cp /tmp/fastcrit_gpu_ctrl/summary.json "$OUT/ctrl_summary.json"
+  else
+    summary+=("$(printf '%-28s skipped: no runs/cpu-coder/final (run make ctrl-demo first)' ctrl_fp32)")
+  fi
 fi
 
 if has ppo; then
