@@ -196,6 +196,13 @@ def round_seed(seed: int, round_no: int) -> int:
     return seed + 1_000_003 * round_no
 
 
+def critique_protocol(temperature: float, samples: int) -> str:
+    """How the critiques of a report were written, in words."""
+    if is_greedy(temperature):
+        return "greedy critiques"
+    return f"{samples} critique(s) per solution at temperature {temperature:g}"
+
+
 def format_reports(reports: list[RoundReport]) -> list[str]:
     lines = ["  round  pass@1  judgment_acc  valid  fixed (fail->pass)  broken (pass->fail)"
              "  kept when judged correct"]
@@ -254,8 +261,7 @@ def run_critique(cfg: Config) -> dict:
                "records": path}
     with open(os.path.splitext(path)[0] + "_summary.json", "w") as f:
         json.dump(summary, f, indent=1)
-    how = ("greedy critiques" if is_greedy(cfg.ctrl.critique_temperature) else
-           f"{cfg.ctrl.critique_samples} critique(s) per solution at temperature {cfg.ctrl.critique_temperature:g}")
+    how = critique_protocol(cfg.ctrl.critique_temperature, cfg.ctrl.critique_samples)
     print("\n".join([f"critique: {len(problems)} problems from {cfg.data.val}, critic {critic_name}, {how}",
                      *format_reports(reports), f"  every round's texts and verdicts: {path}"]), flush=True)
     return summary

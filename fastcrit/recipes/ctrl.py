@@ -21,8 +21,8 @@ import torch
 from fastcrit.algos.advantages import outcome_advantages
 from fastcrit.data.critique import critique_messages, review_agrees
 from fastcrit.data.prompts import render_chat
-from fastcrit.recipes.critique import (Attempt, RoundReport, critique_round, kept_when_correct, repeat_attempts,
-                                      revise, round_seed)
+from fastcrit.recipes.critique import (Attempt, RoundReport, critique_protocol, critique_round, kept_when_correct,
+                                      repeat_attempts, revise, round_seed)
 from fastcrit.recipes.ctrl_common import load_attempts, make_proxy, synth_dir
 from fastcrit.recipes.scaffold import Run
 from fastcrit.reward import RewardItem, make_reward
@@ -195,8 +195,7 @@ class CTRL:
         if not e:
             return []
         kept = lambda v: "  -" if v is None else f"{v:.3f}"  # noqa: E731
-        how = ("greedy critiques" if is_greedy(e["critique_temperature"]) else
-               f"{e['critique_samples']} critique(s) per solution at temperature {e['critique_temperature']:g}")
+        how = critique_protocol(e["critique_temperature"], e["critique_samples"])
         greedy = [] if "sft_critic_greedy" not in e else [
             f"    greedy critiques: SFT critic {e['sft_critic_greedy']:.3f} / "
             f"{e['sft_critic_greedy_judgment_acc']:.3f}, RL critic {e['rl_critic_greedy']:.3f} / "
