@@ -153,6 +153,10 @@ class RAROConfig:
     # only and starts at chance, still exploring).
     warm_start_cut: float = 0.0
     warm_start_critic: Literal["expert", "cut", "random"] = "expert"
+    # The share of questions that also get a critic row (1.0: every one). Fewer critic rows than
+    # policy rows start RL with a policy that has its format and a critic that has seen the task
+    # but does not yet tell the answers apart: a gap for the critic's own reward to close.
+    warm_start_critic_share: float = 1.0
 
 
 @dataclass

@@ -91,6 +91,7 @@ def validate(cfg: Config) -> None:
     need(cfg.raro.replay_capacity >= 1, "raro.replay_capacity: must be >= 1")
     need(cfg.raro.critic_samples >= 1, "raro.critic_samples: must be >= 1")
     need(0.0 <= cfg.raro.warm_start_cut <= 1.0, "raro.warm_start_cut: must be in [0, 1]")
+    need(0.0 < cfg.raro.warm_start_critic_share <= 1.0, "raro.warm_start_critic_share: must be in (0, 1]")
     need(cfg.raro.lambda_pol >= 0 and cfg.raro.lambda_crit >= 0, "raro.lambda_pol, raro.lambda_crit: must be >= 0")
     need(cfg.pacs.beta > 0, f"pacs.beta: must be > 0, got {cfg.pacs.beta}")
     need(cfg.ctrl.rounds >= 1, f"ctrl.rounds: must be >= 1, got {cfg.ctrl.rounds}")

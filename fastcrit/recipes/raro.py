@@ -216,7 +216,8 @@ def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
     share ``r.warm_start_cut`` of its answers cut short at a random word); the critic sees the
     expert's answer and another question's expert answer (a wrong answer that looks right) or, with
     ``r.warm_start_critic == "cut"``, the expert's answer cut short at a random word (the mistake
-    the cut policy makes), in random order, and names the expert's, or (``"random"``) one at random."""
+    the cut policy makes), in random order, and names the expert's, or (``"random"``) one at random.
+    Only a share ``r.warm_start_critic_share`` of the questions gets a critic row."""
     rng = random.Random(seed)
     rows = []
     for i, ex in enumerate(examples):
@@ -230,6 +231,8 @@ def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
         if r.warm_start_critic == "cut" and len(words) > 1:
             other = " ".join(words[:rng.randrange(1, len(words))])
         if other == ex.answer:
+            continue
+        if r.warm_start_critic_share < 1.0 and rng.random() >= r.warm_start_critic_share:
             continue
         pos = rng.choice((1, 2))
         j = Judged(ex.prompt, ex.answer, other, pos, None)

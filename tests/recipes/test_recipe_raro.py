@@ -101,3 +101,24 @@ def test_cut_warm_start_shows_the_critic_the_expert_answer_against_itself_cut_sh
         assert expert.startswith(other + " ") and len(other.split()) < len(expert.split())  # cut short
         positions.append(label)
     assert 0.3 < positions.count(1) / len(positions) < 0.7
+
+
+def test_warm_start_critic_share_keeps_every_policy_row_and_that_share_of_critic_rows():
+    from types import SimpleNamespace
+
+    from fastcrit.config import RAROConfig
+    from fastcrit.recipes.raro import warm_start_rows
+
+    ex = [SimpleNamespace(prompt=f"Reverse the letters: {w}", answer=" ".join(reversed(w.split())))
+          for w in ("a b c d e", "f g h i j", "k l m n o", "p q r s t")] * 100
+    rows = warm_start_rows(ex, RAROConfig(warm_start_critic="cut", warm_start_cut=0.7, warm_start_critic_share=0.2))
+    policy = [r for r in rows if r["messages"][0]["content"] == RAROConfig.policy_system]
+    critic = [r for r in rows if r["messages"][0]["content"] != RAROConfig.policy_system]
+    assert len(policy) == len(ex)
+    assert 0.14 < len(critic) / len(ex) < 0.26
+    # without the share, every question gets a critic row
+    full = warm_start_rows(ex, RAROConfig(warm_start_critic="cut", warm_start_cut=0.7))
+    assert len([r for r in full if r["messages"][0]["content"] != RAROConfig.policy_system]) == len(ex)
+    from fastcrit.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match=r"raro.warm_start_critic_share: must be in \(0, 1\]"):
+        load_config(None, ["raro.warm_start_critic_share=0"])
