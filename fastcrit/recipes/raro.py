@@ -232,6 +232,7 @@ def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
             other = " ".join(words[:rng.randrange(1, len(words))])
         if other == ex.answer:
             continue
+        # draws only when a share is set, so the default's rows stay those of earlier runs
         if r.warm_start_critic_share < 1.0 and rng.random() >= r.warm_start_critic_share:
             continue
         pos = rng.choice((1, 2))

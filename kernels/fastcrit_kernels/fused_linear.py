@@ -58,9 +58,11 @@ from __future__ import annotations
 
 import torch
 
-from fastcrit_kernels._fused_linear_chunks import (_IGNORE, CPU_CHUNK_BYTES, GPU_CHUNK_BYTES,
-                                                   GPU_CHUNK_BYTES_16BIT, _check_labels, _Chunks, _chunk_tokens,
-                                                   _even_chunks, _flag_nan, _grad_path, _GradInForward, _pack)
+# The chunk sizes are re-exported: the entry points' docstrings name them as their defaults.
+from fastcrit_kernels._fused_linear_chunks import (CPU_CHUNK_BYTES, GPU_CHUNK_BYTES,  # noqa: F401
+                                                   GPU_CHUNK_BYTES_16BIT)
+from fastcrit_kernels._fused_linear_chunks import (_IGNORE, _check_labels, _Chunks, _chunk_tokens, _even_chunks,
+                                                   _flag_nan, _grad_path, _GradInForward, _pack)
 from fastcrit_kernels.advantages import ESTIMATORS
 from fastcrit_kernels.kl import KL_KINDS, _kl_torch, kl_penalty
 from fastcrit_kernels.logprobs import fused_logprobs
