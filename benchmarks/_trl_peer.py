@@ -53,7 +53,7 @@ def main() -> None:
                               for p, a in zip(spec["prompts"], spec["answers"])])
     per_update = s["prompts_per_step"] * s["n"] // s["updates_per_step"]
     cfg = GRPOConfig(
-        output_dir=spec["workdir"], use_cpu=True, bf16=False, seed=s["seed"], report_to="none",
+        output_dir=spec["workdir"], use_cpu=True, bf16=s.get("dtype") == "bfloat16", seed=s["seed"], report_to="none",
         save_strategy="no", logging_steps=1, disable_tqdm=True,
         max_steps=s["steps"] * s["updates_per_step"],
         per_device_train_batch_size=per_update, steps_per_generation=s["updates_per_step"],

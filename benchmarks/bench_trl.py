@@ -46,11 +46,18 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from _common import write_rows  # noqa: E402
 
+from fastcrit.config import load_config  # noqa: E402
+
 NAME = "trl"
 CONFIG = os.path.join(ROOT, "configs", "cpu", "grpo.yaml")
 # ``large``: hidden 384, 6 layers, 6 heads (2 KV), MLP 1536, vocab 512: 13.4M parameters.
 LARGE = "tiny:hidden=384,layers=6,heads=6,kv_heads=2,intermediate=1536"
-SETTINGS = {"small": {"model": None, "max_new_tokens": 12}, "large": {"model": LARGE, "max_new_tokens": 64}}
+# ``large``'s update runs each mini-batch of 32 rows as two micro-batches of 16 (the same loss and
+# gradient: token-mean over the mini-batch): fastcrit's memory knob, as gradient checkpointing is
+# TRL's; the forward-only passes (reference) keep whole batches.
+SETTINGS = {"small": {"model": None, "max_new_tokens": 12, "fastcrit": {}},
+            "large": {"model": LARGE, "max_new_tokens": 64,
+                      "fastcrit": {"trainer.micro_batch_size": 16, "trainer.logprob_micro_batch_size": 64}}}
 COMMON = {"prompts_per_step": 8, "n": 8, "updates_per_step": 2, "temperature": 0.7, "kl_coef": 0.001,
           "lr": 3e-4, "grad_clip": 1.0, "seed": 0}
 
@@ -70,7 +77,6 @@ def triton_version(python: str) -> str:
 
 
 def model_dir(spec: str | None) -> str:
-    from fastcrit.config import load_config
     from fastcrit.models.hf import resolve_model_path
     from fastcrit.recipes.common import model_spec
 
@@ -78,13 +84,13 @@ def model_dir(spec: str | None) -> str:
 
 
 def run_fastcrit(model: str, s: dict, steps: int, threads: int, workdir: str, share: bool = True) -> dict:
-    sets = {"trainer.share_prompts": str(share).lower(), "model.path": model, "trainer.total_steps": steps, "sft.steps": 0, "trainer.output_dir": workdir,
+    sets = {"trainer.share_prompts": str(share).lower(), "model.path": model, "model.dtype": s["dtype"], "trainer.total_steps": steps, "sft.steps": 0, "trainer.output_dir": workdir,
             "trainer.save_every": 0, "trainer.eval_every": 0, "data.val_size": 8, "trainer.compute_threads": threads,
             "trainer.progress": "false", "rollout.max_new_tokens": s["max_new_tokens"], "rollout.n": s["n"],
             "rollout.temperature": s["temperature"], "data.prompts_per_step": s["prompts_per_step"],
             "algorithm.kl_coef": s["kl_coef"], "algorithm.kl_kind": "low_var_kl", "algorithm.loss_agg": "token-mean",
             "algorithm.mini_batches": s["updates_per_step"], "optim.lr": s["lr"], "optim.grad_clip": s["grad_clip"],
-            "trainer.seed": s["seed"]}
+            "trainer.seed": s["seed"], **s["fastcrit"]}
     cmd = [sys.executable, os.path.join(HERE, "_peak.py"), "-m", "fastcrit.cli", "train", CONFIG]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
@@ -144,6 +150,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="rollout steps per run (default 8; quick 5)")
     ap.add_argument("--warmup", type=int, default=2, help="first steps of each run left out")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="bfloat16: mixed precision on both sides (fastcrit model.dtype, TRL bf16=True)")
     ap.add_argument("--peer-python", default=None, help="a Python with trl (default .venv-trl/bin/python)")
     args = ap.parse_args()
     python = peer_python(args.peer_python)
@@ -159,7 +167,8 @@ def main() -> None:
     steps = args.steps or (5 if args.quick else 8)
     rows = []
     for name in settings:
-        s = {**COMMON, "max_new_tokens": SETTINGS[name]["max_new_tokens"]}
+        s = {**COMMON, "max_new_tokens": SETTINGS[name]["max_new_tokens"], "dtype": args.dtype,
+             "fastcrit": SETTINGS[name]["fastcrit"]}
         model = model_dir(SETTINGS[name]["model"])
         # fastcrit_grpo_unshared: trainer.share_prompts=false (each sample runs its prompt again, as TRL does)
         sides = ("fastcrit_grpo", "fastcrit_grpo_unshared", "trl_grpo_trainer", "trl_grpo_trainer_no_gc")
@@ -178,18 +187,24 @@ def main() -> None:
                     print(f"{name} round {r + 1}/{rounds} {side}: median step "
                           f"{1e3 * statistics.median(out['step_s'][args.warmup:]):.0f} ms", file=sys.stderr)
         med = {k: quantiles(v)[0] for k, v in got.items()}
+        per_update = s["prompts_per_step"] * s["n"] // s["updates_per_step"]
+        base_micro = load_config(CONFIG).trainer.micro_batch_size
         for side in sides:
             m, lo, hi = quantiles([1e3 * x for x in got[side]])
             rows.append({"bench": NAME, "variant": side,
                          "setting": name, "model": SETTINGS[name]["model"] or "tiny", "prompts": s["prompts_per_step"],
                          "n": s["n"], "max_new_tokens": s["max_new_tokens"], "threads": args.threads,
+                         "dtype": args.dtype,
+                         # rows per forward + backward: fastcrit's micro-batch, TRL's whole update batch
+                         "micro_batch_size": min(int(s["fastcrit"].get("trainer.micro_batch_size", base_micro)), per_update)
+                         if side.startswith("fastcrit") else per_update,
                          "ms": m, "ms_q20": lo, "ms_q80": hi, "peak_mb": max(peaks[side]),
                          "response_len": statistics.mean(lens[side]) if lens[side] else float("nan"),
                          "speedup_vs_trl": med["trl_grpo_trainer"] / med[side],
                          "speedup_vs_trl_no_gc": med["trl_grpo_trainer_no_gc"] / med[side],
                          "rounds": rounds, "steps": steps,
                          "triton": tritons["fastcrit" if side.startswith("fastcrit") else "trl"]})
-    out = write_rows(rows, NAME, settings=("setting", "model", "prompts", "n", "max_new_tokens", "threads"),
+    out = write_rows(rows, NAME, settings=("setting", "model", "prompts", "n", "max_new_tokens", "threads", "dtype"),
                      repeats=rounds * (steps - args.warmup))
     for r in rows:
         print(f"{r['setting']:6s} {r['variant']:23s} {r['ms']:8.0f} ms/step  peak {r['peak_mb']:7.0f} MB  "

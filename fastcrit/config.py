@@ -293,6 +293,10 @@ class TrainerConfig:
     # error naming itself: a node that never joins, a rank that died without its peers noticing.
     dist_timeout_s: float = 1800.0  # = fastcrit.train.dist.DEFAULT_TIMEOUT_S
     micro_batch_size: int = 64  # sequences per forward/backward
+    # Sequences per forward-only pass (old and reference log-probs, values): no activations are
+    # kept there, so it can be larger than micro_batch_size (verl's log_prob_micro_batch_size).
+    # 0 = micro_batch_size.
+    logprob_micro_batch_size: int = 0
     # > 0: micro-batches by a token budget instead (rows x longest row <= this many tokens, longest
     # rows first, each cut to its own longest row); ranks agree on how many. 0 = micro_batch_size rows.
     max_tokens_per_micro_batch: int = 0
@@ -308,6 +312,11 @@ class TrainerConfig:
     resume: bool = True  # continue from the newest checkpoint in output_dir when there is one
     progress: bool = True
     compute_threads: int = 0  # torch threads per process; 0 = leave torch's default
+
+    @property
+    def forward_micro_batch_size(self) -> int:
+        """Rows per forward-only micro-batch: ``logprob_micro_batch_size``, or ``micro_batch_size``."""
+        return self.logprob_micro_batch_size or self.micro_batch_size
 
 
 @dataclass

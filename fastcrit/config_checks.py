@@ -36,6 +36,8 @@ def validate(cfg: Config) -> None:
     need(cfg.trainer.keep_last is None or cfg.trainer.keep_last >= 0,
          f"trainer.keep_last: must be >= 0 (0 or null keeps every checkpoint), got {cfg.trainer.keep_last}")
     need(cfg.trainer.micro_batch_size >= 1, "trainer.micro_batch_size: must be >= 1")
+    need(cfg.trainer.logprob_micro_batch_size >= 0,
+         "trainer.logprob_micro_batch_size: must be >= 0 (0 = trainer.micro_batch_size)")
     need(cfg.trainer.max_tokens_per_micro_batch >= 0,
          "trainer.max_tokens_per_micro_batch: must be >= 0 (0 = micro-batches of micro_batch_size rows)")
     need(not cfg.trainer.pack_sequences or cfg.trainer.max_tokens_per_micro_batch > 0,

@@ -126,6 +126,14 @@ def test_token_budget_and_packing_are_checked():
         load_config(None, ["trainer.max_tokens_per_micro_batch=-1"])
 
 
+def test_forward_micro_batch_size_falls_back_to_the_update_s():
+    assert load_config(None, ["trainer.micro_batch_size=8"]).trainer.forward_micro_batch_size == 8
+    cfg = load_config(None, ["trainer.micro_batch_size=8", "trainer.logprob_micro_batch_size=32"])
+    assert cfg.trainer.forward_micro_batch_size == 32 and cfg.trainer.micro_batch_size == 8
+    with pytest.raises(ConfigError, match="trainer.logprob_micro_batch_size: must be >= 0"):
+        load_config(None, ["trainer.logprob_micro_batch_size=-1"])
+
+
 def test_old_logprob_recomputation_resolves_and_tis_needs_it(tmp_path):
     from fastcrit.config import dump_yaml, loss_scale, recompute_old_logprobs
 

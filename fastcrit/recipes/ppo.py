@@ -83,7 +83,7 @@ class PPO(GRPO):
         batch = run.batch(rollouts, scores)
         batch.ref_logprobs = run.reference(batch)
         with run.timer("values"):
-            batch.values = compute_values(self.critic, batch, c.trainer.micro_batch_size)
+            batch.values = compute_values(self.critic, batch, c.trainer.forward_micro_batch_size)
         rewards, kl = token_rewards(batch, c.ppo.kl_in_reward_coef, c.ppo.kl_in_reward_kind)
         adv, batch.returns = gae(rewards, batch.values, batch.response_mask, gamma=c.ppo.gamma, lam=c.ppo.lam)
         batch.advantages = masked_whiten(adv, batch.response_mask)

@@ -152,7 +152,7 @@ class Run:
         if self.recompute:
             with self.timer("old_logprobs"):
                 t = self.cfg.trainer
-                batch.old_logprobs = compute_logprobs(self.actor, batch, self.temperature, t.micro_batch_size,
+                batch.old_logprobs = compute_logprobs(self.actor, batch, self.temperature, t.forward_micro_batch_size,
                                                       t.max_tokens_per_micro_batch, t.pack_sequences)
             self.metrics.update(logprob_gap(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask))
         return batch
@@ -163,7 +163,7 @@ class Run:
             return None
         with self.timer("ref"):
             t = self.cfg.trainer
-            return compute_logprobs(self.ref, batch, self.temperature, t.micro_batch_size,
+            return compute_logprobs(self.ref, batch, self.temperature, t.forward_micro_batch_size,
                                     t.max_tokens_per_micro_batch, t.pack_sequences)
 
     def update(self, batch: RolloutBatch, objective: Objective | None = None) -> dict[str, float]:

@@ -139,3 +139,19 @@ def test_old_logprobs_come_from_the_trainer_or_the_engine(tmp_path, monkeypatch,
     else:
         assert "time/old_logprobs_s" not in r and "tis/weight_mean" not in r
         assert r["actor/approx_kl"] == pytest.approx(-0.05, abs=1e-4)  # mean(old - logp)
+
+
+def test_forward_only_passes_take_their_own_micro_batch_size(tmp_path, monkeypatch):
+    """trainer.logprob_micro_batch_size sizes the reference and old log-prob passes; the update
+    keeps trainer.micro_batch_size."""
+    import fastcrit.recipes.scaffold as scaffold
+
+    seen, real = [], scaffold.compute_logprobs
+    monkeypatch.setattr(scaffold, "compute_logprobs", lambda m, b, t, micro, *a: seen.append(micro) or real(m, b, t, micro, *a))
+    sizes = []
+    real_update = scaffold.update_policy
+    monkeypatch.setattr(scaffold, "update_policy",
+                        lambda *a, **k: sizes.append(k["micro_batch_size"]) or real_update(*a, **k))
+    train(str(tmp_path / "run"), "trainer.total_steps=1", "trainer.save_every=0",
+          "algorithm.recompute_old_logprobs=true", "trainer.logprob_micro_batch_size=5")
+    assert seen == [5, 5] and sizes == [3]  # old and reference passes; SETS' micro_batch_size=3
