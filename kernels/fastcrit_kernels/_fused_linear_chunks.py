@@ -329,7 +329,10 @@ class _GradInForward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, compute):
-        loss, stats, grads = compute(*ctx.needs_input_grad[:3])
+        # autocast off: the chunk products choose their own precision (a caller's bf16 region
+        # would otherwise take the plain torch.mm of mixed inputs down to bf16)
+        with torch.autocast(hidden.device.type, enabled=False):
+            loss, stats, grads = compute(*ctx.needs_input_grad[:3])
         ctx.grads = grads  # not save_for_backward: backward hands these very buffers to autograd
         ctx.mark_non_differentiable(stats)
         return loss, stats

@@ -416,15 +416,19 @@ def _gpu_variants() -> list[Variant]:
 # Autograd (the chunked torch path, the fast CPU path, is in _logprobs_torch.py)
 # ----------------------------------------------------------------------------------------------
 class _FusedLogprobs(torch.autograd.Function):
+    # Both passes run with autocast off: the kernel picks its own compute dtype from its inputs, and
+    # a caller's autocast region (a bf16 training loop) would otherwise send the torch path's chunk
+    # products to bf16 behind its back (and its fp32 buffers would refuse their bf16 results).
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, inv_t, ignore_index, with_ent, backend, chunk_bytes,
                 precision):
-        if backend == "triton":
-            lp, lse, ent = _triton_forward(hidden, weight, bias, labels, inv_t, ignore_index, with_ent,
-                                           precision)
-        else:
-            lp, lse, ent = _torch_forward(hidden, weight, bias, labels, inv_t, ignore_index,
-                                          with_ent, chunk_bytes)
+        with torch.autocast(hidden.device.type, enabled=False):
+            if backend == "triton":
+                lp, lse, ent = _triton_forward(hidden, weight, bias, labels, inv_t, ignore_index, with_ent,
+                                               precision)
+            else:
+                lp, lse, ent = _torch_forward(hidden, weight, bias, labels, inv_t, ignore_index,
+                                              with_ent, chunk_bytes)
         ctx.save_for_backward(hidden, weight, bias, labels, lse, ent)
         ctx.inv_t, ctx.ignore_index, ctx.with_ent = inv_t, ignore_index, with_ent
         ctx.backend, ctx.chunk_bytes, ctx.precision = backend, chunk_bytes, precision
@@ -437,6 +441,11 @@ class _FusedLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_lp, g_ent):
+        with torch.autocast(ctx.saved_tensors[0].device.type, enabled=False):
+            return _FusedLogprobs._backward(ctx, g_lp, g_ent)
+
+    @staticmethod
+    def _backward(ctx, g_lp, g_ent):
         none = (None,) * 10
         hidden, weight, bias, labels, lse, ent = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
