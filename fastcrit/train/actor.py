@@ -104,6 +104,7 @@ def wrap_trainable(module: torch.nn.Module, *, dtype: str, device: torch.device,
     if not trainable:
         module.requires_grad_(False)
     mixed = trainable and compute != torch.float32
+    module.math_attention_for_grad = mixed and device.type == "cpu"  # see policy.graph_attention
     if world_size == 1 and not mixed:
         module.to(device)
     else:

@@ -10,6 +10,7 @@ from fastcrit.algos.advantages import last_valid_index
 from fastcrit.config import AlgorithmConfig, OptimConfig, PPOConfig
 from fastcrit.models.hf import load_value_model, parse_dtype
 from fastcrit.train.actor import Actor, GlobalWeights, _micro_slices, optimizer_step, wrap_trainable
+from fastcrit.train.policy import graph_attention
 from fastcrit.types import RolloutBatch
 from fastcrit_kernels import value_loss
 
@@ -28,8 +29,9 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         """[B, T] fp32 value of every position."""
-        hidden = self.base(input_ids=input_ids, attention_mask=attention_mask,
-                           position_ids=position_ids, use_cache=False).last_hidden_state
+        with graph_attention(self):
+            hidden = self.base(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=position_ids, use_cache=False).last_hidden_state
         return self.lm.score(hidden)[..., 0].float().clone()
 
 

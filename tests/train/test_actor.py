@@ -231,6 +231,42 @@ def test_bf16_policy_keeps_fp32_master_weights(tiny_model_path):
     launch(_bf16_mixed_precision, (tiny_model_path,), 1, "cpu")
 
 
+def _attention_ops(actor, b, grad: bool) -> set[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof, torch.set_grad_enabled(grad):
+        actor.module(b.input_ids, b.attention_mask, b.position_ids, b.responses, b.response_mask)
+    return {e.key for e in prof.key_averages() if "scaled_dot_product" in e.key}
+
+
+def _bf16_trains_on_sdpa_math(ctx, path):
+    b = make_batch(3)
+    actor = build_actor(path, dtype="bfloat16", device=ctx.device, world_size=1, optim=OptimConfig(lr=1e-3))
+    # a bf16 forward that builds a graph takes SDPA's math path (its CPU flash backward is slow in
+    # bf16); one without a graph keeps flash attention, and so does fp32 training
+    assert actor.module.math_attention_for_grad
+    assert not any("flash" in k for k in _attention_ops(actor, b, grad=True))
+    assert any("flash" in k for k in _attention_ops(actor, b, grad=False))
+    fp32 = build_actor(path, dtype="float32", device=ctx.device, world_size=1, optim=OptimConfig(lr=1e-3))
+    assert not fp32.module.math_attention_for_grad
+    assert any("flash" in k for k in _attention_ops(fp32, b, grad=True))
+    # the math path gives the flash path's log-probs and gradients, to bf16 rounding
+    out = {}
+    for flag in (True, False):
+        actor.module.math_attention_for_grad = flag
+        actor.module.zero_grad(set_to_none=True)
+        lp = actor.module(b.input_ids, b.attention_mask, b.position_ids, b.responses, b.response_mask)
+        (lp * b.response_mask).sum().backward()
+        out[flag] = lp.detach(), [p.grad.full_tensor().clone() for p in actor.module.parameters()]
+    torch.testing.assert_close(out[True][0], out[False][0], atol=0.05, rtol=0.02)
+    for g1, g2 in zip(out[True][1], out[False][1]):
+        torch.testing.assert_close(g1, g2, atol=0.05 * float(g2.abs().max()) + 1e-6, rtol=0.05)
+
+
+def test_bf16_training_forward_runs_attention_on_sdpa_math(tiny_model_path):
+    launch(_bf16_trains_on_sdpa_math, (tiny_model_path,), 1, "cpu")
+
+
 def test_lr_schedule_warms_up_then_holds_or_follows_a_cosine():
     const = lr_factor(OptimConfig(warmup_steps=4), total_updates=20)
     assert [const(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0] and const(19) == 1.0
