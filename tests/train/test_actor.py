@@ -215,6 +215,7 @@ def test_two_fsdp_processes_give_the_one_process_update(tiny_model_path, tmp_pat
 def _bf16_mixed_precision(ctx, path):
     actor = build_actor(path, dtype="bfloat16", device=ctx.device, world_size=1, optim=OptimConfig(lr=1e-3))
     assert all(p.dtype == torch.float32 for p in actor.module.parameters())  # fp32 masters
+    assert actor.optimizer.defaults["fused"]  # fused AdamW on FSDP2's DTensor shards too
     ref = build_actor(path, dtype="float32", device=ctx.device, world_size=1)
     b = make_batch(2)
     lp16 = compute_logprobs(actor, b, 1.0, 8)
