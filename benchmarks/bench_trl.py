@@ -1,6 +1,7 @@
 """End to end against TRL: fastcrit's GRPO step and TRL's GRPOTrainer on the same setting.
 
-Run alone: ``python benchmarks/bench_trl.py [--quick] [--setting small|large] [--peer-python PATH]``.
+Run alone: ``python benchmarks/bench_trl.py [--quick] [--setting small|large] [--dtype float32|bfloat16]
+[--peer-python PATH]``.
 TRL runs in its own environment (it pins its own versions): ``make trl-venv`` builds ``.venv-trl``
 (torch==2.13.0 CPU, trl==1.16.0, and fastcrit's triton version: Transformers imports
 torch._dynamo, which imports triton wherever it is installed, so both processes hold it, as they
@@ -14,11 +15,15 @@ system prompt, fastcrit's ``reverse`` reward, 8 prompts x 8 samples per rollout 
 max new tokens (12; ``large``: 64), temperature 0.7, top-p 1, no top-k, KL coefficient 0.001
 (fastcrit low_var_kl; TRL's beta, k3), lr 3e-4 constant, AdamW (0.9, 0.999, 1e-8, no weight decay),
 grad clip 1.0, two optimizer steps per rollout batch (TRL: steps_per_generation=2), token-mean loss
-(TRL: loss_type="dapo"), advantages over the group's std, fp32, the same torch thread count.
+(TRL: loss_type="dapo"), advantages over the group's std, fp32 (``--dtype bfloat16``: bf16 mixed
+precision on both sides, fastcrit's ``model.dtype`` and TRL's ``bf16=True``, GRPOConfig's own
+default), the same torch thread count.
 Not the same: the order the prompts are drawn in (each side's own seeded shuffle); the random
 samples (so response lengths differ, and each row reports its side's mean); TRL computes the old
 log-probs with an extra forward pass (needed with two updates per batch), fastcrit takes the
-engine's (fp32 native: equal up to rounding, as recompute_old_logprobs=auto decides). TRL runs
+engine's (fp32 native: equal up to rounding, as recompute_old_logprobs=auto decides); in ``large``
+fastcrit runs each 32-row update batch as two micro-batches of 16 (the same loss and gradient; its
+memory knob), TRL as one. TRL runs
 twice: as it comes (``trl_grpo_trainer``: GRPOConfig's default gradient_checkpointing=True, which
 recomputes each layer's forward in the backward pass to hold less memory) and without it
 (``trl_grpo_trainer_no_gc``); fastcrit keeps its activations. fastcrit runs twice too: as it comes
