@@ -432,6 +432,7 @@ class _FusedLogprobs(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, bias, labels, lse, ent)
         ctx.inv_t, ctx.ignore_index, ctx.with_ent = inv_t, ignore_index, with_ent
         ctx.backend, ctx.chunk_bytes, ctx.precision = backend, chunk_bytes, precision
+        ctx.device_type = hidden.device.type
         # An output that does not reach the loss gets None (not zeros), so e.g. an entropy kept only
         # for logging adds no work to the backward.
         ctx.set_materialize_grads(False)
@@ -441,7 +442,7 @@ class _FusedLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_lp, g_ent):
-        with torch.autocast(ctx.saved_tensors[0].device.type, enabled=False):
+        with torch.autocast(ctx.device_type, enabled=False):
             return _FusedLogprobs._backward(ctx, g_lp, g_ent)
 
     @staticmethod
