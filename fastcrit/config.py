@@ -220,6 +220,10 @@ class CTRLConfig:
     solutions_per_problem: int = 1  # initial solutions sampled from the generator per problem
     solution_temperature: float = 1.0  # sampling temperature of the initial solutions
     sft_balance: bool = True  # repeat the rarer judgment's critiques until both are as many
+    # Seeds the held-out problems' initial solutions (stage 1's val split) apart from trainer.seed,
+    # so runs with different training seeds are evaluated on the same solutions and the spread
+    # between them is their critics' own (0 samples what trainer.seed 0 does).
+    val_seed: int = 0
     # Training reward: a critique whose own review contradicts itself (a part marked "ok" whose
     # needed and present text differ, or "wrong" where they agree, or a verdict against its review),
     # or misquotes the code it reviews (a "has `...`" the code does not contain; a Correct verdict

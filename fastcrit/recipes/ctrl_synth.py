@@ -49,11 +49,10 @@ def _synthesise(cfg: Config, out: str, device) -> None:
     generator, reward = make_generator(cfg, device), make_reward(cfg, out)
     summary: dict = {"generator": generator.name}
     try:
-        for offset, (split, problems) in enumerate(splits.items()):
+        for split, problems in splits.items():
             k = cfg.ctrl.solutions_per_problem if split == "train" else 1
             sols = sample_solutions(generator, problems, k=k, temperature=cfg.ctrl.solution_temperature,
-                                    max_new_tokens=cfg.proxy.rollout.max_new_tokens,
-                                    seed=cfg.trainer.seed * 1_000_003 + offset)
+                                    max_new_tokens=cfg.proxy.rollout.max_new_tokens, seed=solution_seed(cfg, split))
             attempts = execute(reward, [p for p, _ in sols], [t for _, t in sols])
             with open(solutions_path(out, split), "w") as f:
                 for a in attempts:
@@ -72,6 +71,12 @@ def _synthesise(cfg: Config, out: str, device) -> None:
         f"{s}: {v['solutions']} solutions, pass@1 {v['pass@1']:.3f}" for s, v in summary.items()
         if isinstance(v, dict) and "solutions" in v)
         + f"; critic SFT rows: {summary['critic_sft']}", flush=True)
+
+
+def solution_seed(cfg: Config, split: str) -> int:
+    """The seed of a split's initial solutions: ``trainer.seed`` for training, ``ctrl.val_seed``
+    for the held-out problems (the same solutions whatever the training seed)."""
+    return cfg.trainer.seed * 1_000_003 if split == "train" else cfg.ctrl.val_seed * 1_000_003 + 1
 
 
 def _write_sft(attempts, path: str, balance: bool) -> dict:

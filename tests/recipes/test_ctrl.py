@@ -84,6 +84,20 @@ def test_synthesis_writes_solutions_and_critiques_matching_the_outcomes(workdir,
     assert summary["train"]["solutions"] == 24 and summary["val"]["solutions"] == 6
 
 
+def test_held_out_solutions_do_not_depend_on_the_training_seed(workdir, tmp_path):
+    def solutions(name, *extra):
+        cli("ctrl-synth", workdir, str(tmp_path / name), *extra)
+        return {split: [json.loads(line)["solution"] for line in
+                        open(os.path.join(tmp_path, name, "synth", f"solutions_{split}.jsonl"))]
+                for split in ("train", "val")}
+
+    a = solutions("a", "trainer.seed=1", "ctrl.solution_temperature=2.0")
+    b = solutions("b", "trainer.seed=2", "ctrl.solution_temperature=2.0")
+    c = solutions("c", "trainer.seed=1", "ctrl.solution_temperature=2.0", "ctrl.val_seed=5")
+    assert a["train"] != b["train"] and a["val"] == b["val"]  # the seeds train apart, judged alike
+    assert a["train"] == c["train"] and a["val"] != c["val"]
+
+
 def hand_made_attempts(n: int) -> list[Attempt]:
     """Initial solutions as a generator might write them: right for even i, one bug for odd i."""
     out = []
