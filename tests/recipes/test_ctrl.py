@@ -49,7 +49,8 @@ def sets(w, out, *extra):
          f"data.val={w['val']}", "data.val_size=6", "data.prompts_per_step=2", "rollout.n=3",
          "rollout.max_new_tokens=8", "proxy.rollout.max_new_tokens=6", "sft.steps=2", "sft.batch_size=4",
          "trainer.micro_batch_size=4", "trainer.progress=false", "trainer.seed=1",
-         "sandbox.workers=1", f"trainer.output_dir={out}", *extra]
+         "sandbox.workers=1", "ctrl.critique_temperature=0.0", "ctrl.critique_samples=1",
+         f"trainer.output_dir={out}", *extra]
     return s
 
 
@@ -334,7 +335,7 @@ def test_sampled_critiques_need_a_temperature_and_a_positive_count():
     from fastcrit.config import ConfigError
 
     with pytest.raises(ConfigError, match="ctrl.critique_samples: 3 greedy critiques"):
-        load_config(CPU_CONFIG, ["ctrl.critique_samples=3"])
+        load_config(CPU_CONFIG, ["ctrl.critique_samples=3", "ctrl.critique_temperature=0"])
     with pytest.raises(ConfigError, match="ctrl.critique_samples: must be >= 1"):
         load_config(CPU_CONFIG, ["ctrl.critique_samples=0", "ctrl.critique_temperature=1.0"])
     with pytest.raises(ConfigError, match="ctrl.critique_temperature: must be >= 0"):
