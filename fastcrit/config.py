@@ -224,14 +224,14 @@ class CTRLConfig:
     # so runs with different training seeds are evaluated on the same solutions and the spread
     # between them is their critics' own (0 samples what trainer.seed 0 does).
     val_seed: int = 0
-    # Training reward: a critique whose own review contradicts itself (a part marked "ok" whose
-    # needed and present text differ, or "wrong" where they agree, or a verdict against its review),
-    # or misquotes the code it reviews (a "has `...`" the code does not contain; a Correct verdict
-    # suggesting a line the code lacks; fastcrit.data.critique.review_agrees) is invalid: it scores
+    # Training reward: a critique whose own review contradicts itself (a word marked "[x -> x]" as
+    # different where both sides agree, or a verdict against its review), or misquotes the code it
+    # reviews (the line it says the code has is not in the code; a Correct verdict suggesting a
+    # line the code lacks; fastcrit.data.critique.review_agrees) is invalid: it scores
     # 0 and is not executed, as a critique without a judgment. Reads the critique and the code it
     # reviews, never the outcome. Off = the paper's rule alone.
     consistent_review: bool = False
-    # With consistent_review: a critique with no review it can check (neither a part-by-part nor a
+    # With consistent_review: a critique with no review it can check (neither a word-by-word nor a
     # whole-line review of the code's line) is invalid too, so dropping the review is no way out.
     require_review: bool = False
     # Training reward: Critique-RL's direct discriminability reward (Xi et al., 2025): a valid

@@ -71,44 +71,31 @@ def key_lines(solution_code: str, reference_code: str | None) -> tuple[str, str]
     return None
 
 
-def parts(line: str) -> list[str]:
-    """A code line cut at spaces, each operator kept with the operand after it:
-    ``return max(xs) * 6 + 4`` -> [``return max(xs)``, ``* 6``, ``+ 4``]."""
-    out: list[str] = []
-    for word in line.split():
-        if out and (out[-1] in OPERATORS or out[-1] == "return"):
-            out[-1] += " " + word
-        else:
-            out.append(word)
-    return out
+def word_review(needed: str, has: str) -> str | None:
+    """The code's line copied word by word, each word that differs from the line the problem needs
+    written as ``[has -> needed]`` ("the code's line, checked: `return max(xs) * [5 -> 6] + 4`"), when
+    the two lines have as many words; else None.
 
-
-OPERATORS = {"+", "-", "*", "/", "//", "%", "**", "==", "!=", "<", ">", "<=", ">=", "and", "or", "=",
-             "+=", "-=", "in", "not", "is", "if", "else"}
-
-
-def part_review(needed: str, has: str) -> str | None:
-    """The code line reviewed part by part against the needed one ("needs `* 6`, has `* 6`: ok;
-    needs `+ 4`, has `+ 5`: wrong"), when both cut into as many parts; else None. Each part says
-    what the problem needs before what the code has, and the verdict comes after both: a critic
-    writes the part it would write itself, then compares it with the code's right beside it."""
-    a, b = parts(has), parts(needed)
+    Why this form: a critic that copies the code's line word by word has, at each word, both the
+    word it is copying and the word it would write itself from the problem; it marks a difference
+    where the two part, right there. The part-by-part review this replaced ("needs `* 6`, has `* 5`:
+    wrong") asked it to compare two quotes written apart, which the tiny CPU critic learnt poorly:
+    the same coder, training solutions and 150 SFT steps judged 0.773 of the held-out solutions right
+    with this form and 0.613 with that one."""
+    a, b = has.split(), needed.split()
     if len(a) != len(b):
         return None
-    return "; ".join(f"needs `{y}`, has `{x}`: {'ok' if x == y else 'wrong'}" for x, y in zip(a, b))
+    return " ".join(x if x == y else f"[{x} -> {y}]" for x, y in zip(a, b))
 
 
 def line_review(needed: str, has: str) -> str:
-    """The review of the code's line: first the line the problem needs, written whole, then the
-    code's line part by part against it ("the problem needs `return max(xs) * 6 + 4`. By part: needs
-    `return max(xs)`, has `return max(xs)`: ok; ..."), or both whole lines when they do not cut
-    alike. The needed line comes first and whole because that is how a critic can write it: by
-    solving the problem from its statement before it reads the code, not part by part beside the
-    code's parts (where it copies what the code has)."""
-    review = part_review(needed, has)
+    """The review of the code's line against the line the problem needs: word by word
+    (``word_review``: "the code's line, checked: `return x * [5 -> 6]`"), or both lines whole when
+    their words do not pair up ("the problem needs `...` and the code has `...`")."""
+    review = word_review(needed, has)
     if review is None:
         return f"the problem needs `{needed}` and the code has `{has}`"
-    return f"the problem needs `{needed}`. By part: {review}"
+    return f"the code's line, checked: `{review}`"
 
 
 def feedback_sentence(passed: bool, failures: list[str]) -> str:
@@ -123,10 +110,9 @@ def synthetic_critique(passed: bool, failures: list[str], solution_code: str,
     """A critique grounded in execution feedback, whose judgment is the real outcome.
 
     Where the solution and a reference solution differ in one line (or not at all), the analysis
-    names the reference's line whole, then reviews the code's line part by part against it ("needs
-    `* 6`, has `* 6`: ok; needs `+ 4`, has `+ 5`: wrong"), or names both lines when they do not cut
-    alike (``line_review``); then it says what the
-    execution showed: the first failing test with expected and actual values, or the error (the
+    copies the code's line word by word, each word that differs from the reference's written as
+    ``[has -> needed]`` ("the code's line, checked: `return max(xs) * 6 + [5 -> 4]`"), or names both
+    lines when their words do not pair up (``line_review``); then it says what the execution showed: the first failing test with expected and actual values, or the error (the
     sandbox's message), or that every test passes. The suggestion is the needed line when there is
     one, else a request to make the failing case hold. Departure from the paper: CTRL has a strong
     model write the critique from the execution feedback; here the writer is this function, and it
@@ -155,7 +141,8 @@ def suggested_line(critique: str) -> str | None:
     return m.group(1).strip() if m else None
 
 
-_PART_RE = re.compile(r"needs `([^`\n]*)`, has `([^`\n]*)`: (ok|wrong)\b")
+_REVIEW_RE = re.compile(r"the code's line, checked: `([^`\n]*)`")
+_DIFF_RE = re.compile(r"\[([^\[\]\n]*?) -> ([^\[\]\n]*?)\]")
 _LINE_RE = re.compile(r"needs `([^`\n]*)` and the code has `([^`\n]*)`")
 
 
@@ -163,31 +150,42 @@ def _squash(text: str) -> str:
     return " ".join(text.split())
 
 
+def read_review(critique: str) -> list[tuple[str, str]]:
+    """The (needed, has) line pairs a critique's reviews state: from a word-by-word review, the line
+    with every ``[has -> needed]`` read as its right side and as its left side; from a whole-line
+    review, its two lines. Empty when it has no review."""
+    pairs = [(_DIFF_RE.sub(lambda m: m.group(2), r), _DIFF_RE.sub(lambda m: m.group(1), r))
+             for r in _REVIEW_RE.findall(critique)]
+    return pairs + _LINE_RE.findall(critique)
+
+
+def _marks_a_non_difference(critique: str) -> bool:
+    """A word marked ``[x -> x]``: a difference where both sides are the same."""
+    return any(_squash(x) == _squash(y) for r in _REVIEW_RE.findall(critique) for x, y in _DIFF_RE.findall(r))
+
+
 def review_agrees(critique: str, code: str | None = None) -> bool | None:
-    """Whether a critique is true to its own review: in a part-by-part review every part marked
-    "wrong" exactly when what it says the problem needs differs from what it says the code has; in
-    a whole-line review ("the problem needs `...` and the code has `...`") or a part-by-part one,
-    the verdict Incorrect exactly when something differs. Given the reviewed ``code``, the review
-    must also quote it truly (every "has `...`" occurs in it, spaces aside), and a Correct verdict
-    may not suggest a line the code does not have, nor an Incorrect one a line it already has (this
-    holds with or without a review). None when it has no such review or no verdict."""
-    verdict, part_marks = parse_judgment(critique), _PART_RE.findall(critique)
+    """Whether a critique is true to its own review: the verdict Incorrect exactly when its review
+    states a difference between what the problem needs and what the code has (a word marked
+    ``[has -> needed]``, or two different whole lines), and no word marked as different where both
+    sides are the same. Given the reviewed ``code``, the review must also quote it truly (the line
+    it says the code has occurs in it, spaces aside), and a Correct verdict may not suggest a line
+    the code does not have, nor an Incorrect one a line it already has (this holds with or without
+    a review). None when it has no such review or no verdict."""
+    verdict = parse_judgment(critique)
     if verdict is None:
         return None
     if code is not None:
         line = suggested_line(critique)
         if line is not None and verdict != (_squash(line) in map(_squash, code.splitlines())):
             return False  # Correct with a line the code lacks; Incorrect with one it has
-    lines = [] if part_marks else _LINE_RE.findall(critique)
-    if not part_marks and not lines:
+    pairs = read_review(critique)
+    if not pairs:
         return None
+    if _marks_a_non_difference(critique):
+        return False
     if code is not None:
         text = _squash(code)
-        quoted = [has for _, has, *_ in part_marks] + [has for _, has in lines]
-        if any(_squash(h) not in text for h in quoted):
+        if any(_squash(has) not in text for _, has in pairs):
             return False
-    if part_marks:
-        differ = [needs.strip() != has.strip() for needs, has, _ in part_marks]
-        marks_ok = all((mark == "wrong") == d for d, (_, _, mark) in zip(differ, part_marks))
-        return marks_ok and verdict == (not any(differ))
-    return verdict == all(needs.strip() == has.strip() for needs, has in lines)
+    return verdict == all(_squash(needs) == _squash(has) for needs, has in pairs)

@@ -158,8 +158,9 @@ def _specs(n_train: int, n_test: int, rng: random.Random) -> tuple[list[Spec], l
 def _revise_row(spec: Spec, rng: random.Random) -> dict:
     """A revision example: a critique written like stage 1's synthetic ones, right or wrong, applied
     literally (see the module docstring). Its analysis agrees with its verdict (a critique that
-    says Correct reviews every part as ok and says every test passes), as the critics' do; whether
-    the verdict is right is drawn apart from it, so the proxy learns to follow the critique."""
+    says Correct marks no word of the code's line as different and says every test passes), as the
+    critics' do; whether the verdict is right is drawn apart from it, so the proxy learns to follow
+    the critique."""
     wrong = bugs(spec)
     pick = lambda: spec.expr if rng.random() < 0.5 else rng.choice(wrong)  # noqa: E731
     start = pick()

@@ -53,7 +53,7 @@ class RoundReport:
     too_long: int = 0  # critiques or revisions whose prompt did not fit
     judged_correct: int = 0  # revisions sent after an "Overall judgment: Correct"
     kept: int = 0  # ... that left the solution unchanged
-    reviewed: int = 0  # critiques with a part-by-part review and a verdict
+    reviewed: int = 0  # critiques with a review of the code's line and a verdict
     true_to_review: int = 0  # ... whose marks and verdict follow what they say is needed and had
 
     def metrics(self, prefix: str) -> dict[str, float]:

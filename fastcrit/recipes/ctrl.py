@@ -179,7 +179,7 @@ class CTRL:
             # how often the proxy left the code alone when told it was correct (its literalness)
             "sft_critic_kept_when_correct": first.get("val/kept_when_correct"),
             "rl_critic_kept_when_correct": last.get("val/kept_when_correct"),
-            # how often a critique was true to its own part-by-part review (critique/review_agrees)
+            # how often a critique was true to its own review of the code's line (critique/review_agrees)
             "sft_critic_review_agrees": first.get("val/review_agrees"),
             "rl_critic_review_agrees": last.get("val/review_agrees"),
             # how the critiques above were written (greedy: temperature 0, one per solution)

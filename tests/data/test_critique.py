@@ -1,8 +1,9 @@
 """CTRL's texts: prompts through the chat template, the judgment rule, synthetic critiques."""
 import pytest
 
-from fastcrit.data.critique import (FINALIZE, critique_messages, key_lines, parse_judgment, part_review, parts,
-                                    review_agrees, revision_messages, suggested_line, synthetic_critique)
+from fastcrit.data.critique import (FINALIZE, critique_messages, key_lines, parse_judgment, read_review,
+                                    review_agrees, revision_messages, suggested_line, synthetic_critique,
+                                    word_review)
 
 
 @pytest.mark.parametrize("text, want", [
@@ -44,15 +45,13 @@ def test_synthetic_critique_is_grounded_and_its_judgment_is_the_outcome():
     bad = "def g(xs):\n    return max(xs) * 6 + 5\n"
     c = synthetic_critique(False, ["AssertionError: assert g([1]) == 10 (returned 11)"], bad, ref)
     assert parse_judgment(c) is False
-    assert c.startswith("Analysis: the problem needs `return max(xs) * 6 + 4`. By part: needs `return max(xs)`, "
-                        "has `return max(xs)`: ok; needs `* 6`, has `* 6`: ok; "
-                        "needs `+ 4`, has `+ 5`: wrong. "
+    assert c.startswith("Analysis: the code's line, checked: `return max(xs) * 6 + [5 -> 4]`. "
                         "AssertionError: assert g([1]) == 10 (returned 11).\n")
     assert suggested_line(c) == "return max(xs) * 6 + 4"
     good = synthetic_critique(True, [], ref, ref)
     assert parse_judgment(good) is True and "Every test passes." in good and suggested_line(good) is None
-    assert ": wrong" not in good and ": ok." in good
-    # lines that do not cut alike are named whole
+    assert good.startswith("Analysis: the code's line, checked: `return max(xs) * 6 + 4`. Every test passes.")
+    # lines whose words do not pair up are named whole
     c = synthetic_critique(False, ["f"], "def g(x):\n    return x\n", "def g(x):\n    return max(x, 2) + 1\n")
     assert "the problem needs `return max(x, 2) + 1` and the code has `return x`" in c
     # no reference, or a rewrite in several lines: the feedback alone, and no concrete line
@@ -62,12 +61,17 @@ def test_synthetic_critique_is_grounded_and_its_judgment_is_the_outcome():
     assert key_lines("a\nb", "a") is None and key_lines("a\nb", "a\nc") == ("c", "b")
 
 
-def test_parts_keep_each_operator_with_its_operand():
-    assert parts("return max(xs) * 6 + 4") == ["return max(xs)", "* 6", "+ 4"]
-    assert parts("return (x + 3) * 2") == ["return (x", "+ 3)", "* 2"]
-    assert part_review("return x * 2", "return x * 3") == \
-        "needs `return x`, has `return x`: ok; needs `* 2`, has `* 3`: wrong"
-    assert part_review("return x * 2", "return x") is None
+def test_word_review_marks_each_differing_word_where_it_stands():
+    assert word_review("return x * 2", "return x * 3") == "return x * [3 -> 2]"
+    assert word_review("return (x + 3) * 2", "return x + 3 * 2") == "return [x -> (x] + [3 -> 3)] * 2"
+    assert word_review("return max(xs) + 1", "return max(xs) + 1") == "return max(xs) + 1"
+    assert word_review("return x * 2", "return x") is None  # words that do not pair up
+    # read back: the line the problem needs (right sides) and the line the code has (left sides)
+    c = synthetic_critique(False, ["e"], "def g(x):\n    return x + 3 * 2\n", "def g(x):\n    return (x + 3) * 2\n")
+    assert read_review(c) == [("return (x + 3) * 2", "return x + 3 * 2")]
+    assert read_review("Analysis: the problem needs `return y` and the code has `return x`.") == [
+        ("return y", "return x")]
+    assert read_review("Analysis: fine.") == []
 
 
 def test_review_agrees_checks_the_verdict_against_the_critique_s_own_review():
@@ -77,13 +81,14 @@ def test_review_agrees_checks_the_verdict_against_the_critique_s_own_review():
     assert review_agrees(wrong) is True and review_agrees(right) is True
     assert review_agrees(wrong.replace("Overall judgment: Incorrect", "Overall judgment: Correct")) is False
     assert review_agrees(right.replace("Overall judgment: Correct", "Overall judgment: Incorrect")) is False
-    # the right needed part, beside a different code part, called ok: not true to its review
-    assert review_agrees(right.replace("needs `+ 4`, has `+ 4`: ok", "needs `+ 4`, has `+ 5`: ok")) is False
-    assert review_agrees(wrong.replace("has `+ 5`: wrong", "has `+ 5`: ok")) is False
-    assert review_agrees("Analysis: fine.\nOverall judgment: Correct") is None  # no part review
-    # a whole-line review (the lines do not cut alike): the verdict must follow it
-    line = synthetic_critique(False, ["AssertionError: x"], "def g(x):\n    return x + 3 * 2\n",
-                              "def g(x):\n    return (x + 3) * 2\n")
+    # a word marked as different where both sides are the same: not true to its review
+    assert review_agrees(wrong.replace("[5 -> 4]", "[5 -> 5]")) is False
+    assert review_agrees(right.replace("+ 4`", "+ [4 -> 4]`").replace("Correct", "Incorrect")) is False
+    assert review_agrees("Analysis: fine.\nOverall judgment: Correct") is None  # no review
+    # a whole-line review (the words do not pair up): the verdict must follow it
+    line = synthetic_critique(False, ["AssertionError: x"], "def g(x):\n    return x\n",
+                              "def g(x):\n    return max(x, 3) * 2\n")
+    assert "the problem needs `return max(x, 3) * 2` and the code has `return x`" in line
     assert review_agrees(line) is True
     same = "Analysis: the problem needs `return x` and the code has `return x`.\nOverall judgment: {}"
     assert review_agrees(same.format("Correct")) is True and review_agrees(same.format("Incorrect")) is False
@@ -96,9 +101,9 @@ def test_review_agrees_given_the_code_checks_that_the_review_quotes_it_truly():
     assert review_agrees(wrong, bad) is True and review_agrees(right, ref) is True
     assert review_agrees(wrong, f"```python\n{bad}```") is True  # fenced, as answers are
     assert review_agrees(wrong, "def g(x):\n    return  x *  6 +  5") is True  # spacing aside
-    # true to itself, not to the code: "has `+ 4`" where the code has "+ 5"
+    # true to itself, not to the code: it copies "+ 4" where the code has "+ 5"
     assert review_agrees(right) is True and review_agrees(right, bad) is False
-    assert review_agrees(wrong, ref) is False  # "has `+ 5`" is not in the reviewed code
+    assert review_agrees(wrong, ref) is False  # the code's side "+ 5" is not in the reviewed code
     # a Correct verdict may not suggest a line the code does not have
     sneak = right.replace("none.", "use `return x * 6 + 3`.")
     assert review_agrees(sneak) is True and review_agrees(sneak, ref) is False

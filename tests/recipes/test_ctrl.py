@@ -274,14 +274,14 @@ def test_consistent_review_makes_self_contradicting_critiques_invalid():
     ref, bad = "def g(x):\n    return x * 6 + 4\n", "def g(x):\n    return x * 6 + 5\n"
     true_wrong = synthetic_critique(False, ["AssertionError: x"], bad, ref)
     true_right = synthetic_critique(True, [], ref, ref)
-    # the loophole it closes: an identical part marked wrong, the code's own line suggested
-    lie = true_right.replace(": ok", ": wrong").replace("none.", "use `return x * 6 + 4`.") \
+    # the loophole it closes: an identical word marked as different, the code's own line suggested
+    lie = true_right.replace("+ 4`", "+ [4 -> 4]`").replace("none.", "use `return x * 6 + 4`.") \
         .replace("Overall judgment: Correct", "Overall judgment: Incorrect")
     free = "Analysis: looks fine.\nImprovement suggestions: none.\nOverall judgment: Correct"  # no review
-    # a review that misquotes the code it reviews: "has" what the problem needs, so "ok", Correct
+    # a review that misquotes the code it reviews: copies what the problem needs as the code's line, Correct
     misquote = synthetic_critique(True, [], ref, ref)
     # Correct, every quote true, yet a line the code does not have is suggested
-    sneak = "Analysis: needs `return x`, has `return x`: ok. Every test passes.\n" \
+    sneak = "Analysis: the code's line, checked: `return x`. Every test passes.\n" \
             "Improvement suggestions: use `return x * 6 + 4`.\nOverall judgment: Correct"
     critiques = [true_wrong, true_right, lie, free, misquote, sneak]
     codes = [bad, ref, ref, ref, bad, bad]
@@ -323,7 +323,7 @@ def test_judgment_only_steps_need_a_judgment_reward(tmp_path):
     from fastcrit.config import ConfigError
 
     with pytest.raises(ConfigError, match="ctrl.judgment_only_steps"):
-        load_config(CPU_CONFIG, ["ctrl.judgment_only_steps=5"])
+        load_config(CPU_CONFIG, ["ctrl.judgment_only_steps=5", "ctrl.judgment_reward=0"])
     with pytest.raises(ConfigError, match="ctrl.judgment_reward"):
         load_config(CPU_CONFIG, ["ctrl.judgment_reward=-1"])
     with pytest.raises(ConfigError, match="ctrl.require_review: only with ctrl.consistent_review"):
