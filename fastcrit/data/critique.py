@@ -112,7 +112,8 @@ def synthetic_critique(passed: bool, failures: list[str], solution_code: str,
     Where the solution and a reference solution differ in one line (or not at all), the analysis
     copies the code's line word by word, each word that differs from the reference's written as
     ``[has -> needed]`` ("the code's line, checked: `return max(xs) * 6 + [5 -> 4]`"), or names both
-    lines when their words do not pair up (``line_review``); then it says what the execution showed: the first failing test with expected and actual values, or the error (the
+    lines when their words do not pair up (``line_review``); then it says what the execution showed:
+    the first failing test with expected and actual values, or the error (the
     sandbox's message), or that every test passes. The suggestion is the needed line when there is
     one, else a request to make the failing case hold. Departure from the paper: CTRL has a strong
     model write the critique from the execution feedback; here the writer is this function, and it
@@ -150,18 +151,14 @@ def _squash(text: str) -> str:
     return " ".join(text.split())
 
 
-def read_review(critique: str) -> list[tuple[str, str]]:
+def read_review(critique: str, words: list[str] | None = None) -> list[tuple[str, str]]:
     """The (needed, has) line pairs a critique's reviews state: from a word-by-word review, the line
     with every ``[has -> needed]`` read as its right side and as its left side; from a whole-line
-    review, its two lines. Empty when it has no review."""
-    pairs = [(_DIFF_RE.sub(lambda m: m.group(2), r), _DIFF_RE.sub(lambda m: m.group(1), r))
-             for r in _REVIEW_RE.findall(critique)]
+    review, its two lines. Empty when it has no review. ``words``: its word-by-word reviews, when
+    the caller has found them already."""
+    words = _REVIEW_RE.findall(critique) if words is None else words
+    pairs = [(_DIFF_RE.sub(lambda m: m.group(2), r), _DIFF_RE.sub(lambda m: m.group(1), r)) for r in words]
     return pairs + _LINE_RE.findall(critique)
-
-
-def _marks_a_non_difference(critique: str) -> bool:
-    """A word marked ``[x -> x]``: a difference where both sides are the same."""
-    return any(_squash(x) == _squash(y) for r in _REVIEW_RE.findall(critique) for x, y in _DIFF_RE.findall(r))
 
 
 def review_agrees(critique: str, code: str | None = None) -> bool | None:
@@ -179,11 +176,12 @@ def review_agrees(critique: str, code: str | None = None) -> bool | None:
         line = suggested_line(critique)
         if line is not None and verdict != (_squash(line) in map(_squash, code.splitlines())):
             return False  # Correct with a line the code lacks; Incorrect with one it has
-    pairs = read_review(critique)
+    words = _REVIEW_RE.findall(critique)
+    pairs = read_review(critique, words)
     if not pairs:
         return None
-    if _marks_a_non_difference(critique):
-        return False
+    if any(_squash(x) == _squash(y) for r in words for x, y in _DIFF_RE.findall(r)):
+        return False  # a word marked [x -> x]: a difference where both sides are the same
     if code is not None:
         text = _squash(code)
         if any(_squash(has) not in text for _, has in pairs):
