@@ -78,11 +78,15 @@ def unsupported(model) -> str | None:
     return None
 
 
-def _rms(norm):
+def _rms(norm, scaled: bool = True):
     """An RMSNorm module as one fused call (F.rms_norm: x * rsqrt(mean(x^2) + eps) * weight, in
-    fp32 for fp32 inputs), instead of its seven eager ops."""
+    fp32 for fp32 inputs), instead of its seven eager ops; ``scaled=False`` leaves the weight out
+    (where ``fuse_weights`` folded it into the next projection)."""
     eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
-    w = norm.weight
+    w = norm.weight if scaled else None
+    if w is None:
+        return lambda x: F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype) if x.dtype != torch.float32 \
+            else F.rms_norm(x, (x.shape[-1],), None, eps)
     return lambda x: F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps).to(x.dtype) if x.dtype != torch.float32 \
         else F.rms_norm(x, (x.shape[-1],), w, eps)
 
@@ -99,16 +103,20 @@ def fuse_weights(model) -> list[tuple]:
     the scale the step still puts on q), so a layer runs two matmuls where it ran five. Where q is
     not normalised (no q_norm), its rows carry the attention scale (rotary is linear, so q's scores
     come out scaled) and the step's scale is 1; a q_norm would undo a scaled weight, so there the
-    step scales q. Copies: rebuild after the weights change."""
+    step scales q. The RMSNorm before each (its weight scales the input's columns) is folded into
+    the columns of the weight, so the step's norms are weightless: W (g * x) = (W diag g) x.
+    Copies, computed in fp32: rebuild after the weights change."""
     out = []
     with torch.no_grad():
         for layer in model.model.layers:
             a, m = layer.self_attn, layer.mlp
             in_weight, in_step = (1.0, a.scaling) if hasattr(a, "q_norm") else (a.scaling, 1.0)
-            w = torch.cat([a.q_proj.weight * in_weight, a.k_proj.weight, a.v_proj.weight])
+            g_in, g_post = layer.input_layernorm.weight.float(), layer.post_attention_layernorm.weight.float()
+            w = torch.cat([a.q_proj.weight.float() * in_weight, a.k_proj.weight.float(), a.v_proj.weight.float()])
             b = (torch.cat([a.q_proj.bias * in_weight, a.k_proj.bias, a.v_proj.bias])
                  if a.q_proj.bias is not None else None)
-            out.append((w, b, torch.cat([m.gate_proj.weight, m.up_proj.weight]), in_step))
+            gu = torch.cat([m.gate_proj.weight.float(), m.up_proj.weight.float()]) * g_post
+            out.append(((w * g_in).to(a.q_proj.weight.dtype), b, gu.to(m.gate_proj.weight.dtype), in_step))
     return out
 
 
@@ -148,7 +156,8 @@ class StaticDecoder:
         self.group = torch.arange(rows, device=p.device)  # each row's prompt (ascending)
         self.width = 1  # rows per prompt in the grid of stacked queries
         self.slot = None  # each row's place in the [prompts x width] grid; None: the rows are the grid
-        self.norms = [(_rms(layer.input_layernorm), _rms(layer.post_attention_layernorm)) for layer in self.base.layers]
+        self.norms = [(_rms(layer.input_layernorm, scaled=False), _rms(layer.post_attention_layernorm, scaled=False))
+                      for layer in self.base.layers]  # their weights are in the fused projections
         self.final_norm = _rms(self.base.norm)
         self.acts = [_activation(layer.mlp, model.config) for layer in self.base.layers]
         a = self.base.layers[0].self_attn

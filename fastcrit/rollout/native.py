@@ -280,23 +280,27 @@ class NativeEngine:
             ks = torch.tensor([i * n + j for i in indices for j in range(n)], dtype=torch.long, device=dev)
             uni = uniforms(seed, ks, max_new)
 
+        ndone = 0  # live rows that already stopped (rows that stopped stay until compaction)
         for step in range(max_new):
             tok, logp = sample(logits, params, None if uni is None else uni[:, step])
-            live = ~done
-            out_tokens[rows[live], step] = tok[live]
-            out_logps[rows[live], step] = logp[live]
-            hit = live & torch.isin(tok, stop_ids)
+            if ndone:  # rows that already stopped keep pad / 0 after their stop
+                tok, logp = tok.masked_fill(done, self.pad_token_id), logp.masked_fill(done, 0.0)
+            out_tokens[:, step].index_copy_(0, rows, tok)
+            out_logps[:, step].index_copy_(0, rows, logp)
+            hit = torch.isin(tok, stop_ids)
+            if ndone:
+                hit &= ~done
             if bool(hit.any()):
                 out_len[rows[hit]] = step + 1
                 stopped[rows[hit]] = True
                 done = done | hit
-            if step == max_new - 1 or bool(done.all()):
+                ndone = int(done.sum())
+            if step == max_new - 1 or ndone == done.numel():
                 break
-            ndone = 0 if self.cuda_graph else int(done.sum())  # a captured step keeps its rows
-            if ndone and ndone >= self.compact_fraction * done.numel():
+            if ndone and not self.cuda_graph and ndone >= self.compact_fraction * done.numel():
                 keep = (~done).nonzero().squeeze(1)
                 dec.select(keep)
-                rows, tok, done = rows[keep], tok[keep], done[keep]
+                rows, tok, done, ndone = rows[keep], tok[keep], done[keep], 0
                 if uni is not None:
                     uni = uni[keep]
             logits = dec.step(tok)
@@ -359,7 +363,7 @@ def sample(logits: torch.Tensor, params: SamplingParams,
     if is_greedy(params.temperature):
         tok = logits.argmax(dim=-1)
         return tok, torch.log_softmax(logits, dim=-1).gather(1, tok[:, None]).squeeze(1)
-    logp_all = torch.log_softmax(logits / params.temperature, dim=-1)
+    logp_all = torch.log_softmax(logits if params.temperature == 1.0 else logits / params.temperature, dim=-1)
     vocab = logits.shape[-1]
     if params.top_p >= 1.0 and (params.top_k < 0 or params.top_k >= vocab):
         tok = draw(logp_all.exp(), u)
@@ -381,10 +385,11 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     zero entry is never drawn."""
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:]
-    x = u.to(device=probs.device, dtype=cdf.dtype)[:, None] * total
-    idx = torch.searchsorted(cdf, x, right=True).squeeze(1)
-    last = (cdf < total).sum(dim=-1)  # the last index with a positive entry (rounding can reach it)
-    return torch.minimum(idx, last)
+    # u * total < total always picks an index whose cdf rises there (a positive entry); rounding
+    # can make it reach total, which would pick past the end: the largest float under total picks
+    # the last positive entry instead (a clamp of two numbers a row, not a pass over the vocabulary)
+    x = torch.minimum(u.to(device=probs.device, dtype=cdf.dtype)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, x, right=True).squeeze(1)
 
 
 _M32 = 0xFFFFFFFF

@@ -527,3 +527,7 @@ def test_inverse_cdf_draw_follows_the_distribution_and_skips_zeros():
     out = draw(odd.repeat(2000, 1), torch.rand(4000, generator=torch.Generator().manual_seed(1))).view(2000, 2)
     assert set(out[:, 1].tolist()) == {2}
     assert 0.70 < (out[:, 0] == 2).float().mean() < 0.80 and (out[:, 0] == 1).sum() == 0
+    # u that rounds to 1 in the cdf's dtype picks the last positive entry, not past the end or a zero
+    edge = draw(torch.tensor([[0.25, 0.75, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]),
+                torch.tensor([1.0 - 2.0**-60, 0.0], dtype=torch.float64))
+    assert edge.tolist() == [1, 1]
