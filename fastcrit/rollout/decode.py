@@ -84,10 +84,8 @@ def _rms(norm, scaled: bool = True):
     (where ``fuse_weights`` folded it into the next projection)."""
     eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
     w = norm.weight if scaled else None
-    if w is None:
-        return lambda x: F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype) if x.dtype != torch.float32 \
-            else F.rms_norm(x, (x.shape[-1],), None, eps)
-    return lambda x: F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps).to(x.dtype) if x.dtype != torch.float32 \
+    w32 = None if w is None else w.float()  # made per decoder (one per generate call), not per step
+    return lambda x: F.rms_norm(x.float(), (x.shape[-1],), w32, eps).to(x.dtype) if x.dtype != torch.float32 \
         else F.rms_norm(x, (x.shape[-1],), w, eps)
 
 

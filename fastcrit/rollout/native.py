@@ -388,7 +388,8 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     # u * total < total always picks an index whose cdf rises there (a positive entry); rounding
     # can make it reach total, which would pick past the end: the largest float under total picks
     # the last positive entry instead (a clamp of two numbers a row, not a pass over the vocabulary)
-    x = torch.minimum(u.to(device=probs.device, dtype=cdf.dtype)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    under = torch.nextafter(total, torch.zeros_like(total))
+    x = torch.minimum(u.to(device=probs.device, dtype=cdf.dtype)[:, None] * total, under)
     return torch.searchsorted(cdf, x, right=True).squeeze(1)
 
 
