@@ -54,7 +54,7 @@ class RoundReport:
     judged_correct: int = 0  # revisions sent after an "Overall judgment: Correct"
     kept: int = 0  # ... that left the solution unchanged
     reviewed: int = 0  # critiques with a review of the code's line and a verdict
-    true_to_review: int = 0  # ... whose marks and verdict follow what they say is needed and had
+    true_to_review: int = 0  # ... whose marked words and verdict follow what their review says is needed and had
 
     def metrics(self, prefix: str) -> dict[str, float]:
         out = {f"{prefix}pass@1": self.pass_at_1}
