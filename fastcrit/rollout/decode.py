@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 TYPES = ("qwen2", "qwen3", "llama", "mistral")
+_PACK_MIN_STEPS = 4  # decode steps left for which packing the projections for MKL pays (StaticDecoder._pack)
 
 
 def _activation(mlp, cfg):
@@ -96,6 +97,18 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> tor
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
 
 
+def mkl_packing(model) -> bool:
+    """Whether the decode step can run its projections on MKL's pre-packed GEMM
+    (``torch.ops.mkl._mkl_linear``): fp32 weights on a CPU, in a torch built with MKL. An ordinary
+    GEMM call re-packs its weight operand into MKL's panel layout every time; a decode step's GEMMs
+    have few rows (one token per sample), so that packing is a large share of them. Packed once per
+    row count: 1.15-1.33x faster at 64 rows, 2.3x at 8 (one thread, the 13.4M-parameter model's
+    shapes), with the same result bits in our measurements."""
+    p = next(model.parameters())
+    return (p.device.type == "cpu" and p.dtype == torch.float32 and torch.backends.mkl.is_available()
+            and hasattr(torch.ops.mkl, "_mkl_linear") and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight"))
+
+
 def fuse_weights(model) -> list[tuple]:
     """Per layer: (q/k/v projections as one weight, their bias, gate/up projections as one weight,
     the scale the step still puts on q), so a layer runs two matmuls where it ran five. Where q is
@@ -138,6 +151,10 @@ class StaticDecoder:
         self.graph = None  # the captured step (torch.cuda.CUDAGraph), at the first step
         self._out = None  # the step's logits buffer when fixed
         self.fused = fused if fused is not None else fuse_weights(model)
+        # the projections pre-packed for MKL at one row count (made at a decode step, see _pack)
+        self.packing = mkl_packing(model) and not graph
+        self._packs: dict | None = None
+        self._packed_rows = 0
         cfg = model.config
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
@@ -174,7 +191,7 @@ class StaticDecoder:
         a, (w, bias, _, scale) = layer.self_attn, self.fused[i]
         b, q_len, _ = x.shape
         h, kv, d = self.heads, self.kv_heads, self.head_dim
-        qkv = F.linear(x, w, bias)
+        qkv = self._linear(x, ("qkv", i), w, bias)
         v = qkv[..., (h + kv) * d:].view(b, q_len, kv, d).transpose(1, 2)
         if self.qk_norm is None:  # rotate q and k in one go
             qk = _rotate(qkv[..., :(h + kv) * d].view(b, q_len, h + kv, d).transpose(1, 2), c, s)
@@ -207,7 +224,7 @@ class StaticDecoder:
         probs = torch.softmax(torch.cat([sp, sg], dim=-1), dim=-1)
         out = torch.matmul(probs[..., self.P:], vg)
         out += self._from_grid(torch.matmul(self._to_grid(probs[..., :self.P]), self.vp[i]))
-        return a.o_proj(out.reshape(b, 1, h * d))
+        return self._proj(a.o_proj, out.reshape(b, 1, h * d), ("o", i))
 
     def _to_grid(self, x: torch.Tensor) -> torch.Tensor:
         """[rows, kv, g, m] -> [prompts, kv, width * g, m]: each prompt's rows stacked (empty
@@ -234,9 +251,44 @@ class StaticDecoder:
             pre, post = self.norms[i]
             x = x + self._attend(i, layer, pre(x), c, s, mask)
             m = layer.mlp
-            gate, up = F.linear(post(x), self.fused[i][2]).chunk(2, dim=-1)
-            x = x + m.down_proj(self.acts[i](gate) * up)
-        return self.model.lm_head(self.final_norm(x[:, -1])).float()
+            gate, up = self._linear(post(x), ("gu", i), self.fused[i][2]).chunk(2, dim=-1)
+            x = x + self._proj(m.down_proj, self.acts[i](gate) * up, ("down", i))
+        return self._proj(self.model.lm_head, self.final_norm(x[:, -1]), "head").float()
+
+    def _linear(self, x, key, w, b=None):
+        """x @ w.T + b: on the weight's MKL pack when there is one (``_pack``), else plainly."""
+        p = None if self._packs is None else self._packs.get(key)
+        return F.linear(x, w, b) if p is None else torch.ops.mkl._mkl_linear(x, p, w, b, self._packed_rows)
+
+    def _proj(self, module, x, key):
+        """A projection module: on its MKL pack when it has one, else the module itself."""
+        if self._packs is None or key not in self._packs:
+            return module(x)
+        return self._linear(x, key, module.weight, module.bias)
+
+    def _pack(self) -> None:
+        """Pre-pack the projections for MKL's GEMM at the current row count (``mkl_packing``), once
+        enough steps are left to repay it: packing costs about one pass over the weights; the packed
+        GEMM skips that pass at every call. ``_mkl_linear`` takes the pack only at the row count it
+        was made for (torch falls back to a plain linear otherwise), so ``select`` drops the packs
+        and the next step packs again. Where a projection is not a plain ``nn.Linear`` (a
+        subclass may compute otherwise), it runs as it is."""
+        rows = self.group.numel()
+        if self._packed_rows == rows or self.max_new - self.t < _PACK_MIN_STEPS:
+            return
+        self._packs = None  # the old packs go before the new ones are made
+        weights = {}
+        for i, layer in enumerate(self.base.layers):
+            w, b, gu, _ = self.fused[i]
+            weights[("qkv", i)], weights[("gu", i)] = w, gu
+            for name, mod in (("o", layer.self_attn.o_proj), ("down", layer.mlp.down_proj)):
+                if type(mod) is torch.nn.Linear:
+                    weights[(name, i)] = mod.weight
+        if type(self.model.lm_head) is torch.nn.Linear:
+            weights["head"] = self.model.lm_head.weight
+        reorder = torch.ops.mkl._mkl_reorder_linear_weight
+        self._packs = {k: reorder(w.detach().contiguous(), rows) for k, w in weights.items()}
+        self._packed_rows = rows
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -266,6 +318,8 @@ class StaticDecoder:
             raise RuntimeError(f"StaticDecoder.step: the cache holds {self.max_new} generated tokens")
         if self.kg is None:
             self._start_decode()
+        if self.packing:
+            self._pack()
         if self.fixed:
             return self._fixed_step(tok)
         logits = self._run(tok[:, None], self.next_pos[:, None], None)
@@ -319,6 +373,7 @@ class StaticDecoder:
         """Keep the rows ``keep`` (ascending); prompts left without a row leave the cache."""
         if self.fixed:
             raise RuntimeError("StaticDecoder.select: a fixed decoder keeps its rows (its step's shapes are fixed)")
+        self._packs, self._packed_rows = None, 0  # packed for the old row count
         if self.kg is not None:
             self.kg = [c.index_select(0, keep) for c in self.kg]
             self.vg = [c.index_select(0, keep) for c in self.vg]

@@ -176,6 +176,50 @@ def test_shared_prompt_cache_through_uneven_compaction(model_dir, prompts):
         assert ours.kp[0].shape[0] == 2 and ours.slot is not None  # prompts 0 and 3 are left, 2 rows and 1 row
 
 
+def test_mkl_packed_projections_decode_as_the_plain_ones(model_dir, prompts):
+    """On a CPU torch with MKL the decode step runs its projections on weights pre-packed for the
+    row count (decode.mkl_packing): the same logits as the plain linears, through a compaction;
+    packs follow the rows (dropped by select, made again while enough steps are left)."""
+    from fastcrit.rollout.decode import StaticDecoder, mkl_packing
+
+    engine = NativeEngine(model_dir)
+    if not mkl_packing(engine.model):
+        pytest.skip("this torch has no MKL (torch.ops.mkl._mkl_linear): the decode runs plain linears")
+    plen, n, new = max(len(p) for p in prompts), 2, 10
+    ids = torch.full((len(prompts), plen), engine.pad_token_id)
+    mask = torch.zeros((len(prompts), plen), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, plen - len(p):], mask[r, plen - len(p):] = torch.tensor(p), 1
+    packed, plain = StaticDecoder(engine.model, len(prompts), plen, new), StaticDecoder(engine.model, len(prompts), plen, new)
+    plain.packing = False
+    with torch.inference_mode():
+        a, b = packed.prefill(ids, mask), plain.prefill(ids, mask)
+        for d in (packed, plain):
+            d.repeat_interleave(n)
+        a, b = a.repeat_interleave(n, 0), b.repeat_interleave(n, 0)
+        rows = []
+        for t in range(new):
+            if t == 3:
+                keep = torch.tensor([0, 2, 3, 5, 6])
+                for d in (packed, plain):
+                    d.select(keep)
+                assert packed._packs is None  # packed for 8 rows, not 5
+                a, b = a[keep], b[keep]
+            tok = a.argmax(-1)
+            a, b = packed.step(tok), plain.step(tok)
+            rows.append(packed._packed_rows)
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        assert plain._packs is None
+    # 8 rows, then 5 after the compaction; no new packs are made with fewer than 4 steps left
+    assert rows == [8, 8, 8, 5, 5, 5, 5, 5, 5, 5]
+    late = StaticDecoder(engine.model, len(prompts), plen, new)
+    with torch.inference_mode():
+        late.prefill(ids, mask)
+        late.t = new - 3  # three steps left: packing would not pay
+        late.step(torch.zeros(len(prompts), dtype=torch.long))
+    assert late._packs is None and late._packed_rows == 0
+
+
 def test_cuda_graph_needs_a_cuda_device(model_dir):
     with pytest.raises(ValueError, match="needs a CUDA device"):
         NativeEngine(model_dir, cuda_graph=True)
