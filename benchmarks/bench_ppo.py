@@ -7,10 +7,12 @@ section), side by side in one process, taking turns:
   fused_recompute  fused_linear_ppo_loss(grad_in_forward=False): fused_logprobs, logits recomputed
                    in its backward (four GEMMs)
   fused_gif        fused_linear_ppo_loss (gradients computed in the forward: three GEMMs)
+  fused_gif_entropy  the same, also computing the entropy for its stats (``entropy=True``, the default)
 
 at N tokens, H, V (default the issue's N=2048, H=896, V=151936, fp32: each GEMM ~0.56 TFLOP, a few
 seconds on 2 CPU cores; ``--quick``: N=256, H=256, V=16384). The loss: token-mean, clip 0.2/0.28,
-dual clip 3, k3 KL 0.04 (the fused ones also compute the entropy, for their stats; naive does not).
+dual clip 3, k3 KL 0.04; entropy coefficient 0, so naive and the fused rows but the last compute
+no entropy (``entropy=False``, as verl's update does with a zero coefficient).
 Peak memory includes the gradients (d_W is V x H x 4 B for every case). Times are medians over
 ``--lm-repeats`` turns after one warm-up turn; the machine's load average at the start and the end
 is in every row (on a shared machine, read the times with it).
@@ -101,15 +103,16 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=(), dtype=
         loss.backward()
         zero()
 
-    def fused(gif, chunk_bytes=None):
+    def fused(gif, chunk_bytes=None, entropy=False):
         def run():
             loss, _ = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, grad_in_forward=gif,
-                                            chunk_bytes=chunk_bytes, **kw)
+                                            chunk_bytes=chunk_bytes, entropy=entropy, **kw)
             loss.backward()
             zero()
         return run
 
-    cases = {"gemm3": gemm3, "naive": naive, "fused_recompute": fused(False), "fused_gif": fused(True)}
+    cases = {"gemm3": gemm3, "naive": naive, "fused_recompute": fused(False), "fused_gif": fused(True),
+             "fused_gif_entropy": fused(True, entropy=True)}
     for mib in chunks_mib:  # the grad-in-forward path at other chunk sizes than its default
         cases[f"fused_gif_{mib}MiB"] = fused(True, mib << 20)
     return cases

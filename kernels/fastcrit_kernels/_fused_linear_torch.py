@@ -94,14 +94,19 @@ def entropy_dlogits_(z, labels, g_lp, g_ent, inv_t, *, with_ent: bool, floor_log
     log p only where p is exactly 0."""
     n, V = z.shape
     step = block_rows(V, z.dtype)
-    tmp = torch.empty(min(step, n), V, dtype=z.dtype, device=z.device)
-    ent = torch.empty(n, dtype=z.dtype, device=z.device) if with_ent else None
     c = (g_lp * -inv_t)[:, None]
     a = None if g_ent is None else (g_ent * -inv_t)[:, None]
+    bare = a is None and not with_ent  # dz = c p: in place, no second block in the cache
+    tmp = None if bare else torch.empty(min(step, n), V, dtype=z.dtype, device=z.device)
+    ent = torch.empty(n, dtype=z.dtype, device=z.device) if with_ent else None
     with _one_thread(z):
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
-            logp, p = z[r0:r1], tmp[: r1 - r0]
+            logp = z[r0:r1]
+            if bare:
+                logp.exp_().mul_(c[r0:r1])
+                continue
+            p = tmp[: r1 - r0]
             if floor_logp:
                 logp.clamp_(min=-1e4)
             torch.exp(logp, out=p)

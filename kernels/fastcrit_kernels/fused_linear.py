@@ -127,6 +127,7 @@ def fused_linear_ppo_loss(
     grad_in_forward: bool | None = None,
     chunk_bytes: int | None = None,
     backend: str = "auto",
+    entropy: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO/GRPO actor loss from hidden states (verl ``dp_actor`` composition).
 
@@ -148,10 +149,13 @@ def fused_linear_ppo_loss(
         chunk_bytes: logits per chunk on the grad-in-forward path (default ``CPU_CHUNK_BYTES``,
             256 MiB; on a GPU ``GPU_CHUNK_BYTES``, 512 MiB, for fp32 and ``GPU_CHUNK_BYTES_16BIT``,
             2 GiB, for bf16 / fp16); the recompute path takes ``fused_logprobs``'.
+        entropy: compute the entropy (the ``entropy`` stat). False, with ``entropy_coef == 0``,
+            leaves it out, as verl's actor update does (``calculate_entropy = entropy_coeff !=
+            0``): the torch path then skips a pass over every block of logits.
     Returns:
         (loss scalar fp32, stats of detached scalars: ``pg_loss``, ``entropy`` (agg of the
-        entropy), ``kl`` (agg of the KL; only with ``ref_logp``), ``clipfrac``, ``clipfrac_lower``,
-        ``approx_kl``).
+        entropy; not with ``entropy=False``), ``kl`` (agg of the KL; only with ``ref_logp``),
+        ``clipfrac``, ``clipfrac_lower``, ``approx_kl``).
     """
     lab, B, T = _masked_labels(hidden, labels, mask)
     _check_bt("old_logp", old_logp, B, T)
@@ -161,11 +165,13 @@ def fused_linear_ppo_loss(
         raise ValueError("kl_coef != 0 needs ref_logp [B, T]")
     if ref_logp is not None:
         _check_bt("ref_logp", ref_logp, B, T)
+    if not entropy and entropy_coef != 0.0:
+        raise ValueError(f"entropy=False leaves the entropy out, but entropy_coef={entropy_coef} needs it")
     path = _grad_path(grad_in_forward, hidden, weight, bias, backend)
     if path is None:
         return _ppo_recompute(hidden, weight, lab, old_logp, advantages, mask, ref_logp, kl_coef, kl_kind,
                               entropy_coef, clip_low, clip_high, clip_c, agg, agg_scale, temperature,
-                              bias, backend)
+                              bias, backend, entropy)
     check_policy_inputs(old_logp, old_logp, advantages, mask, clip_low, clip_high, clip_c)
     which, h2, w2 = path
     idx, row = _pack(mask)
@@ -182,7 +188,7 @@ def fused_linear_ppo_loss(
 
     def compute(need_h, need_w, need_b):
         run = _Chunks(h2[idx], w2, bias, safe, 1.0 / float(temperature), chunk, which, (need_h, need_w, need_b))
-        run.run(segments, head, with_ent=True)
+        run.run(segments, head, with_ent=entropy)
         s = head.sums  # pg_loss, entropy agg, kl agg, then m [clipped], m [lower], -m d
         loss = s[0] - entropy_coef * s[1] if entropy_coef != 0.0 else s[0].clone()
         if kl_coef != 0.0:
@@ -192,7 +198,7 @@ def fused_linear_ppo_loss(
         return _flag_nan(loss, bad), torch.cat([s[:3], frac]), run.grads(hidden, weight, bias, idx)
 
     loss, st = _GradInForward.apply(hidden, weight, bias, compute)
-    stats = {"pg_loss": st[0], "entropy": st[1]}
+    stats = {"pg_loss": st[0], "entropy": st[1]} if entropy else {"pg_loss": st[0]}
     if ref_logp is not None:
         stats["kl"] = st[2]
     stats.update(clipfrac=st[3], clipfrac_lower=st[4], approx_kl=st[5])
@@ -200,22 +206,24 @@ def fused_linear_ppo_loss(
 
 
 def _ppo_recompute(hidden, weight, lab, old_logp, advantages, mask, ref_logp, kl_coef, kl_kind, entropy_coef,
-                   clip_low, clip_high, clip_c, agg, agg_scale, temperature, bias, backend):
+                   clip_low, clip_high, clip_c, agg, agg_scale, temperature, bias, backend, entropy):
     """fused_logprobs (logits recomputed in its backward), then the [B, T] losses."""
-    logp, ent = fused_logprobs(hidden, weight, lab, temperature=temperature, bias=bias,
-                               return_entropy=True, ignore_index=_IGNORE, backend=backend)
+    out = fused_logprobs(hidden, weight, lab, temperature=temperature, bias=bias,
+                         return_entropy=entropy, ignore_index=_IGNORE, backend=backend)
+    logp, ent = out if entropy else (out, None)
     logp = logp.float()
     pg_loss, pstats = ppo_policy_loss(logp, old_logp, advantages, mask, clip_low=clip_low,
                                       clip_high=clip_high, clip_c=clip_c, agg=agg,
                                       agg_scale=agg_scale, backend=backend)
-    loss = pg_loss
+    loss, stats = pg_loss, {"pg_loss": pg_loss.detach()}
     if entropy_coef != 0.0:
         ent_agg = aggregate_loss(ent.float(), mask, agg, agg_scale)
         loss = loss - entropy_coef * ent_agg
-    else:
+    elif entropy:
         with torch.no_grad():
             ent_agg = aggregate_loss(ent.float(), mask, agg, agg_scale)
-    stats = {"pg_loss": pg_loss.detach(), "entropy": ent_agg.detach()}
+    if entropy:
+        stats["entropy"] = ent_agg.detach()
     if ref_logp is not None:
         kl_agg = aggregate_loss(kl_penalty(logp, ref_logp.to(logp.dtype), kl_kind, backend=backend),
                                 mask, agg, agg_scale)

@@ -125,6 +125,30 @@ def test_ppo_matches_unfused(case, path, backend, dtype):
     assert (got[0][mask == 0] == 0).all()  # masked tokens get no gradient
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("path", list(PATHS))
+def test_ppo_without_the_entropy(path, backend):
+    """entropy=False (entropy_coef 0, verl's calculate_entropy): the same loss, stats and gradients
+    as with it, less the ``entropy`` stat; with an entropy coefficient it is refused by name."""
+    B, T, H, V = 4, 7, 24, 131
+    hidden, weight, b, labels, mask, old, ref, g = _batch(B, T, H, V, torch.float32)
+    adv = torch.randn(B, generator=g)
+    kw = dict(ref_logp=ref, kl_coef=0.1, bias=b, backend=backend, clip_c=1.05, **PATHS[path])
+    params = _params(hidden, weight, b)
+    with_ent, stats = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, **kw)
+    without, stats_no = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, entropy=False, **kw)
+    assert "entropy" in stats and "entropy" not in stats_no
+    assert set(stats) - set(stats_no) == {"entropy"}
+    torch.testing.assert_close(without, with_ent)
+    for k in stats_no:
+        torch.testing.assert_close(stats_no[k], stats[k], msg=lambda m, k=k: f"{k}: {m}")
+    got, want = torch.autograd.grad(without, params), torch.autograd.grad(with_ent, params)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e)
+    with pytest.raises(ValueError, match="entropy_coef=0.01 needs it"):
+        fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, entropy=False, entropy_coef=0.01, **kw)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("path", list(PATHS))
