@@ -191,7 +191,8 @@ def test_mkl_packed_projections_decode_as_the_plain_ones(model_dir, prompts):
     for r, p in enumerate(prompts):
         ids[r, plen - len(p):], mask[r, plen - len(p):] = torch.tensor(p), 1
     packed, plain = StaticDecoder(engine.model, len(prompts), plen, new), StaticDecoder(engine.model, len(prompts), plen, new)
-    plain.packing = False
+    assert not packed.packing  # hidden 64: too narrow for packing to pay (decode._PACK_MIN_HIDDEN)
+    packed.packing = True
     with torch.inference_mode():
         a, b = packed.prefill(ids, mask), plain.prefill(ids, mask)
         for d in (packed, plain):
@@ -213,6 +214,7 @@ def test_mkl_packed_projections_decode_as_the_plain_ones(model_dir, prompts):
     # 8 rows, then 5 after the compaction; no new packs are made with fewer than 4 steps left
     assert rows == [8, 8, 8, 5, 5, 5, 5, 5, 5, 5]
     late = StaticDecoder(engine.model, len(prompts), plen, new)
+    late.packing = True
     with torch.inference_mode():
         late.prefill(ids, mask)
         late.t = new - 3  # three steps left: packing would not pay
