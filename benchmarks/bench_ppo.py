@@ -11,8 +11,8 @@ section), side by side in one process, taking turns:
 
 at N tokens, H, V (default the issue's N=2048, H=896, V=151936, fp32: each GEMM ~0.56 TFLOP, a few
 seconds on 2 CPU cores; ``--quick``: N=256, H=256, V=16384). The loss: token-mean, clip 0.2/0.28,
-dual clip 3, k3 KL 0.04; entropy coefficient 0, so naive and the fused rows but the last compute
-no entropy (``entropy=False``, as verl's update does with a zero coefficient).
+dual clip 3, k3 KL 0.04; entropy coefficient 0, so naive and every fused row but fused_gif_entropy
+compute no entropy (``entropy=False``, as verl's update does with a zero coefficient).
 Peak memory includes the gradients (d_W is V x H x 4 B for every case). Times are medians over
 ``--lm-repeats`` turns after one warm-up turn; the machine's load average at the start and the end
 is in every row (on a shared machine, read the times with it).
