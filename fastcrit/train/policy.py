@@ -79,10 +79,12 @@ class CausalLMLogprobs(nn.Module):
         elif share_prompts:
             hidden = self.shared_prompt_hidden(input_ids, attention_mask, position_ids, R)
         if hidden is None:
-            hidden = self.base(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=position_ids, use_cache=False).last_hidden_state
-            # logits at position t predict token t+1: the response tokens are predicted from P-1 .. P+R-2
-            hidden = hidden[:, -R - 1:-1]
+            # logits at position t predict token t+1: the response tokens are predicted from
+            # P-1 .. P+R-2, and the last position predicts nothing, so it is left out of the
+            # forward (a causal model's other positions never see it)
+            hidden = self.base(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                               position_ids=position_ids[:, :-1], use_cache=False).last_hidden_state
+            hidden = hidden[:, -R:]
         labels = responses.masked_fill(response_mask <= 0, IGNORE)
         head = self.lm.get_output_embeddings()
         out = fused_logprobs(hidden, head.weight, labels, temperature=temperature,
@@ -103,7 +105,7 @@ class CausalLMLogprobs(nn.Module):
         every rank to run the model as many times.
 
         Of a group of n samples with prompt length p and response length r, the layers see
-        p + n r tokens instead of n (p + r); attention is the same (each response reads its own
+        p + n (r - 1) tokens instead of n (p + r - 1); attention is the same (each response reads its own
         prompt's keys). Exact up to rounding: the prompt's keys and values are those of the whole
         sequence, since a prompt token never attends to what follows it."""
         P = input_ids.shape[1] - R
@@ -126,10 +128,13 @@ class CausalLMLogprobs(nn.Module):
         first = self.base(input_ids=input_ids[rep, :P], attention_mask=attention_mask[rep, :P],
                           position_ids=position_ids[rep, :P], use_cache=True, **{arg: cache}).last_hidden_state
         cache.batch_select_indices(inverse)  # each row its prompt's keys and values
-        rest = self.base(input_ids=input_ids[:, P:], attention_mask=attention_mask,
-                         position_ids=position_ids[:, P:], use_cache=True, **{arg: cache}).last_hidden_state
-        # the prompt's last position predicts the first response token; response t predicts t+1
-        return torch.cat([first[inverse, -1:], rest[:, :-1]], dim=1)
+        # response t predicts t+1; the last response token predicts nothing and is not run, but
+        # for R = 1 it is (every rank runs the second forward, and an empty one would fail)
+        end = -1 if R > 1 else None
+        rest = self.base(input_ids=input_ids[:, P:end], attention_mask=attention_mask[:, :end],
+                         position_ids=position_ids[:, P:end], use_cache=True, **{arg: cache}).last_hidden_state
+        # the prompt's last position predicts the first response token
+        return torch.cat([first[inverse, -1:], rest[:, :R - 1]], dim=1)
 
 
 def _attention_only(config) -> bool:

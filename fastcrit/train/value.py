@@ -46,8 +46,9 @@ def build_value_actor(model_path: str, *, dtype: str, device: torch.device, worl
 
 def _values(actor: Actor, mb: RolloutBatch) -> torch.Tensor:
     d, R = actor.device, mb.responses.shape[1]
-    out = actor.module(mb.input_ids.to(d), mb.attention_mask.to(d), mb.position_ids.to(d))
-    return out[:, -R - 1:-1]
+    # the states before each response token: positions P-1 .. P+R-2 (the last one is not run)
+    out = actor.module(mb.input_ids[:, :-1].to(d), mb.attention_mask[:, :-1].to(d), mb.position_ids[:, :-1].to(d))
+    return out[:, -R:]
 
 
 @torch.no_grad()

@@ -378,6 +378,13 @@ def test_shared_prompt_hidden_equals_the_whole_rows_and_steps_aside_without_shar
         got = m.shared_prompt_hidden(b.input_ids, b.attention_mask, b.position_ids, R)
     valid = b.response_mask.bool()
     torch.testing.assert_close(got[valid], whole[valid], atol=1e-5, rtol=1e-5)
+    # one response token: the second forward still runs (on it; every rank runs two) and the
+    # prompt's last position alone predicts it
+    cut = slice(0, 12), slice(0, b.input_ids.shape[1] - R + 1)
+    with torch.no_grad():
+        got = m.shared_prompt_hidden(b.input_ids[cut], b.attention_mask[cut], b.position_ids[cut], 1)
+    assert got.shape == (12, 1, whole.shape[-1])
+    torch.testing.assert_close(got, whole[:12, :1], atol=1e-5, rtol=1e-5)
     single = b.select(torch.tensor([0, 4, 8, 12]))  # one row per prompt: nothing to share
     assert m.shared_prompt_hidden(single.input_ids, single.attention_mask, single.position_ids, R) is None
     # a model with a recurrent layer (its cache is a state, not keys a gather can share) runs whole
