@@ -210,13 +210,13 @@ class _Chunks:
         # added to zeros, block by block)
         self.overwrite = backend == "torch" or w.dtype == torch.float32
         self.wrote = False
-        self.d_w = (torch.empty if self.overwrite else torch.zeros)(V, H, dtype=acc, device=h.device) \
+        self.d_w = (tp.output_buffer if self.overwrite else torch.zeros)(V, H, dtype=acc, device=h.device) \
             if need_w else None
         self.d_b = torch.zeros(V, dtype=acc, device=h.device) if need_b else None
         # one logits buffer for all chunks (fresh ones would cost page faults on CPU); none where
         # bf16/fp16 GEMMs return a fresh fp32 product (the CUDA caching allocator reuses it)
         fresh = backend == "triton" and w.dtype != torch.float32
-        self.buf = None if fresh else torch.empty(min(chunk, n_tok), V, dtype=acc, device=h.device)
+        self.buf = None if fresh else tp.output_buffer(min(chunk, n_tok), V, dtype=acc, device=h.device)
         self.chunk = chunk
 
     def forward(self, t0, t1):

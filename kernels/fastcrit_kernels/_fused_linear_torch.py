@@ -38,6 +38,19 @@ def _one_thread(t: torch.Tensor):
         torch.set_num_threads(n)
 
 
+def output_buffer(*shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised buffer that a GEMM will write, its pages already mapped on a CPU.
+
+    A fresh large buffer is mapped page by page on first touch (~1.4 us a 4 KiB page here); when
+    that touch is a two-thread GEMM's output, the threads fault on the same pages and stall each
+    other: ``mm(dz.T, h, out=)`` into a fresh 545 MB d_W took 1.68 s, a memset then the same mm
+    1.40 s (the memset included; 2 cores, N=1024, a 16384-row vocab chunk, nine of them). So on a
+    CPU the buffer is zeroed first; on CUDA it is left empty."""
+    if torch.device(device).type == "cpu":
+        return torch.zeros(*shape, dtype=dtype, device=device)
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
 def compute_dtype(*tensors) -> torch.dtype:
     return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) \
         else torch.float32

@@ -1,9 +1,19 @@
 """The torch path of ``fused_logprobs``: the same online log-sum-exp and chunked backward as the
 Triton kernels, over vocab chunks with plain torch ops (CPU, fp64, and any input the Triton path
-does not take). See logprobs.py for the guarantees both paths share."""
+does not take). See logprobs.py for the guarantees both paths share.
+
+On a CPU the element-wise work, not the flops, is what the chunking adds (measured on 2 shared
+cores, N=1024, V=151936, fp32): every chunk's logits got a fresh 64 MiB buffer, which the kernel
+maps and faults in page by page (~1.4 us a 4 KiB page: 0.4 s of a 7.5 s forward + backward), and
+the passes over it (max, shift, exp, sum; exp, scale) each streamed it through memory. So one
+buffer serves every chunk, and the passes run over row blocks that stay in cache (as in
+_fused_linear_torch.py, with one intra-op thread). On CUDA each pass is one kernel over the chunk.
+"""
 from __future__ import annotations
 
 import torch
+
+from fastcrit_kernels._fused_linear_torch import _one_thread, block_rows, output_buffer
 
 
 # Chunks run over the vocabulary with all tokens at once: every weight row and every d_W row is
@@ -19,24 +29,47 @@ def _chunk_vocab(N: int, V: int, chunk_bytes: int) -> int:
     return max(1, min(V, chunk_bytes // (4 * max(N, 1))))
 
 
-def _scaled_logits(h_c, w, b, v0, v1, inv_t, cd, shift=None):
-    """[N, v1 - v0] ``(h_c @ w[v0:v1].T + b[v0:v1]) * inv_t - shift[:, None]`` in dtype ``cd``.
+class _Buffers:
+    """One chunk's logits ``[N, vc]`` (and, for weights not in the compute dtype, its cast weight
+    rows ``[vc, H]``), reused by every chunk; the last, narrower chunk takes the front of each."""
+
+    def __init__(self, N: int, vc: int, w: torch.Tensor, cd: torch.dtype):
+        self.N, self.cd = N, cd
+        self.z = output_buffer(N * vc, device=w.device, dtype=cd)
+        self.w = None if w.dtype == cd else torch.empty(vc * w.shape[1], device=w.device, dtype=cd)
+
+    def logits(self, width: int) -> torch.Tensor:
+        return self.z[: self.N * width].view(self.N, width)
+
+    def weight(self, w: torch.Tensor, v0: int, v1: int) -> torch.Tensor:
+        if self.w is None:
+            return w[v0:v1]
+        return self.w[: (v1 - v0) * w.shape[1]].view(v1 - v0, w.shape[1]).copy_(w[v0:v1])
+
+
+def _blocks(z: torch.Tensor):
+    """Row ranges of ``z`` [N, width] for an element-wise pass: blocks that stay in cache on a CPU,
+    the whole chunk (one kernel per op) on a GPU."""
+    N = z.shape[0]
+    step = N if z.is_cuda else block_rows(z.shape[1], z.dtype)
+    return [(r0, min(N, r0 + step)) for r0 in range(0, N, step)]
+
+
+def _scaled_logits(h_c, w_c, b, v0, v1, inv_t, out, shift=None):
+    """``out`` [N, v1 - v0] := ``(h_c @ w_c.T + b[v0:v1]) * inv_t - shift[:, None]``.
 
     Bias, temperature and shift ride in the matmul (addmm's ``input``/``alpha``), which saves full
-    passes over the [N, chunk] buffer; those passes, not the flops, are what the chunking adds."""
-    w_c = w[v0:v1].to(cd)
+    passes over the [N, chunk] buffer."""
+    cd = out.dtype
     if b is None and shift is None:
-        z = torch.mm(h_c, w_c.t())
-        if inv_t != 1.0:
-            z.mul_(inv_t)
-        return z, w_c
+        return torch.addmm(out, h_c, w_c.t(), beta=0.0, alpha=inv_t, out=out)  # out's old contents ignored
     if b is None:
         init = (-shift)[:, None].expand(h_c.shape[0], v1 - v0)
     elif shift is None:
         init = (b[v0:v1].to(cd) * inv_t)[None, :].expand(h_c.shape[0], v1 - v0)
     else:
         init = (b[v0:v1].to(cd) * inv_t)[None, :] - shift[:, None]
-    return torch.addmm(init, h_c, w_c.t(), alpha=inv_t), w_c
+    return torch.addmm(init, h_c, w_c.t(), alpha=inv_t, out=out)
 
 
 def _label_slot(labels, v0, v1):
@@ -57,24 +90,31 @@ def _torch_forward(h, w, b, labels, inv_t, ignore_index, with_ent, chunk_bytes):
     z_lab = torch.zeros(N, device=dev, dtype=cd)
     valid = labels != ignore_index
     vc = _chunk_vocab(N, V, chunk_bytes)
+    buf = _Buffers(N, vc, w, cd)
+    tmp = None
     for v0 in range(0, V, vc):
         v1 = min(v0 + vc, V)
-        z, _ = _scaled_logits(h_c, w, b, v0, v1, inv_t, cd)
+        z = _scaled_logits(h_c, buf.weight(w, v0, v1), b, v0, v1, inv_t, buf.logits(v1 - v0))
         rows, cols = _label_slot(labels, v0, v1)
         z_lab[rows] = z[rows, cols]
-        m_new = torch.maximum(m, z.amax(dim=1))
-        # rows whose logits so far are all -inf (a bias of -inf) shift by 0: -inf - -inf is NaN
-        shift = torch.where(m_new == float("-inf"), 0.0, m_new)
-        scale = torch.exp(m - shift)
-        if with_ent:
-            e = torch.sub(z, shift[:, None]).exp_()
-            # p == 0 exactly where z = -inf; flooring z there keeps 0 * -inf = NaN out of sum p z
-            s1.mul_(scale).add_(torch.linalg.vecdot(e, z.clamp_(min=torch.finfo(cd).min)))
-        else:
-            e = z.sub_(shift[:, None]).exp_()  # in place: z is not needed any more
-        s0.mul_(scale).add_(e.sum(dim=1))
-        m = m_new
-        del z, e
+        blocks = _blocks(z)
+        if with_ent and tmp is None:
+            tmp = torch.empty((blocks[0][1] - blocks[0][0]) * z.shape[1], device=dev, dtype=cd)
+        with _one_thread(z):
+            for r0, r1 in blocks:
+                zb, mb = z[r0:r1], m[r0:r1]
+                m_new = torch.maximum(mb, zb.amax(dim=1))
+                # rows whose logits so far are all -inf (a bias of -inf) shift by 0: -inf - -inf is NaN
+                shift = torch.where(m_new == float("-inf"), 0.0, m_new)
+                scale = torch.exp(mb - shift)
+                if with_ent:
+                    e = torch.sub(zb, shift[:, None], out=tmp[: zb.numel()].view_as(zb)).exp_()
+                    # p == 0 exactly where z = -inf; flooring z there keeps 0 * -inf = NaN out of sum p z
+                    s1[r0:r1].mul_(scale).add_(torch.linalg.vecdot(e, zb.clamp_(min=torch.finfo(cd).min)))
+                else:
+                    e = zb.sub_(shift[:, None]).exp_()  # in place: z is not needed any more
+                s0[r0:r1].mul_(scale).add_(e.sum(dim=1))
+                mb.copy_(m_new)
     lse = m + s0.log()
     lp = torch.where(valid, (z_lab - lse).clamp_(max=0.0), 0.0)
     ent = torch.where(valid, (lse - s1 / s0).clamp_(min=0.0), 0.0) if with_ent else s1
@@ -87,24 +127,33 @@ def _torch_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need_
     cd = lse.dtype
     h_c = h.to(cd)
     d_h = torch.zeros(N, H, device=h.device, dtype=cd)
-    d_w = torch.empty(V, H, device=h.device, dtype=cd) if need_w else None
+    d_w = output_buffer(V, H, device=h.device, dtype=cd) if need_w else None
     d_b = torch.empty(V, device=h.device, dtype=cd) if need_b else None
     g_lab = g_lp * inv_t
+    c = (-g_lab)[:, None]
+    if g_ent is not None:
+        a, g, e = g_ent[:, None], g_lp[:, None], ent[:, None]
     vc = _chunk_vocab(N, V, chunk_bytes)
+    buf = _Buffers(N, vc, w, cd)
+    tmp = None
     for v0 in range(0, V, vc):
         v1 = min(v0 + vc, V)
-        logp, w_c = _scaled_logits(h_c, w, b, v0, v1, inv_t, cd, shift=lse)
-        if g_ent is not None:
-            # dz = (onehot g_lp - p (g_lp + g_ent (logp + H))) / T: finite where p underflows to 0.
-            # The floor changes logp only where p == 0 (exp(-1e4) is 0 in fp64 too), and keeps
-            # 0 * inf = NaN out of p * coef where a logit is -inf.
-            dz = torch.exp(logp)
-            coef = logp.clamp_(min=-1e4).add_(ent[:, None]).mul_(g_ent[:, None]).add_(g_lp[:, None])
-            dz.mul_(coef).mul_(-inv_t)
-            del coef
-        else:
-            dz = logp.exp_().mul_((-g_lab)[:, None])  # in place: -p g_lp / T
-        del logp
+        w_c = buf.weight(w, v0, v1)
+        dz = _scaled_logits(h_c, w_c, b, v0, v1, inv_t, buf.logits(v1 - v0), shift=lse)  # log p, then dz
+        blocks = _blocks(dz)
+        if g_ent is not None and tmp is None:
+            tmp = torch.empty((blocks[0][1] - blocks[0][0]) * dz.shape[1], device=h.device, dtype=cd)
+        with _one_thread(dz):
+            for r0, r1 in blocks:
+                lb = dz[r0:r1]
+                if g_ent is None:
+                    lb.exp_().mul_(c[r0:r1])  # -p g_lp / T
+                    continue
+                # dz = (onehot g_lp - p (g_lp + g_ent (logp + H))) / T: finite where p underflows to 0.
+                # The floor changes logp only where p == 0 (exp(-1e4) is 0 in fp64 too), and keeps
+                # 0 * inf = NaN out of p * coef where a logit is -inf.
+                p = torch.exp(lb, out=tmp[: lb.numel()].view_as(lb))
+                lb.clamp_(min=-1e4).add_(e[r0:r1]).mul_(a[r0:r1]).add_(g[r0:r1]).mul_(p).mul_(-inv_t)
         rows, cols = _label_slot(labels, v0, v1)
         dz[rows, cols] += g_lab[rows]
         d_h.addmm_(dz, w_c)
@@ -112,5 +161,4 @@ def _torch_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need_
             torch.mm(dz.t(), h_c, out=d_w[v0:v1])
         if need_b:
             torch.sum(dz, dim=0, out=d_b[v0:v1])
-        del dz
     return d_h, d_w, d_b
