@@ -392,6 +392,49 @@ def test_shared_prompt_hidden_equals_the_whole_rows_and_steps_aside_without_shar
     assert m.shared_prompt_hidden(b.input_ids, b.attention_mask, b.position_ids, R) is None
 
 
+def test_shared_prompt_pass_packs_short_responses_end_to_end(tiny_model_path, monkeypatch):
+    """Short responses of one prompt run end to end in one row of the responses' pass (a
+    block-causal mask, each segment at its own positions): fewer rows, and the same log-probs and
+    parameter gradients as the rows run one by one."""
+    from fastcrit.models.hf import load_model
+    from fastcrit.train import policy
+    from fastcrit.train.policy import CausalLMLogprobs
+
+    b = make_grouped_batch(5)
+    R = b.responses.shape[1]
+    _, inverse = torch.unique(torch.cat([b.input_ids[:, :-R], b.attention_mask[:, :-R]], 1), dim=0,
+                              return_inverse=True)
+    lead, row, col, src, seg = policy._pack_responses(b.attention_mask[:, -R:], inverse, R - 1)
+    assert len(lead) < len(b)  # rows of lengths 3 + 2 etc. share a row
+    runs = (b.attention_mask[:, -R:].sum(1) - 1).clamp(min=0)
+    assert len(row) == int(runs.sum()) and int(col.max()) < R - 1
+    assert torch.equal(inverse[src[0]], inverse[lead[row]])  # a packed row holds one prompt's responses
+    calls = []
+    packed = policy.CausalLMLogprobs._packed_responses
+    monkeypatch.setattr(policy.CausalLMLogprobs, "_packed_responses",
+                        lambda self, *a: calls.append(1) or packed(self, *a))
+
+    def run(pack: bool):
+        monkeypatch.setattr(policy, "_packable", lambda config: pack)
+        torch.manual_seed(0)
+        m = CausalLMLogprobs(load_model(tiny_model_path))
+        lp = m(b.input_ids, b.attention_mask, b.position_ids, b.responses, b.response_mask,
+               temperature=0.7, share_prompts=True)
+        (lp * torch.linspace(0.5, 1.5, lp.numel()).view_as(lp)).sum().backward()
+        return lp.detach(), {n: p.grad for n, p in m.named_parameters()}
+
+    lp_p, g_p = run(True)
+    assert calls == [1]
+    lp_u, g_u = run(False)
+    assert calls == [1]
+    torch.testing.assert_close(lp_p, lp_u, atol=1e-5, rtol=1e-5)
+    for n in g_u:
+        torch.testing.assert_close(g_p[n], g_u[n], atol=1e-6, rtol=1e-4)
+    # a batch that packing cannot shrink, or responses that are not right-padded: rows as they are
+    assert policy._pack_responses(torch.ones(4, 5), torch.tensor([0, 0, 1, 1]), 4) is None
+    assert policy._pack_responses(torch.tensor([[1, 0, 1], [1, 0, 0]]), torch.tensor([0, 0]), 2) is None
+
+
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none"))]
 
