@@ -178,8 +178,10 @@ def _packable(config) -> bool:
     takes a custom boolean 4D mask; flash-attention kernels take none, eager ones an additive one)
     over full-attention layers only (a sliding window would need its own mask)."""
     kinds = getattr(config, "layer_types", None) or ["full_attention"]
+    # a window set and not switched off (Mistral sets one and has no switch; Qwen2 has the switch)
+    window = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
     return getattr(config, "_attn_implementation", None) == "sdpa" and all(k == "full_attention" for k in kinds) \
-        and not getattr(config, "use_sliding_window", False)
+        and not window
 
 
 def _pack_responses(resp_mask: torch.Tensor, inverse: torch.Tensor, C: int):

@@ -399,7 +399,14 @@ def test_shared_prompt_pass_packs_short_responses_end_to_end(tiny_model_path, mo
     from fastcrit.models.hf import load_model
     from fastcrit.train import policy
     from fastcrit.train.policy import CausalLMLogprobs
+    from types import SimpleNamespace as NS
 
+    # which models pack: SDPA over full attention, no sliding window in use
+    assert policy._packable(NS(_attn_implementation="sdpa", sliding_window=None))
+    assert policy._packable(NS(_attn_implementation="sdpa", sliding_window=4096, use_sliding_window=False))
+    assert not policy._packable(NS(_attn_implementation="sdpa", sliding_window=4096))  # Mistral's
+    assert not policy._packable(NS(_attn_implementation="flash_attention_2", sliding_window=None))
+    assert not policy._packable(NS(_attn_implementation="sdpa", layer_types=["full_attention", "sliding_attention"]))
     b = make_grouped_batch(5)
     R = b.responses.shape[1]
     _, inverse = torch.unique(torch.cat([b.input_ids[:, :-R], b.attention_mask[:, :-R]], 1), dim=0,
