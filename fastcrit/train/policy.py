@@ -215,7 +215,7 @@ def _pack_responses(resp_mask: torch.Tensor, inverse: torch.Tensor, C: int):
             free[b] -= runs[i]
     if not bins or len(bins) >= B:
         return None
-    row, col, sr, sc, seg_ids = [], [], [], [], []
+    row, col, sr, sc = [], [], [], []
     for b, members in enumerate(bins):
         off = 0
         for i in members:
@@ -224,14 +224,13 @@ def _pack_responses(resp_mask: torch.Tensor, inverse: torch.Tensor, C: int):
             col += range(off, off + n)
             sr += [i] * n
             sc += range(n)
-            seg_ids += [i] * n
             off += n
     dev = resp_mask.device
     t = functools.partial(torch.tensor, dtype=torch.long, device=dev)
-    row, col = t(row), t(col)
+    row, col, sr = t(row), t(col), t(sr)
     seg = torch.full((len(bins), C), -1, dtype=torch.long, device=dev)
-    seg[row, col] = t(seg_ids)
-    return t([m[0] for m in bins]), row, col, (t(sr), t(sc)), seg
+    seg[row, col] = sr  # a segment is named by its row
+    return t([m[0] for m in bins]), row, col, (sr, t(sc)), seg
 
 
 def _attention_only(config) -> bool:

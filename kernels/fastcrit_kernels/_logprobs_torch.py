@@ -34,7 +34,7 @@ class _Buffers:
     rows ``[vc, H]``), reused by every chunk; the last, narrower chunk takes the front of each."""
 
     def __init__(self, N: int, vc: int, w: torch.Tensor, cd: torch.dtype):
-        self.N, self.cd = N, cd
+        self.N = N
         self.z = output_buffer(N * vc, device=w.device, dtype=cd)
         self.w = None if w.dtype == cd else torch.empty(vc * w.shape[1], device=w.device, dtype=cd)
 
