@@ -21,6 +21,7 @@ from fastcrit.algos.losses import Objective, PPOObjective
 from fastcrit.config import AlgorithmConfig, OptimConfig
 from fastcrit.models.hf import load_model, parse_dtype
 from fastcrit.models.liger import apply_liger
+from fastcrit.models.mlp import patch_swiglu_mlps
 from fastcrit.models.norm import patch_rms_norms
 from fastcrit.train.balance import karmarkar_karp, split_to, token_micro_batches, workload
 from fastcrit.train.dist import all_reduce, world_size
@@ -101,8 +102,11 @@ def wrap_trainable(module: torch.nn.Module, *, dtype: str, device: torch.device,
     precision keeps FSDP2, whose policy computes in ``dtype`` over fp32 master weights."""
     trainable = optim is not None
     compute = parse_dtype(dtype)
-    if device.type == "cpu":  # one autograd function per RMSNorm (fastcrit.models.norm); CUDA has Liger's
+    # On a CPU one autograd function per RMSNorm and per gated MLP (fastcrit.models.norm, .mlp); CUDA
+    # has Liger's kernels.
+    if device.type == "cpu":
         patch_rms_norms(module)
+        patch_swiglu_mlps(module)
     module.train(trainable)
     if not trainable:
         module.requires_grad_(False)
