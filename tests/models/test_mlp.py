@@ -1,20 +1,8 @@
-import copy
-
 import pytest
 import torch
 
 from fastcrit.models import mlp as mlp_mod
 from fastcrit.models.mlp import SwiGLUFunction, patch_swiglu_mlps
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from fastcrit.models.tiny import build_tiny_model
-    from fastcrit.models.tokenizer import default_corpus
-
-    d = str(tmp_path_factory.mktemp("tiny") / "m")
-    return build_tiny_model(d, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=160, vocab_size=300,
-                            seed=3, corpus=default_corpus(use_human_eval=False))
 
 
 def _eager(x, wg, wu, wd):
@@ -70,30 +58,14 @@ def test_keeps_fewer_tensors_for_backward():
     assert (hf, ours) == (5, 3)
 
 
-def test_patched_model_gives_the_same_logprobs_and_gradients(model_dir):
-    """Every MLP of the tiny Qwen2 is patched, per instance; log-probs and every parameter's
-    gradient match the unpatched copy in fp32, and so do no-grad forwards (the frozen reference's
-    path); a bf16 input, a biased projection or another activation runs the module's own forward."""
+def test_patched_model_gives_the_same_logprobs_and_gradients(model_dir, patched_matches_copy):
+    """Every MLP of the tiny Qwen2 is patched, per instance; logits (with gradients, and without:
+    the frozen reference's path) and every parameter's gradient match an unpatched copy in fp32; a
+    bf16 input, a biased projection or another activation runs the module's own forward."""
     from fastcrit.models.hf import load_model
 
     lm = load_model(model_dir, dtype=torch.float32)
-    ref = copy.deepcopy(lm)
-    assert patch_swiglu_mlps(lm) == lm.config.num_hidden_layers
-    assert "forward" not in vars(ref.model.layers[0].mlp)  # the copy and the class are untouched
-    ids = torch.randint(0, 300, (3, 11), generator=torch.Generator().manual_seed(1))
-    outs = []
-    for m in (lm, ref):
-        logits = m(input_ids=ids).logits
-        loss = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None].roll(1, 1)).sum()
-        loss.backward()
-        with torch.no_grad():
-            frozen = m(input_ids=ids).logits
-        outs.append((logits.detach(), frozen, {n: p.grad for n, p in m.named_parameters()}))
-    torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(outs[0][1], outs[0][0], atol=1e-5, rtol=1e-5)
-    for name, grad in outs[1][2].items():
-        torch.testing.assert_close(outs[0][2][name], grad, atol=1e-5, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    assert patched_matches_copy(lm, patch_swiglu_mlps) == lm.config.num_hidden_layers
     mlp = lm.model.layers[0].mlp.bfloat16()
     x = torch.randn(2, 3, lm.config.hidden_size).bfloat16()
     torch.testing.assert_close(mlp(x), type(mlp).forward(mlp, x), atol=0, rtol=0)
