@@ -9,11 +9,11 @@ def _eager(x, wg, wu, wd):
     return torch.nn.functional.silu(x @ wg.t()) * (x @ wu.t()) @ wd.t()
 
 
-@pytest.mark.parametrize("rows", [1, 7, 200])
+@pytest.mark.parametrize("rows", [0, 1, 7, 200])
 def test_function_matches_the_eager_formula(rows, monkeypatch):
     """In fp64 against the eager formula (values and all four gradients; gradcheck cannot run: it
     backpropagates many times through one graph), with
-    element-wise blocks of 3 rows so that a partial last block is covered; the saved tensors it
+    element-wise blocks of 3 rows so that a partial last block is covered, and no rows at all; the saved tensors it
     overwrites make a second backward through the same graph an error, not wrong gradients."""
     monkeypatch.setattr(mlp_mod, "_BLOCK_BYTES", 3 * 4 * 24)
     g = torch.Generator().manual_seed(rows)
@@ -25,8 +25,9 @@ def test_function_matches_the_eager_formula(rows, monkeypatch):
     torch.testing.assert_close(got, want)
     for a, b in zip(torch.autograd.grad(got, (x, *ws), dy, retain_graph=True), torch.autograd.grad(want, (x, *ws), dy)):
         torch.testing.assert_close(a, b)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        torch.autograd.grad(got, (x, *ws), dy)
+    if rows:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            torch.autograd.grad(got, (x, *ws), dy)
 
 
 def test_keeps_fewer_tensors_for_backward():
