@@ -313,6 +313,16 @@ class TrainerConfig:
     # (the same log-probs and gradients up to rounding; the layers see p + n r tokens, not n (p + r)).
     # Not with pack_sequences (the packed rows run as they are).
     share_prompts: bool = True
+    # Activation checkpointing per decoder layer in every trained model (SFT, the policy update,
+    # PPO's value critic, reward models): each layer keeps only its input and runs again in the
+    # backward. The same loss and gradients; ~1/3 more compute in the update for activations of
+    # one layer instead of all (what lets a 7B model's micro-batches fit beside its optimizer).
+    # A training forward then runs rows whole (share_prompts applies to forward-only passes).
+    gradient_checkpointing: bool = False
+    # `fastcrit train` on CUDA first runs `fastcrit plan`'s check (each phase's device memory from
+    # the config and the models' config.json) and stops before loading weights when a phase cannot
+    # fit, naming the keys that would make it fit. true skips the check.
+    skip_plan: bool = False
     resume: bool = True  # continue from the newest checkpoint in output_dir when there is one
     progress: bool = True
     compute_threads: int = 0  # torch threads per process; 0 = leave torch's default

@@ -28,6 +28,7 @@ from fastcrit.recipes.scaffold import Run
 from fastcrit.reward import RewardItem, make_reward
 from fastcrit.rollout.chat import LocalChat
 from fastcrit.train.dist import all_reduce_mean, std_over_ranks
+from fastcrit.train.memory import return_memory
 from fastcrit.types import is_greedy
 
 
@@ -52,7 +53,9 @@ class CTRL:
         c = run.cfg
         self.run = run
         self.reward = make_reward(c, run.out, run.ctx.rank)
-        self.proxy = make_proxy(c, run.ctx.device)
+        # the proxy sleeps while the trainer works and wakes for the revisions (on a GPU)
+        self.proxy = make_proxy(c, run.ctx.device, sleeps=True)
+        self.proxy.sleep()
         d = synth_dir(c)
         self.pairs = self._encode(load_attempts(d, "train"))
         self.val = load_attempts(d, "val")[:c.data.val_size] if c.data.val else []
@@ -83,9 +86,11 @@ class CTRL:
         stage_one = step <= c.ctrl.judgment_only_steps  # Critique-RL's stage I: the verdict alone
         skip = set(range(len(critiques))) if stage_one else invalid
         with run.timer("revise"):
+            self._wake_proxy()
             judged, sent = revise(self.proxy, attempts, critiques,
                                   max_new_tokens=c.proxy.rollout.max_new_tokens,
                                   temperature=c.proxy.rollout.temperature, skip=skip)
+            self.proxy.sleep()
         t0, finished = time.perf_counter(), []
         pending = self.reward.submit([RewardItem(attempts[i].problem.question, text, "",
                                                  problem=attempts[i].problem) for i, text in sent])
@@ -154,6 +159,7 @@ class CTRL:
         share = self.val[run.ctx.rank::run.ctx.world_size]
         tokens = dict(critic_tokens=c.rollout.max_new_tokens, generator_tokens=c.proxy.rollout.max_new_tokens)
         temperature, k = c.ctrl.critique_temperature, c.ctrl.critique_samples
+        self._wake_proxy()
         _, rep, _ = critique_round(self.critic, self.proxy, self.reward, repeat_attempts(share, k),
                                    temperature=temperature, seed=round_seed(c.trainer.seed, 1), **tokens)
         out = {**RoundReport(0, sum(a.passed for a in share) / len(share)).metrics("val/generator_"),
@@ -161,7 +167,14 @@ class CTRL:
         if not is_greedy(temperature):
             _, greedy, _ = critique_round(self.critic, self.proxy, self.reward, share, **tokens)
             out.update(greedy.metrics("val/greedy_"))
+        self.proxy.sleep()
         return all_reduce_mean(out)
+
+    def _wake_proxy(self) -> None:
+        """The proxy's memory back on the device, after the trainer's unused cached blocks went
+        back to the driver (an SGLang proxy allocates in its own processes)."""
+        return_memory(self.run.ctx.device)
+        self.proxy.wake()
 
     def summary(self, first: dict, last: dict) -> dict:
         """The paper's table in miniature. "sft_critic" is the critic RL started from (the SFT warm

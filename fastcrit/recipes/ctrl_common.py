@@ -2,6 +2,7 @@
 the synthesis files that link stage 1 to stage 2."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -44,6 +45,18 @@ class OwnedChat:
         return self.chat_model.chat(conversations, max_new_tokens=max_new_tokens,
                                     temperature=temperature, seed=seed)
 
+    def sleep(self) -> None:
+        """Release the engine's device memory while the trainer works (an engine that keeps a host
+        copy of its weights: ``asleep_between_uses``); nothing for an endpoint or a CPU engine."""
+        if self.engine is not None and self.asleep_between_uses:
+            self.engine.sleep()
+
+    def wake(self) -> None:
+        if self.engine is not None and self.asleep_between_uses:
+            self.engine.wake()
+
+    asleep_between_uses = False
+
     def close(self) -> None:
         self.chat_model.close()
         if self.engine is not None:
@@ -51,10 +64,22 @@ class OwnedChat:
             self.engine = None
 
 
-def _local_chat(model: ModelConfig, rollout, max_prompt_len: int, device, seed: int) -> OwnedChat:
+def _local_chat(model: ModelConfig, rollout, max_prompt_len: int, device, seed: int,
+                sleeps: bool = False) -> OwnedChat:
+    """A local model on its own engine. ``sleeps`` (a frozen model sharing a GPU with the trainer,
+    CTRL's proxy): the engine keeps a host copy of its weights (the native engine's ``cpu_backup``,
+    SGLang's ``enable_weights_cpu_backup``), so ``OwnedChat.sleep`` can release its device memory
+    between uses and ``wake`` restores it without a trainer to reload it."""
     path = resolve_model_path(model_spec(model))
+    sleeps = sleeps and str(device).startswith("cuda")
+    if sleeps:
+        key = "enable_weights_cpu_backup" if rollout.engine == "sglang" else "cpu_backup"
+        rollout = dataclasses.replace(rollout, engine_args={key: True, **rollout.engine_args})
     engine = make_engine(rollout, path, dtype=model.dtype, device=device, seed=seed)
-    return OwnedChat(LocalChat(engine, load_tokenizer(path), max_prompt_len=max_prompt_len), engine, path)
+    chat = OwnedChat(LocalChat(engine, load_tokenizer(path), max_prompt_len=max_prompt_len), engine, path)
+    chat.asleep_between_uses = sleeps and bool(rollout.engine_args.get(
+        "enable_weights_cpu_backup" if rollout.engine == "sglang" else "cpu_backup"))
+    return chat
 
 
 def _http_chat(cfg: Config, endpoint: str, api_model: str, what: str) -> OwnedChat:
@@ -70,14 +95,15 @@ def _http_chat(cfg: Config, endpoint: str, api_model: str, what: str) -> OwnedCh
     return OwnedChat(chat, None, f"{endpoint} ({api_model})")
 
 
-def make_proxy(cfg: Config, device) -> OwnedChat:
+def make_proxy(cfg: Config, device, sleeps: bool = False) -> OwnedChat:
     """The generator / reviser: ``proxy.endpoint`` (OpenAI-compatible), else a local model
-    (``proxy.model``, or the critic's ``model`` when its path is empty) on its own engine."""
+    (``proxy.model``, or the critic's ``model`` when its path is empty) on its own engine;
+    ``sleeps``: see ``_local_chat`` (CTRL's RL stage, beside the trainer)."""
     p = cfg.proxy
     if p.endpoint:
         return _http_chat(cfg, p.endpoint, p.api_model, "proxy.api_model")
     model = p.model if p.model.path else cfg.model
-    return _local_chat(model, p.rollout, p.max_prompt_len, device, cfg.trainer.seed)
+    return _local_chat(model, p.rollout, p.max_prompt_len, device, cfg.trainer.seed, sleeps=sleeps)
 
 
 def make_generator(cfg: Config, device) -> OwnedChat:

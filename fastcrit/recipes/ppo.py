@@ -31,15 +31,15 @@ import torch
 from fastcrit.algos.advantages import gae, last_valid_index, masked_whiten
 from fastcrit.config import ConfigError, loss_scale
 from fastcrit.data.datasets import PreferencePair
-from fastcrit.models.hf import load_tokenizer
+from fastcrit.models.hf import load_tokenizer, parse_dtype
 from fastcrit.recipes.grpo import GRPO
 from fastcrit.recipes.rm import accuracy, bradley_terry_step, ranked_pairs
 from fastcrit.recipes.scaffold import Run, info_means, reward_items
 from fastcrit.reward import get_reward_manager
 from fastcrit.reward.model import CombinedReward, ModelReward
-from fastcrit.train.actor import Actor
+from fastcrit.train.actor import Actor, free_gradients
 from fastcrit.train.dist import all_reduce, all_reduce_mean
-from fastcrit.train.policy import full_named_tensors
+from fastcrit.train.policy import gathered_tensors
 from fastcrit.train.value import build_value_actor, compute_values, explained_variance, update_values
 from fastcrit_kernels import kl_penalty
 
@@ -57,7 +57,8 @@ class PPO(GRPO):
         updates = c.trainer.total_steps * c.algorithm.ppo_epochs * c.algorithm.mini_batches
         self.critic = build_value_actor(path, dtype=c.model.dtype, device=run.ctx.device,
                                         world_size=run.ctx.world_size, total_updates=updates,
-                                        optim=dataclasses.replace(c.optim, lr=c.ppo.critic_lr))
+                                        optim=dataclasses.replace(c.optim, lr=c.ppo.critic_lr),
+                                        checkpointing=c.trainer.gradient_checkpointing)
         self.online = OnlineRM(run, self.reward) if c.ppo.rm_refresh_every else None
 
     def actors(self) -> dict[str, Actor]:
@@ -91,6 +92,7 @@ class PPO(GRPO):
             critic_stats = update_values(self.critic, batch, c.algorithm, c.ppo,
                                          micro_batch_size=c.trainer.micro_batch_size,
                                          grad_clip=c.optim.grad_clip, agg_scale=loss_scale(c))
+            free_gradients(self.critic)
         stats = run.update(batch) if step > c.ppo.critic_warmup else {}
         run.sync()
         return {"reward/mean": scores.mean().item(), **info_means(results, "reward/"), **rm_means(results),
@@ -116,7 +118,8 @@ class OnlineRM:
         optim = dataclasses.replace(c.optim, lr=c.rm.lr, warmup_steps=0, lr_schedule="constant")
         self.actor = build_value_actor(c.reward.model_path, dtype=c.model.dtype, device=run.ctx.device,
                                        world_size=run.ctx.world_size, optim=optim,
-                                       total_updates=refreshes * c.ppo.rm_refresh_steps)
+                                       total_updates=refreshes * c.ppo.rm_refresh_steps,
+                                       checkpointing=c.trainer.gradient_checkpointing)
         self.tok = load_tokenizer(c.reward.model_path)
         self.pairs: list[PreferencePair] = []
         self.loaded = False  # the scorer holds the trained weights (after a refresh or a resume)
@@ -143,12 +146,15 @@ class OnlineRM:
                 res = bradley_terry_step(self.actor, self.tok, batch, micro, c.optim.grad_clip)
                 sums = {k: sums[k] + res[k] / c.ppo.rm_refresh_steps for k in sums}
             out.update({"rm/refresh_loss": sums["loss"], "rm/refresh_acc": sums["acc"]})
+            free_gradients(self.actor)
             self.sync()
         self.pairs = []
         return all_reduce_mean(out)
 
     def sync(self) -> None:
-        self.scorer.load_weights(full_named_tensors(self.actor.module))  # a collective
+        # a collective: the weights in the scorer's dtype, a bucket per all-gather
+        self.scorer.load_weights(gathered_tensors(self.actor.module, parse_dtype(self.cfg.model.dtype),
+                                                  self.cfg.rollout.weight_bucket_mb << 20))
         self.loaded = True
 
     def state_dict(self) -> dict:

@@ -32,6 +32,7 @@ from fastcrit.types import SamplingParams, scoring_temperature
 from fastcrit.train.actor import _micro_slices, optimizer_step
 from fastcrit.train.checkpoint import save_hf
 from fastcrit.train.dist import DistContext, all_reduce_mean, barrier
+from fastcrit.train.memory import return_memory
 from fastcrit.train.metrics import RunLog
 from fastcrit.train.value import build_value_actor, last_token_scores, last_token_values
 
@@ -148,7 +149,8 @@ def run_rm(ctx: DistContext, cfg: Config) -> dict:
                   f"prompts (mean {c.label_reward} score {sampled['label_mean']:.3f})")
     optim = dataclasses.replace(cfg.optim, lr=c.lr, warmup_steps=c.warmup_steps)
     actor = build_value_actor(model_path, dtype=cfg.model.dtype, device=ctx.device,
-                              world_size=ctx.world_size, optim=optim, total_updates=c.steps)
+                              world_size=ctx.world_size, optim=optim, total_updates=c.steps,
+                              checkpointing=cfg.trainer.gradient_checkpointing)
     micro = cfg.trainer.micro_batch_size
     start = accuracy(actor, tok, val, micro)
     log.write(f"rm: {len(train)} training pairs, {len(val)} held out; held-out accuracy at the start "
@@ -163,7 +165,9 @@ def run_rm(ctx: DistContext, cfg: Config) -> dict:
                  "time/step_s": time.perf_counter() - t0})
     end = accuracy(actor, tok, val, micro)
     final = os.path.join(out_dir, "final")
-    save_hf(actor, tok, final, ctx)
+    save_hf(actor, tok, final, ctx, cfg.model.dtype)
+    del actor  # training comes next: this model's shards and optimizer state go
+    return_memory(ctx.device)
     summary = {"pairs_train": len(train), "pairs_val": len(val), "skipped_rows": len(skipped),
                **({f"sampled_{k}": v for k, v in sampled.items()}),
                "val_acc_start": start["acc"], "val_acc_end": end["acc"],

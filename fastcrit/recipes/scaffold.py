@@ -45,11 +45,12 @@ from fastcrit.reward import RewardItem
 from fastcrit.rollout import make_engine
 from fastcrit.rollout.base import Engine
 from fastcrit.rollout.batch import collate
-from fastcrit.train.actor import Actor, balance_ranks, build_actor, compute_logprobs, logprob_gap, update_policy
+from fastcrit.train.actor import (Actor, balance_ranks, build_actor, compute_logprobs, free_gradients, logprob_gap,
+                                  update_policy)
 from fastcrit.train.checkpoint import clean_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
 from fastcrit.train.colocate import sync_weights
 from fastcrit.train.dist import DistContext, all_reduce, all_reduce_mean
-from fastcrit.train.memory import PhaseMemory
+from fastcrit.train.memory import PhaseMemory, return_memory
 from fastcrit.train.metrics import RunLog
 from fastcrit.types import Rollout, RolloutBatch, SamplingParams, scoring_temperature
 
@@ -183,13 +184,18 @@ class Run:
                                   micro_batch_size=c.trainer.micro_batch_size, grad_clip=c.optim.grad_clip,
                                   objective=objective, measure_gap=not self.recompute, max_tokens=budget,
                                   packed=c.trainer.pack_sequences, generator=shuffle)
+            free_gradients(self.actor)  # not kept through generation
             return {**stats, **moved}  # the padding as rolled out, before the rows moved
 
     def sync(self) -> None:
-        """Wake the engine and load all of the policy's weights into it (one ``load_weights``)."""
+        """Wake the engine and load all of the policy's weights into it (one ``load_weights``).
+        First the device memory the trainer no longer uses goes back to the driver
+        (``return_memory``): an SGLang engine wakes in its own processes, which cannot use blocks
+        this process's allocator keeps cached."""
         with self.timer("sync"):
+            return_memory(self.ctx.device)
             self.engine.wake()
-            sync_weights(self.actor, self.engine)
+            self.metrics["sync/gib"] = sync_weights(self.actor, self.engine, self.cfg.rollout, self.cfg.model.dtype)
 
 
 def reward_items(rollouts: list[Rollout], texts: list[str], examples: list) -> list[RewardItem]:
@@ -224,7 +230,8 @@ def setup_run(ctx: DistContext, cfg: Config) -> Run:
     build = dict(dtype=cfg.model.dtype, device=ctx.device, world_size=ctx.world_size, liger=cfg.model.liger,
                  packed=cfg.trainer.pack_sequences, share_prompts=cfg.trainer.share_prompts)
     updates = cfg.trainer.total_steps * cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches
-    actor = build_actor(model_path, optim=cfg.optim, total_updates=updates, **build)
+    actor = build_actor(model_path, optim=cfg.optim, total_updates=updates,
+                        checkpointing=cfg.trainer.gradient_checkpointing, **build)
     needs_ref = cfg.algorithm.kl_coef != 0.0 or (cfg.algorithm.name == "ppo" and cfg.ppo.kl_in_reward_coef != 0.0)
     ref = build_actor(model_path, **build) if needs_ref else None
     engine = make_engine(cfg.rollout, model_path, dtype=cfg.model.dtype, device=ctx.device,
@@ -257,7 +264,8 @@ def _save(run: Run, recipe, step: int) -> None:
         extra[f"recipe_rank{run.ctx.rank}.pt"] = recipe.state_dict()
     others = recipe.actors() if hasattr(recipe, "actors") else None
     save_checkpoint(run.actor, run.tok, run.ctx, run.out, step, {"model_path": run.model_path},
-                    extra_files=extra, others=others, keep_last=run.cfg.trainer.keep_last)
+                    extra_files=extra, others=others, keep_last=run.cfg.trainer.keep_last,
+                    dtype=run.cfg.model.dtype)
 
 
 def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any]) -> dict:

@@ -20,6 +20,7 @@ from fastcrit.rollout.batch import collate
 from fastcrit.train.actor import build_actor, sft_step
 from fastcrit.train.checkpoint import save_hf
 from fastcrit.train.dist import DistContext, all_reduce_mean, barrier
+from fastcrit.train.memory import return_memory
 from fastcrit.train.metrics import RunLog
 from fastcrit.types import Rollout
 
@@ -60,7 +61,8 @@ def run_sft(ctx: DistContext, cfg: Config, model_path: str | None = None) -> str
                                 lr_schedule=cfg.sft.lr_schedule)
     actor = build_actor(model_path, dtype=cfg.model.dtype, device=ctx.device,
                         world_size=ctx.world_size, optim=optim, total_updates=cfg.sft.steps,
-                        liger=cfg.model.liger)
+                        liger=cfg.model.liger, checkpointing=cfg.trainer.gradient_checkpointing,
+                        packed=cfg.trainer.pack_sequences)
     answers = [encode_answer(tok, p.example.answer) for p in prompts]
     for step in range(1, cfg.sft.steps + 1):
         t0 = time.perf_counter()
@@ -69,13 +71,16 @@ def run_sft(ctx: DistContext, cfg: Config, model_path: str | None = None) -> str
         batch = collate([Rollout(i, prompts[j].ids, answers[j], [0.0] * len(answers[j]), "stop")
                          for i, j in enumerate(idx)], tok.pad_token_id)
         stats = sft_step(actor, batch, micro_batch_size=cfg.trainer.micro_batch_size,
-                         grad_clip=cfg.optim.grad_clip)
+                         grad_clip=cfg.optim.grad_clip, max_tokens=cfg.trainer.max_tokens_per_micro_batch,
+                         packed=cfg.trainer.pack_sequences)
         stats = all_reduce_mean(stats)
         dt = time.perf_counter() - t0
         log.log({"step": step, **stats, "time/step_s": dt,
                  "throughput/tokens_per_s": batch.attention_mask.sum().item() * ctx.world_size / dt})
     final = os.path.join(out_dir, "final")
-    save_hf(actor, tok, final, ctx)
+    save_hf(actor, tok, final, ctx, cfg.model.dtype)
+    del actor  # the next stage loads its models afresh: this one's shards and optimizer state go
+    return_memory(ctx.device)
     barrier()
     if ctx.is_main:
         open(os.path.join(final, "COMPLETE"), "w").close()

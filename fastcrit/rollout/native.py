@@ -51,13 +51,15 @@ class NativeEngine:
     not given. ``static_decode`` (default on): the lean decoder of fastcrit.rollout.decode where
     the architecture allows it. ``cuda_graph`` (CUDA only, default off): the decode step captured
     as a CUDA graph per chunk and replayed (ran on an H100, torch 2.11: the same tokens as eager
-    decoding, 4.9-5.8x HF ``generate`` on the tiny model; docs/gpu.md).
+    decoding, 4.9-5.8x HF ``generate`` on the tiny model; docs/gpu.md). ``cpu_backup``: ``sleep``
+    moves the weights to host memory and ``wake`` brings them back (SGLang's
+    ``enable_weights_cpu_backup``), for a frozen model no trainer reloads (CTRL's proxy).
     """
 
     def __init__(self, model, tokenizer=None, *, dtype: str | torch.dtype | None = None,
                  device: str | torch.device = "cpu", max_batch: int = 256,
                  attn_implementation: str | None = None, compact_fraction: float = 0.25,
-                 static_decode: bool = True, cuda_graph: bool = False):
+                 static_decode: bool = True, cuda_graph: bool = False, cpu_backup: bool = False):
         from fastcrit.models.hf import eos_token_ids, load_model, load_tokenizer, parse_dtype
 
         if max_batch < 1:
@@ -102,7 +104,8 @@ class NativeEngine:
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         self._asleep = False
         self._closed = False
-        self._shapes: dict[int, tuple] = {}  # while asleep: id(weight) -> (weight, its shape)
+        self.cpu_backup = cpu_backup
+        self._shapes: dict[int, tuple] = {}  # while asleep: id(weight) -> (weight, its shape, host copy)
         self._unloaded: set[int] = set()  # since wake: ids of the weights without values yet
 
     # ------------------------------------------------------------------ Engine protocol
@@ -136,28 +139,37 @@ class NativeEngine:
         is dropped, on any device (on CUDA the allocator's cache is emptied too). ``held_bytes()``
         goes to the buffers' few bytes (e.g. rotary frequencies, which are kept).
 
-        Like SGLang, the values are not kept anywhere: after ``wake`` the weights must be loaded
-        again (``load_weights`` with every parameter) before ``generate``, which refuses until then.
+        Like SGLang, the values are not kept anywhere unless ``cpu_backup``: after ``wake`` the
+        weights must be loaded again (``load_weights`` with every parameter) before ``generate``,
+        which refuses until then. With ``cpu_backup`` they are copied to (pinned, on CUDA) host
+        memory first and ``wake`` restores them.
         """
         self._check_open("sleep")
         if self._asleep:
             return
         self._fused = None
         for p in self.model.parameters():  # tied weights are one Parameter: freed once
-            self._shapes[id(p)] = (p, p.shape)
+            host = None
+            if self.cpu_backup:
+                host = torch.empty(p.shape, dtype=p.dtype, pin_memory=p.is_cuda)
+                host.copy_(p.data)
+            self._shapes[id(p)] = (p, p.shape, host)
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self._asleep = True
 
     def wake(self) -> None:
-        """Allocate the weights' memory again, uninitialised: load every weight before generating."""
+        """Allocate the weights' memory again: uninitialised (load every weight before generating),
+        or with their values from host memory under ``cpu_backup``."""
         self._check_open("wake")
         if not self._asleep:
             return
-        for p, shape in self._shapes.values():
+        for p, shape, host in self._shapes.values():
             p.data = torch.empty(shape, dtype=p.dtype, device=p.device)
-        self._unloaded = set(self._shapes)
+            if host is not None:
+                p.data.copy_(host)
+        self._unloaded = {k for k, (_, _, host) in self._shapes.items() if host is None}
         self._shapes = {}
         self._asleep = False
 

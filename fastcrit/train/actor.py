@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from fastcrit.algos.losses import Objective, PPOObjective
 from fastcrit.config import AlgorithmConfig, OptimConfig
@@ -25,7 +26,7 @@ from fastcrit.models.mlp import patch_swiglu_mlps
 from fastcrit.models.norm import patch_rms_norms
 from fastcrit.train.balance import karmarkar_karp, split_to, token_micro_batches, workload
 from fastcrit.train.dist import all_reduce, world_size
-from fastcrit.train.policy import CausalLMLogprobs, shard
+from fastcrit.train.policy import CausalLMLogprobs, checkpoint_layers, shard
 from fastcrit.types import RolloutBatch
 
 
@@ -56,7 +57,7 @@ def lr_factor(optim: OptimConfig, total_updates: int):
 
 def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size: int,
                 optim: OptimConfig | None = None, total_updates: int = 0, liger: bool = False,
-                packed: bool = False, share_prompts: bool = False) -> Actor:
+                packed: bool = False, share_prompts: bool = False, checkpointing: bool = False) -> Actor:
     """The FSDP2 policy with AdamW by ``optim``, or a frozen model (a reference) when it is None.
     ``total_updates`` (optimizer steps in the whole run) is where a cosine schedule ends.
 
@@ -65,7 +66,8 @@ def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size
     device, Liger-Kernel's RMSNorm / SwiGLU / RoPE patches are applied where the architecture is
     supported (fastcrit.models.liger). ``packed`` on CUDA loads the model with flash-attn 2, whose
     varlen path keeps packed sequences apart (``_forward_packed``). ``share_prompts``: in the
-    padded (not packed) forward, the rows that share a prompt run it once.
+    padded (not packed) forward, the rows that share a prompt run it once. ``checkpointing``: a
+    trainable model's decoder layers are recomputed in the backward (``checkpoint_layers``).
     """
     trainable = optim is not None
     attn = None
@@ -80,16 +82,17 @@ def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size
     if liger and device.type == "cuda":
         apply_liger(lm)
     actor = wrap_trainable(CausalLMLogprobs(lm), dtype=dtype, device=device, world_size=world_size,
-                           optim=optim, total_updates=total_updates)
+                           optim=optim, total_updates=total_updates, checkpointing=checkpointing)
     actor.share_prompts = share_prompts
     return actor
 
 
 def wrap_trainable(module: torch.nn.Module, *, dtype: str, device: torch.device, world_size: int,
-                   optim: OptimConfig | None, total_updates: int) -> Actor:
+                   optim: OptimConfig | None, total_updates: int, checkpointing: bool = False) -> Actor:
     """Shard ``module`` (loaded in fp32 when trainable, else in ``dtype``, on CPU) with FSDP2 onto
     ``device`` (mixed precision in ``dtype`` when trainable) and give it AdamW and the lr schedule by
-    ``optim``; frozen (no gradients, no optimizer) when ``optim`` is None.
+    ``optim``; frozen (no gradients, no optimizer) when ``optim`` is None. ``checkpointing`` (a
+    trainable module only): activation checkpointing per decoder layer (``checkpoint_layers``).
 
     The module is not moved to ``device`` first: ``fully_shard`` moves each group's parameters and
     buffers to the mesh's device just before sharding them (torch 2.13 _fsdp_init.py:565-567), so
@@ -110,6 +113,8 @@ def wrap_trainable(module: torch.nn.Module, *, dtype: str, device: torch.device,
     module.train(trainable)
     if not trainable:
         module.requires_grad_(False)
+    elif checkpointing:
+        checkpoint_layers(module)
     mixed = trainable and compute != torch.float32
     module.math_attention_for_grad = mixed and device.type == "cpu"  # see policy.graph_attention
     if world_size == 1 and not mixed:
@@ -127,6 +132,24 @@ def wrap_trainable(module: torch.nn.Module, *, dtype: str, device: torch.device,
                             eps=optim.eps, weight_decay=optim.weight_decay, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(optim, total_updates))
     return Actor(module, opt, sched, device)
+
+
+def free_gradients(*actors: Actor | None) -> None:
+    """Drop the gradients of trainable ``actors`` (their memory goes back to the allocator): an
+    update's gradients are read by its last optimizer step only, and kept, they would hold 4 bytes
+    per parameter (per shard) through generation."""
+    for a in actors:
+        if a is not None and a.optimizer is not None:
+            a.optimizer.zero_grad(set_to_none=True)
+
+
+def reshard(actor: Actor) -> None:
+    """Free an FSDP2 model's gathered root parameters (embeddings, final norm, lm_head) after a
+    forward-only pass: FSDP2 keeps the root gathered after its forward for the backward it
+    expects (``reshard_after_forward`` is False for the root), which a frozen reference or a
+    scoring pass never runs. The layers reshard after their own forwards."""
+    if isinstance(actor.module, FSDPModule):
+        actor.module.reshard()
 
 
 def optimizer_step(actor: Actor, grad_clip: float) -> dict[str, float]:
@@ -202,6 +225,7 @@ def compute_logprobs(actor: Actor, batch: RolloutBatch, temperature: float,
         logp = _forward(actor, mb, temperature, False, packed).float().cpu()
         if len(idx):
             out[idx, :logp.shape[1]] = logp
+    reshard(actor)
     return out * batch.response_mask
 
 
@@ -429,21 +453,24 @@ def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, t
     return {**out, **gap.result()} if gap is not None else out
 
 
-def sft_step(actor: Actor, batch: RolloutBatch, *, micro_batch_size: int,
-             grad_clip: float) -> dict[str, float]:
+def sft_step(actor: Actor, batch: RolloutBatch, *, micro_batch_size: int, grad_clip: float,
+             max_tokens: int = 0, packed: bool = False) -> dict[str, float]:
     """One optimizer step of token-mean negative log-likelihood on ``batch.responses``, the mean
     over the tokens of all ranks' batches (FSDP averages the ranks' gradients, so each rank's sum
     is scaled by world size / global token count); ``sft/nll`` is this rank's part of it x world
-    size, which averaging over ranks completes."""
+    size, which averaging over ranks completes. Micro-batches of ``micro_batch_size`` rows, or by
+    the ``max_tokens`` budget (``micro_plan``; ``packed``: rows end to end) when it is > 0."""
     assert actor.optimizer is not None
     actor.optimizer.zero_grad(set_to_none=True)
     total = all_reduce([float(batch.response_mask.sum())])[0]
     scale = world_size() / max(total, 1.0)
     nll_sum = 0.0
-    for sl in _micro_slices(len(batch), micro_batch_size):
-        mb = batch.select(torch.arange(len(batch))[sl])
-        logp = _forward(actor, mb, 1.0, False)
-        loss = -(logp * mb.response_mask.to(actor.device)).sum() * scale
+    for idx in micro_plan(batch, micro_batch_size, max_tokens, whole_groups=False, packed=packed):
+        # an empty index (ranks agree on the count) runs one row with weight 0: the same collectives
+        mb = batch.select(idx if len(idx) else torch.zeros(1, dtype=torch.long))
+        mb = mb.trimmed() if max_tokens > 0 else mb
+        logp = _forward(actor, mb, 1.0, False, packed)
+        loss = -(logp * mb.response_mask.to(actor.device)).sum() * (scale if len(idx) else 0.0)
         loss.backward()
         nll_sum += loss.item()
     step = optimizer_step(actor, grad_clip)

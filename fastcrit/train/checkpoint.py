@@ -19,6 +19,7 @@ systems), or two runs writing one output directory at once.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -29,10 +30,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from fastcrit.models.hf import save_pretrained_safetensors
+from fastcrit.models.hf import parse_dtype, save_pretrained_safetensors
 from fastcrit.train.dist import DistContext, barrier
 from fastcrit.train.actor import Actor
-from fastcrit.train.policy import full_named_tensors
+from fastcrit.train.policy import gathered_buckets
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _TMP = ".tmp_"  # .tmp_step_<N>: being written; .tmp_old_step_<N>: being deleted
@@ -154,34 +155,56 @@ def _fsync_tree(root: str) -> None:
         _fsync(dirpath)
 
 
-def save_hf(actor: Actor, tokenizer, directory: str, ctx: DistContext) -> None:
-    """Gather full weights (a collective) and let rank 0 write the Hugging Face directory."""
-    state = dict(full_named_tensors(actor.module))
+# Saves gather this many bytes of full tensors at a time (one all-gather each).
+SAVE_BUCKET_BYTES = 256 << 20
+
+
+def save_hf(actor: Actor, tokenizer, directory: str, ctx: DistContext, dtype: str | torch.dtype | None = None,
+            bucket_bytes: int = SAVE_BUCKET_BYTES) -> None:
+    """Write the Hugging Face directory of ``actor``'s model (a collective; rank 0 writes): the
+    weights are gathered a bucket at a time (``gathered_buckets``, in ``dtype``: the model's own,
+    e.g. bf16 for a bf16 run, whose fp32 master weights stay in the sharded state; None keeps
+    them as they are) and rank 0 moves each bucket to host memory at once, so a device holds
+    about one bucket of full tensors, never the whole model, and the other ranks nothing beyond
+    their shards. Rank 0's host memory holds the model in ``dtype`` while the file is written."""
+    dt = None if dtype is None else parse_dtype(dtype)
+    state: dict[str, torch.Tensor] = {}
+    for bucket in gathered_buckets(actor.module, dt, bucket_bytes):
+        if ctx.is_main:
+            for name, t in bucket:
+                state[name] = t.to("cpu") if t.device.type != "cpu" else t
+        del bucket
     if ctx.is_main:
         lm = actor.module.lm
-        save_pretrained_safetensors(state, tokenizer, directory, config=lm.config,
+        config = lm.config
+        if dt is not None:  # the file's dtype, as Hugging Face records it
+            config = copy.deepcopy(config)
+            config.dtype = dt
+        save_pretrained_safetensors(state, tokenizer, directory, config=config,
                                     generation_config=getattr(lm, "generation_config", None))
 
 
 def save_checkpoint(actor: Actor, tokenizer, ctx: DistContext, output_dir: str, step: int,
                     trainer_state: dict, extra_files: dict | None = None,
-                    others: dict[str, Actor] | None = None, keep_last: int | None = None) -> str:
+                    others: dict[str, Actor] | None = None, keep_last: int | None = None,
+                    dtype: str | None = None) -> str:
     """Write ``checkpoints/step_<step>`` (atomically: see the module docstring), then prune to
     ``keep_last``; return its path. ``extra_files``: {file name: object} this rank saves with
     torch.save (e.g. a recipe's own state, such as a replay buffer); ``others``: {name: trainable
     model} saved like the policy in ``<checkpoint>/<name>/`` (e.g. PPO's critic: a Hugging Face
     directory plus its sharded optimizer state). A complete ``step_<step>`` already there (a run
-    restarted with trainer.resume=false) is replaced."""
+    restarted with trainer.resume=false) is replaced. ``dtype``: the Hugging Face weights' dtype
+    (``save_hf``); the sharded state keeps the fp32 master weights either way."""
     final = checkpoint_dir(output_dir, step)
     path = os.path.join(os.path.dirname(final), f"{_TMP}step_{step}")  # the same on every rank
     if ctx.is_main:
         shutil.rmtree(path, ignore_errors=True)  # a leftover of a killed save of the same step
         os.makedirs(path)
     barrier()
-    save_hf(actor, tokenizer, path, ctx)
+    save_hf(actor, tokenizer, path, ctx, dtype)
     _save_state(actor, path)
     for name, other in (others or {}).items():
-        save_hf(other, tokenizer, os.path.join(path, name), ctx)
+        save_hf(other, tokenizer, os.path.join(path, name), ctx, dtype)
         _save_state(other, os.path.join(path, name))
         if ctx.is_main:
             with open(os.path.join(path, name, "scheduler.json"), "w") as f:

@@ -16,6 +16,8 @@ peak and the last current value. Each measure reads ``/proc`` or the allocator's
 """
 from __future__ import annotations
 
+import gc
+
 import torch
 
 _MB = 1 << 20
@@ -91,3 +93,16 @@ class PhaseMemory:
         key = f"memory/{name}_peak_mb" if self.cuda or self.resettable else f"memory/{name}_process_peak_mb"
         self.metrics[key] = max(self.metrics.get(key, 0.0), peak / _MB)
         self.metrics[f"memory/{name}_current_mb"] = current / _MB
+
+
+def return_memory(device: str | torch.device) -> None:
+    """Give the device memory nothing uses any more back to the driver, so that another process (an
+    SGLang scheduler resuming its weights and KV cache) can allocate it: collect the reference
+    cycles that keep freed models alive (FSDP2's hooks hold cycles through their modules), then
+    empty the caching allocator, whose freed blocks no other process can use. On a CPU, nothing
+    (no other process shares an allocator with this one)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return
+    gc.collect()
+    torch.cuda.empty_cache()

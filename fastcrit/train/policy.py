@@ -14,6 +14,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.utils.checkpoint
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -44,6 +45,7 @@ class CausalLMLogprobs(nn.Module):
     def __init__(self, lm: nn.Module):
         super().__init__()
         self.lm = lm
+        self.checkpointing = False  # set by checkpoint_layers
 
     @property
     def base(self) -> nn.Module:
@@ -63,8 +65,13 @@ class CausalLMLogprobs(nn.Module):
         the position of the hidden state that predicts each of them. Returns [N] (and [N]).
 
         ``share_prompts``: rows with the same prompt (a GRPO group's n samples) run their prompt
-        once (``shared_prompt_hidden``); the same log-probs and gradients, up to rounding.
+        once (``shared_prompt_hidden``); the same log-probs and gradients, up to rounding. Not in
+        a forward that builds a graph under activation checkpointing (``checkpoint_layers``): the
+        backward's recompute of a layer would write its keys into the shared cache a second time,
+        so those rows run whole (forward-only passes still share).
         """
+        if self.checkpointing and torch.is_grad_enabled():
+            share_prompts = False
         with graph_attention(self):
             return self._forward(input_ids, attention_mask, position_ids, responses, response_mask, temperature,
                                  return_entropy, packed_index, share_prompts)
@@ -249,28 +256,160 @@ def _cache_kwarg(model_class: type) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
+def decoder_layers(module: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a wrapped model (``module.base.layers``): FSDP2's units and the
+    checkpointed blocks."""
+    layers = getattr(module.base, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(module.lm).__name__}: no decoder `layers` to shard or checkpoint")
+    return layers
+
+
+def checkpoint_layers(module: nn.Module) -> None:
+    """Activation checkpointing per decoder layer (``trainer.gradient_checkpointing``): a forward
+    that builds a graph keeps only each layer's input, and the backward runs the layer again
+    (torch.utils.checkpoint, non-reentrant) just before its own backward. The same loss and
+    gradients (the recompute is the same arithmetic; dropout, if any, replays its RNG state), one
+    more forward of the layers in time, and activations of one layer instead of all of them.
+
+    ``forward`` is wrapped rather than ``__call__``, so module hooks stay outside the checkpoint:
+    FSDP2's pre-forward all-gather runs once per forward, and its pre-backward hook has the layer's
+    weights gathered again by the time the recompute reads them. Forwards without gradients run
+    the layer as it is. A call that passes a KV cache runs as it is too: the recompute would write
+    the cache a second time (``CausalLMLogprobs`` runs whole rows under checkpointing instead).
+    Call before ``shard``."""
+    for layer in decoder_layers(module):
+        if getattr(layer, "_fastcrit_checkpointed", False):
+            continue
+        plain = layer.forward
+
+        def forward(*args, _plain=plain, **kwargs):
+            cached = kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
+            if not torch.is_grad_enabled() or cached:
+                return _plain(*args, **kwargs)
+            return torch.utils.checkpoint.checkpoint(_plain, *args, use_reentrant=False, **kwargs)
+
+        layer.forward = forward
+        layer._fastcrit_checkpointed = True
+    module.checkpointing = True
+
+
 def shard(module: CausalLMLogprobs, world_size: int, device: torch.device,
           param_dtype: torch.dtype | None = None) -> CausalLMLogprobs:
     """fully_shard every decoder layer, then the wrapper (the root)."""
     mesh = init_device_mesh(device.type, (world_size,))
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
-    layers = getattr(module.base, "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(module.lm).__name__}: no decoder `layers` to shard")
-    for layer in layers:
+    for layer in decoder_layers(module):
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(module, mesh=mesh, mp_policy=mp)
     return module
 
 
-def full_named_tensors(module: CausalLMLogprobs) -> Iterator[tuple[str, torch.Tensor]]:
-    """Full (unsharded) parameters and persistent buffers by Hugging Face name (what a Hugging
-    Face checkpoint holds). A collective: every rank must iterate it to the end."""
+def _named(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Parameters and persistent buffers by Hugging Face name (what a Hugging Face checkpoint
+    holds), in the model's order."""
     persistent = set(module.lm.state_dict().keys())
-    named = list(module.lm.named_parameters()) + [
+    return list(module.lm.named_parameters()) + [
         (n, b) for n, b in module.lm.named_buffers() if n in persistent]
-    for name, t in named:
+
+
+def full_named_tensors(module: CausalLMLogprobs) -> Iterator[tuple[str, torch.Tensor]]:
+    """Full (unsharded) parameters and persistent buffers by Hugging Face name, in their own
+    dtype, one all-gather per tensor. A collective: every rank must iterate it to the end."""
+    for name, t in _named(module):
         if isinstance(t, DTensor):
             t = t.full_tensor()
         yield name, t.detach()
+
+
+def _row_shard(t: torch.Tensor) -> bool:
+    """An FSDP2 parameter: a DTensor sharded on dim 0 over a 1-D mesh."""
+    return (isinstance(t, DTensor) and t.device_mesh.ndim == 1 and len(t.placements) == 1
+            and t.placements[0].is_shard(0))
+
+
+def gathered_buckets(module: nn.Module, dtype: torch.dtype | None, bucket_bytes: int
+                     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Full parameters and persistent buffers by Hugging Face name, cast to ``dtype`` (None: their
+    own), in buckets of about ``bucket_bytes`` of full tensors (a tensor larger than that is a
+    bucket of its own): ONE all-gather per bucket, in ``dtype``, instead of one per tensor in
+    fp32. A collective: every rank must iterate it to the end.
+
+    FSDP2 shards a parameter on dim 0 in ``torch.chunk`` pieces (ceil(rows / world) rows each,
+    the last ranks' fewer or none). Each rank casts its pieces of the bucket into one flat buffer,
+    each piece in a slot of ceil(rows / world) rows (zeros past its own), and
+    ``all_gather_into_tensor`` puts the ranks' buffers end to end; a full tensor is then its
+    slots, rank by rank, cut to its rows (one copy). Peak: about twice the bucket, plus the
+    rank's flat piece. The generator builds a bucket only when the previous one was consumed."""
+    if bucket_bytes < 1:
+        raise ValueError(f"gathered_buckets: bucket_bytes={bucket_bytes} must be >= 1")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, t in _named(module):
+        nbytes = t.numel() * (t.element_size() if dtype is None else torch.empty((), dtype=dtype).element_size())
+        if bucket and size + nbytes > bucket_bytes:
+            yield _gather_bucket(bucket, dtype)
+            bucket, size = [], 0
+        bucket.append((name, t))
+        size += nbytes
+    if bucket:
+        yield _gather_bucket(bucket, dtype)
+
+
+def _gather_bucket(bucket: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None
+                   ) -> list[tuple[str, torch.Tensor]]:
+    sharded = [(n, t) for n, t in bucket if _row_shard(t) and t.device_mesh.size() > 1]
+    full: dict[str, torch.Tensor] = {}
+    if sharded:
+        mesh = sharded[0][1].device_mesh
+        world, group = mesh.size(), mesh.get_group()
+        out_dtype = dtype or sharded[0][1].dtype
+        if any((dtype or t.dtype) != out_dtype or t.device_mesh != mesh for _, t in sharded):
+            raise ValueError("gathered_buckets: one bucket mixes dtypes or meshes; pass a dtype")
+        slots = []  # (name, full shape, rows per slot, elements per slot, offset)
+        offset = 0
+        for name, t in sharded:
+            rows = t.shape[0]
+            per = -(-rows // world)  # torch.chunk's piece: ceil(rows / world)
+            inner = t[0].numel() if rows else 0
+            slots.append((name, t.shape, per, per * inner, offset))
+            offset += per * inner
+        device = sharded[0][1].to_local().device
+        send = torch.zeros(offset, dtype=out_dtype, device=device)
+        for (name, t), (_, _, _, elems, off) in zip(sharded, slots):
+            local = t.to_local().detach().reshape(-1)
+            send[off:off + local.numel()].copy_(local)
+        recv = torch.empty(world * offset, dtype=out_dtype, device=device)
+        _all_gather_flat(recv, send, group)
+        recv = recv.view(world, offset)
+        del send
+        for name, shape, per, elems, off in slots:
+            # [world, per * inner] -> [world * per, ...] -> the first rows: one copy
+            full[name] = recv[:, off:off + elems].reshape(world * per, *shape[1:])[:shape[0]]
+        del recv
+    out = []
+    for name, t in bucket:
+        if name in full:
+            out.append((name, full[name]))
+            continue
+        if isinstance(t, DTensor):  # a world of one, or a placement FSDP2 does not make
+            t = t.full_tensor()
+        t = t.detach()
+        out.append((name, t if dtype is None or t.dtype == dtype else t.to(dtype)))
+    return out
+
+
+def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group) -> None:
+    """The ranks' ``inp`` end to end into ``out``: ``all_gather_single`` (torch 2.13 renamed
+    ``all_gather_into_tensor`` to it; the old name warns there), the old name where it is all
+    there is."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(out, inp, group=group)
+
+
+def gathered_tensors(module: nn.Module, dtype: torch.dtype | None, bucket_bytes: int
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
+    """``gathered_buckets`` one tensor at a time (the same collectives)."""
+    for bucket in gathered_buckets(module, dtype, bucket_bytes):
+        yield from bucket
 

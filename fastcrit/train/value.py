@@ -9,7 +9,7 @@ import torch.nn as nn
 from fastcrit.algos.advantages import last_valid_index
 from fastcrit.config import AlgorithmConfig, OptimConfig, PPOConfig
 from fastcrit.models.hf import load_value_model, parse_dtype
-from fastcrit.train.actor import Actor, GlobalWeights, _micro_slices, optimizer_step, wrap_trainable
+from fastcrit.train.actor import Actor, GlobalWeights, _micro_slices, optimizer_step, reshard, wrap_trainable
 from fastcrit.train.policy import graph_attention
 from fastcrit.types import RolloutBatch
 from fastcrit_kernels import value_loss
@@ -36,12 +36,15 @@ class ValueModel(nn.Module):
 
 
 def build_value_actor(model_path: str, *, dtype: str, device: torch.device, world_size: int,
-                      optim: OptimConfig | None = None, total_updates: int = 0) -> Actor:
+                      optim: OptimConfig | None = None, total_updates: int = 0,
+                      checkpointing: bool = False) -> Actor:
     """A value model (head kept from a value-head checkpoint, fresh on a causal LM), sharded with
-    FSDP2, with AdamW by ``optim``, or frozen when ``optim`` is None (a reward model)."""
+    FSDP2, with AdamW by ``optim``, or frozen when ``optim`` is None (a reward model);
+    ``checkpointing``: activation checkpointing per decoder layer when trainable."""
     dtype_load = torch.float32 if optim is not None else parse_dtype(dtype)
     return wrap_trainable(ValueModel(load_value_model(model_path, dtype=dtype_load)), dtype=dtype,
-                          device=device, world_size=world_size, optim=optim, total_updates=total_updates)
+                          device=device, world_size=world_size, optim=optim, total_updates=total_updates,
+                          checkpointing=checkpointing)
 
 
 def _values(actor: Actor, mb: RolloutBatch) -> torch.Tensor:
@@ -56,6 +59,7 @@ def compute_values(actor: Actor, batch: RolloutBatch, micro_batch_size: int) -> 
     """[B, R] fp32 values of the states before each response token (0 on padding), on CPU."""
     out = [_values(actor, batch.select(torch.arange(len(batch))[sl])).cpu()
            for sl in _micro_slices(len(batch), micro_batch_size)]
+    reshard(actor)
     return torch.cat(out) * batch.response_mask
 
 
@@ -121,5 +125,7 @@ def last_token_values(actor: Actor, input_ids: torch.Tensor, attention_mask: tor
 def last_token_scores(actor: Actor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       micro_batch_size: int) -> torch.Tensor:
     """[B] scores of a frozen reward model, micro-batch by micro-batch, on CPU."""
-    return torch.cat([last_token_values(actor, input_ids[sl], attention_mask[sl]).cpu()
-                      for sl in _micro_slices(len(input_ids), micro_batch_size)])
+    out = torch.cat([last_token_values(actor, input_ids[sl], attention_mask[sl]).cpu()
+                     for sl in _micro_slices(len(input_ids), micro_batch_size)])
+    reshard(actor)
+    return out
