@@ -4,7 +4,10 @@
 #   bash benchmarks/gpu_check.sh                  # every step
 #   STEPS="tests grpo" bash benchmarks/gpu_check.sh
 #
-# Steps: env (GPU, versions), tests (the kernel tests with the compiled Triton kernels, the gpu-marked
+# Steps: env (GPU, versions), realsize (GRPO on a Qwen2.5-1.5B-architecture model with random bf16
+# weights: FSDP2, activation checkpointing, the CUDA-graph engine; `fastcrit plan`'s prediction
+# beside each phase's measured peak, tokens/s/GPU, sync s/GiB, and a second process allocating what
+# the trainer gave back: benchmarks/gpu_realsize.py), tests (the kernel tests with the compiled Triton kernels, the gpu-marked
 # engine and Liger tests), kernels (fused linear loss and fused log-probs against naive and three plain
 # GEMMs, fp32 and bf16, and Liger's fused GRPO loss), generate (native engine, eager and CUDA-graph decode, against HF generate),
 # grpo (a short GRPO run of configs/cpu/grpo.yaml on the GPU: bf16 mixed precision through FSDP2 on
@@ -27,7 +30,7 @@ OUT=$(cd "$OUT" && pwd)
 export PYTHONPATH="$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export FASTCRIT_CACHE=${FASTCRIT_CACHE:-/tmp/fastcrit_cache}
 PY=${PY:-python3}
-STEPS=${STEPS:-env tests grpo grpo_fp32 recipes ppo kernels generate}
+STEPS=${STEPS:-env realsize tests grpo grpo_fp32 recipes ppo kernels generate}
 DEADLINE=${DEADLINE:-480}
 LOG="$OUT/gpu_check.log"
 RUN=/tmp/fastcrit_gpu_grpo
@@ -69,6 +72,10 @@ from fastcrit.models.hf import resolve_model_path
 for spec in ('tiny', 'tiny:hidden=64,layers=2,heads=2,kv_heads=1,intermediate=128'):
     print(spec, '->', resolve_model_path(spec))  # built once here, before pytest's workers race for it
 "
+fi
+
+if has realsize; then  # a Qwen2.5-1.5B-architecture model: the plan against measured memory
+  TAIL=30 step realsize "${REALSIZE_LIMIT:-300}" "$PY" benchmarks/gpu_realsize.py --out "$OUT"
 fi
 
 if has tests; then

@@ -123,10 +123,27 @@ def cmd_train(args) -> int:
     if cfg.algorithm.name not in RECIPES:
         raise ConfigError(f"{args.config}: algorithm.name={cfg.algorithm.name!r} has no recipe yet "
                           f"(available: {', '.join(RECIPES)})")
+    if cfg.trainer.device == "cuda" and not cfg.trainer.skip_plan:
+        _check_plan(cfg, args.config)
     from fastcrit.train.dist import launch
 
     launch(_train_entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device, cfg.trainer.dist_timeout_s)
     return 0
+
+
+def _check_plan(cfg, config_path: str) -> None:
+    """`fastcrit plan`'s check before any weights load: a phase that cannot fit on this machine's
+    GPU stops the run with the plan and the keys that would lower it."""
+    from fastcrit.train.plan import device_capacity_gib, make_plan, render
+
+    try:
+        plan = make_plan(cfg, device_capacity_gib())
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not plan.fits():
+        over = "; ".join(f"{p.name}: {', '.join(plan.fixes.get(p.name, [])) or 'no key found'}" for p in plan.over())
+        raise ConfigError(f"{config_path}: a phase does not fit on this GPU (fastcrit plan's table follows); "
+                          f"what would lower it: {over}. Set trainer.skip_plan=true to run anyway.\n{render(plan)}")
 
 
 def _resuming(cfg, run_dir: str):
@@ -178,6 +195,29 @@ def cmd_critique(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    """`fastcrit plan CONFIG`: each phase's device memory per GPU; exit 1 when a phase does not fit."""
+    cfg = load_config(args.config, args.set)
+    from fastcrit.train.plan import GIB, device_capacity_gib, make_plan, render
+
+    capacity = args.gpu_memory_gib or device_capacity_gib()
+    try:
+        plan = make_plan(cfg, capacity)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    print(render(plan))
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(plan.to_dict(), f, indent=1)
+    if not plan.fits():
+        over = ", ".join(f"{p.name} ({p.total / GIB:.1f} GiB)" for p in plan.over())
+        print(f"fastcrit: {args.config} does not fit on {capacity:g} GiB per GPU: {over}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_gen(args) -> int:
     """Generate from a model directory (or `tiny`) with the native engine, for a quick look."""
     from fastcrit.data.prompts import render_chat
@@ -219,6 +259,15 @@ def build_parser() -> argparse.ArgumentParser:
                                  "newest checkpoints/step_<N>) from its newest checkpoint; it must hold a "
                                  "complete one. Like --set trainer.output_dir=RUN_DIR --set trainer.resume=true, "
                                  "but an error when there is nothing to resume")
+
+    pl = sub.add_parser("plan", help="the device memory each phase of a run needs per GPU, from the config alone")
+    pl.add_argument("config", help="YAML file overriding the defaults (see configs/)")
+    pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one key, e.g. --set trainer.micro_batch_size=4 (repeatable)")
+    pl.add_argument("--gpu-memory-gib", type=float, default=None, metavar="N",
+                    help="memory of one GPU (default: this machine's GPU 0, else 80)")
+    pl.add_argument("--json", metavar="FILE", help="also write the plan as JSON")
+    pl.set_defaults(func=cmd_plan)
 
     g = sub.add_parser("gen", help="generate with the native engine from a local model directory")
     g.add_argument("model", help="a Hugging Face model directory, or 'tiny'")

@@ -144,3 +144,39 @@ def ensure_tiny_model(directory: str | None = None, **settings) -> str:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return directory
+
+
+def build_from_config(directory: str, config_json: str, *, dtype: str = "bfloat16", device: str = "cpu",
+                      seed: int = 0, overrides: dict | None = None) -> str:
+    """A randomly initialised causal LM of the architecture in ``config_json`` (e.g. a published
+    model's config.json: its real size, for memory and speed measurements where no weights can be
+    downloaded), with the local tokenizer, saved in ``dtype`` as a Hugging Face directory.
+
+    The model keeps its own vocabulary size (its embeddings and lm_head are the real size); the
+    tokenizer's ids are a small prefix of it, and the config's BOS / EOS / pad ids become the
+    tokenizer's. Generated ids past the tokenizer decode to nothing. ``overrides``: config keys to
+    change (e.g. a smaller model for a dry run). Initialised on ``device`` (a GPU builds a 1.5B
+    model in seconds)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from fastcrit.models.hf import parse_dtype
+
+    with open(config_json) as f:
+        raw = json.load(f)
+    raw.update(overrides or {})
+    tokenizer = train_tokenizer(TinySettings.vocab_size, default_corpus())
+    if raw["vocab_size"] < len(tokenizer):
+        raise ValueError(f"{config_json}: vocab_size {raw['vocab_size']} is smaller than the local tokenizer's "
+                         f"{len(tokenizer)} ids")
+    raw.update(bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = AutoConfig.for_model(**raw)
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config).to(parse_dtype(dtype))
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id, do_sample=False)
+    os.makedirs(directory, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
