@@ -43,6 +43,9 @@ def validate(cfg: Config) -> None:
     need(not cfg.trainer.pack_sequences or cfg.trainer.max_tokens_per_micro_batch > 0,
          "trainer.pack_sequences: needs trainer.max_tokens_per_micro_batch > 0 (the tokens one packed "
          "micro-batch may hold)")
+    need(not (cfg.trainer.pack_sequences and cfg.trainer.device == "cuda") or cfg.model.dtype != "float32",
+         "trainer.pack_sequences on CUDA runs on flash-attn 2, which takes bf16 / fp16 only: set "
+         "model.dtype=bfloat16 (the trainer keeps fp32 master weights), or trainer.pack_sequences=false")
     need(cfg.data.prompts_per_step >= 1, "data.prompts_per_step: must be >= 1")
     need(
         cfg.data.prompts_per_step % cfg.trainer.nproc == 0,
