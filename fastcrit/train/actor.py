@@ -91,8 +91,8 @@ def wrap_trainable(module: torch.nn.Module, *, dtype: str, device: torch.device,
     ``optim``; frozen (no gradients, no optimizer) when ``optim`` is None.
 
     The module is not moved to ``device`` first: ``fully_shard`` moves each group's parameters and
-    buffers to the mesh's device just before sharding them (torch 2.13 _fsdp_init.py:565-567), so
-    the device holds the shards plus one layer in full, never the whole model.
+    buffers to the mesh's device just before sharding them (_fsdp_init.py:565-567 in torch 2.13 and
+    2.14.1), so the device holds the shards plus one layer in full, never the whole model.
 
     One process without mixed precision (fp32 training, or a frozen model) runs the plain module
     on ``device``: FSDP2 over a world of one shards nothing and still copies every layer's
