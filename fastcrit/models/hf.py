@@ -6,6 +6,7 @@ local Qwen2 model of tiny.py (built once and cached, e.g. ``tiny:hidden=64,layer
 """
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Mapping
 
@@ -79,6 +80,63 @@ def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32", de
     except (OSError, ValueError) as exc:
         raise RuntimeError(f"could not load a causal LM from {path!r}: {exc}") from exc
     return model.to(device).eval()
+
+
+# What flash_attn_2_problem's message ends with: the two ways out.
+FLASH_ATTN_2_FIX = ("install flash-attn 2 after the gpu extra, built against the torch it installed: "
+                    "pip install flash-attn --no-build-isolation; or set trainer.pack_sequences=false")
+FLASH_ATTN_2_MIN = "2.3.3"  # Transformers' is_flash_attn_2_available refuses older releases
+
+
+def flash_attn_2_problem() -> str | None:
+    """Why ``attn_implementation="flash_attention_2"`` would not run here (a sentence ending with
+    FLASH_ATTN_2_FIX), or None when it would.
+
+    Decided as Transformers 5.19 and 5.24 decide (``utils/import_utils.py``
+    ``is_flash_attn_2_available``: the ``flash_attn`` module must belong to the ``flash-attn``
+    distribution, release >= 2.3.3), then by importing what Transformers imports for it
+    (``modeling_flash_attention_utils._lazy_imports``: ``flash_attn.flash_attn_varlen_func``,
+    ``flash_attn.bert_padding``). The import is what a look-up by name cannot replace: sglang
+    0.5.23 installs flash-attn-4, which makes ``flash_attn`` a bare namespace holding only
+    ``flash_attn.cute`` (``importlib.util.find_spec`` finds it), and a flash-attn built against
+    another torch fails to load its extension (``undefined symbol``). Transformers would try the
+    Hub's ``kernels-community/flash-attn2`` instead (sglang installs ``kernels``); fastcrit does not
+    take that path, which needs the Hub at run time and has never run here.
+
+    Does NOT check the device (flash-attn needs a CUDA GPU of compute capability >= 8.0) nor run a
+    kernel. This probe is the one import of ``flash_attn`` outside rollout/ that the GPU engine
+    wall allows (docs/architecture.md)."""
+    from importlib import metadata
+
+    from packaging.version import InvalidVersion, Version  # a dependency of transformers
+
+    dists = sorted({d.lower().replace("_", "-") for d in metadata.packages_distributions().get("flash_attn", [])})
+    if "flash-attn" not in dists:
+        if "flash-attn-4" in dists:
+            why = ("the flash_attn module here is flash-attn-4's (installed by sglang): a namespace with "
+                   "flash_attn.cute only, not flash-attn 2's functions")
+        elif dists:
+            why = f"the flash_attn module here belongs to {', '.join(dists)}, not to flash-attn"
+        else:
+            why = "flash-attn is not installed"
+        return f"{why}; {FLASH_ATTN_2_FIX}"
+    version = metadata.version("flash-attn")
+    try:
+        recent = Version(version) >= Version(FLASH_ATTN_2_MIN)
+    except InvalidVersion:  # Transformers refuses a version it cannot read too
+        recent = False
+    if not recent:
+        return f"flash-attn {version}: Transformers loads {FLASH_ATTN_2_MIN} or newer only; {FLASH_ATTN_2_FIX}"
+    try:
+        varlen = importlib.import_module("flash_attn").flash_attn_varlen_func
+        importlib.import_module("flash_attn.bert_padding")
+    except Exception as exc:  # an extension built for another torch raises ImportError or OSError
+        return (f"flash-attn {version} is installed but does not import ({type(exc).__name__}: {exc}); "
+                f"if it was built against another torch, reinstall it with --force-reinstall "
+                f"--no-cache-dir; {FLASH_ATTN_2_FIX}")
+    if not callable(varlen):
+        return f"flash-attn {version}: flash_attn.flash_attn_varlen_func is not a function; {FLASH_ATTN_2_FIX}"
+    return None
 
 
 VALUE_HEAD_KINDS = ("ForTokenClassification", "ForSequenceClassification")

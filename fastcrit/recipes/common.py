@@ -8,7 +8,7 @@ import os
 import torch
 
 from fastcrit.config import Config, ConfigError, ModelConfig, dump_yaml
-from fastcrit.models.hf import resolve_model_path
+from fastcrit.models.hf import flash_attn_2_problem, resolve_model_path
 from fastcrit.train.dist import DistContext, barrier
 
 
@@ -24,6 +24,12 @@ def check_hardware(cfg: Config, config_path: str | None) -> None:
     if cfg.rollout.engine == "sglang" and cfg.trainer.device != "cuda":
         raise ConfigError(f"{where}: rollout.engine=sglang needs trainer.device=cuda; "
                           "use rollout.engine=native on CPU")
+    if cfg.trainer.pack_sequences and cfg.trainer.device == "cuda":
+        # before any process starts or weight loads (build_actor checks again, for other callers)
+        problem = flash_attn_2_problem()
+        if problem is not None:
+            raise ConfigError(f"{where}: trainer.pack_sequences on CUDA runs on flash-attn 2's varlen "
+                              f"path: {problem}")
 
 
 def cpu_twin(config_path: str | None) -> str:

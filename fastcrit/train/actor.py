@@ -10,7 +10,6 @@ differently (the mean over ranks of per-rank token-means did).
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from fastcrit.algos.losses import Objective, PPOObjective
 from fastcrit.config import AlgorithmConfig, OptimConfig
-from fastcrit.models.hf import load_model, parse_dtype
+from fastcrit.models.hf import flash_attn_2_problem, load_model, parse_dtype
 from fastcrit.models.liger import apply_liger
 from fastcrit.models.mlp import patch_swiglu_mlps
 from fastcrit.models.norm import patch_rms_norms
@@ -71,10 +70,10 @@ def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size
     """
     trainable = optim is not None
     attn = None
-    if packed and device.type == "cuda":  # Transformers imports flash-attn; we only check it is there
-        if importlib.util.find_spec("flash_attn") is None:
-            raise RuntimeError("trainer.pack_sequences on CUDA runs on flash-attn's varlen path: install "
-                               "the gpu extra (pip install -e '.[gpu]'), or set trainer.pack_sequences=false")
+    if packed and device.type == "cuda":  # Transformers imports flash-attn; we check it would work
+        problem = flash_attn_2_problem()
+        if problem is not None:
+            raise RuntimeError(f"trainer.pack_sequences on CUDA runs on flash-attn 2's varlen path: {problem}")
         attn = "flash_attention_2"
     lm = load_model(model_path, dtype=torch.float32 if trainable else parse_dtype(dtype), device="cpu",
                     attn_implementation=attn)
@@ -95,8 +94,8 @@ def wrap_trainable(module: torch.nn.Module, *, dtype: str, device: torch.device,
     trainable module only): activation checkpointing per decoder layer (``checkpoint_layers``).
 
     The module is not moved to ``device`` first: ``fully_shard`` moves each group's parameters and
-    buffers to the mesh's device just before sharding them (torch 2.13 _fsdp_init.py:565-567), so
-    the device holds the shards plus one layer in full, never the whole model.
+    buffers to the mesh's device just before sharding them (_fsdp_init.py:565-567 in torch 2.13 and
+    2.14.1), so the device holds the shards plus one layer in full, never the whole model.
 
     One process without mixed precision (fp32 training, or a frozen model) runs the plain module
     on ``device``: FSDP2 over a world of one shards nothing and still copies every layer's

@@ -95,3 +95,65 @@ def test_save_refuses_a_dtensor(tiny, tmp_path):
     from fastcrit.train.dist import launch
 
     launch(_save_with_a_dtensor, (tiny, str(tmp_path / "ckpt")), 1, "cpu")
+
+
+# flash_attn/__init__.py of a flash-attn 2 that imports (the functions Transformers takes from it)
+FA2_INIT = "def flash_attn_func(*a, **k): pass\ndef flash_attn_varlen_func(*a, **k): pass\n"
+FA2_OK = {"flash_attn/__init__.py": FA2_INIT, "flash_attn/bert_padding.py": "def pad_input(): pass\n"}
+# what sglang 0.5.23's flash-attn-4 installs: flash_attn/cute only, no flash_attn/__init__.py
+FA4 = {"flash_attn/cute/__init__.py": "def flash_attn_varlen_func(*a, **k): pass\n"}
+
+
+def test_flash_attn_2_missing_names_the_install_step(flash_attn_site):
+    from fastcrit.models.hf import flash_attn_2_problem
+
+    problem = flash_attn_2_problem()
+    assert problem.startswith("flash-attn is not installed")
+    assert "pip install flash-attn --no-build-isolation" in problem and "trainer.pack_sequences=false" in problem
+
+
+def test_flash_attn_4_namespace_is_not_flash_attn_2(flash_attn_site):
+    import importlib.util
+
+    from fastcrit.models.hf import flash_attn_2_problem
+
+    flash_attn_site.dist("flash-attn-4", "4.0.0b36", FA4)
+    assert importlib.util.find_spec("flash_attn") is not None  # what the guard used to check
+    problem = flash_attn_2_problem()
+    assert "flash-attn-4" in problem and "flash_attn.cute" in problem
+    assert "pip install flash-attn --no-build-isolation" in problem
+
+
+def test_flash_attn_2_that_does_not_import_is_refused(flash_attn_site):
+    from fastcrit.models.hf import flash_attn_2_problem
+
+    # a build for another torch: its extension does not load
+    flash_attn_site.dist("flash-attn", "2.8.3.post2", {**FA2_OK, "flash_attn/__init__.py": (
+        "raise ImportError('flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEab')\n")})
+    problem = flash_attn_2_problem()
+    assert "flash-attn 2.8.3.post2 is installed but does not import" in problem
+    assert "undefined symbol" in problem and "pip install flash-attn --no-build-isolation" in problem
+
+
+def test_flash_attn_2_too_old_is_refused(flash_attn_site):
+    from fastcrit.models.hf import flash_attn_2_problem
+
+    flash_attn_site.dist("flash-attn", "2.3.2", FA2_OK)
+    assert "flash-attn 2.3.2: Transformers loads 2.3.3 or newer" in flash_attn_2_problem()
+
+
+def test_flash_attn_2_without_bert_padding_is_refused(flash_attn_site):
+    from fastcrit.models.hf import flash_attn_2_problem
+
+    flash_attn_site.dist("flash-attn", "2.8.3", {"flash_attn/__init__.py": FA2_INIT})
+    assert "does not import (ModuleNotFoundError" in flash_attn_2_problem()
+
+
+@pytest.mark.parametrize("with_fa4", [False, True], ids=["alone", "over sglang's flash-attn-4"])
+def test_a_working_flash_attn_2_passes(flash_attn_site, with_fa4):
+    from fastcrit.models.hf import flash_attn_2_problem
+
+    if with_fa4:  # the documented order: the gpu extra (sglang, flash-attn-4), then flash-attn
+        flash_attn_site.dist("flash-attn-4", "4.0.0b36", FA4)
+    flash_attn_site.dist("flash-attn", "2.8.3.post2", FA2_OK)
+    assert flash_attn_2_problem() is None

@@ -190,6 +190,17 @@ def test_config_refuses_overlapping_tensor_parallel_engines():
         load_config(sets=["rollout.mem_fraction_static=1.0"])
 
 
+def test_config_refuses_two_in_process_engines_of_different_tp_size():
+    from fastcrit.config import ConfigError, load_config
+
+    both = ["rollout.engine=sglang", "proxy.rollout.engine=sglang", "rollout.tp_size=2"]
+    with pytest.raises(ConfigError, match="share SGLang's process-wide settings"):
+        load_config(sets=both)
+    load_config(sets=[*both, "proxy.rollout.tp_size=2"])
+    load_config(sets=[*both, "proxy.endpoint=http://127.0.0.1:8000/v1"])  # the proxy runs elsewhere
+    load_config(sets=["rollout.engine=sglang", "proxy.rollout.engine=native", "rollout.tp_size=2"])
+
+
 def test_engine_args_reach_the_engine(tiny_model_path):
     from fastcrit.config import ConfigError, load_config
     from fastcrit.rollout import make_engine
