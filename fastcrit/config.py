@@ -214,6 +214,14 @@ class CTRLConfig:
     """Critique RL (CTRL): stage 1 synthesis, stage 2 RL, and test-time critique rounds."""
 
     synth_dir: str = ""  # stage 1 output (solutions, SFT critiques); "" = <trainer.output_dir>/synth
+    # Stage 1 cuts each split's problems into chunks of this many, dealt over the ranks: the unit of
+    # work and of resume (a killed run loses at most the chunk each rank had in hand). Solutions are
+    # seeded per problem, so it changes no sample beyond the last float bits of differently shaped
+    # batches; a resume needs the value the stage started with.
+    synth_chunk: int = 64
+    # Stage 1: how long a rank waits while no new chunk appears (for the other ranks' chunks, then
+    # for rank 0's merge) before it stops with an error naming the missing chunks and their ranks.
+    synth_wait_s: float = 3600.0
     # The model that writes the initial solutions (stage 1 and test time): a local model dir;
     # "" = the proxy, which then both answers and revises (the paper's setup).
     generator: str = ""
