@@ -19,7 +19,7 @@ device's generator and runs them in its own sandbox pool, and writes each finish
 files above and writes ``COMPLETE``; the others wait for it. All waiting is polling on files, never
 a collective, since a share or the merge can outlast ``trainer.dist_timeout_s``; a rank gives up
 with an error naming the missing chunks and their ranks when no new chunk has appeared for
-``ctrl.synth_wait_s``. Once every rank has seen ``COMPLETE``, ``parts/`` is removed. `fastcrit
+``trainer.stage_wait_s``. Once every rank has seen ``COMPLETE``, ``parts/`` is removed. `fastcrit
 ctrl-synth` runs the same code as one rank.
 
 Restart: the chunks in ``parts/`` are kept and only the others are done, by whichever ranks the new
@@ -139,17 +139,17 @@ def run_synth(ctx: DistContext, cfg: Config) -> str:
               f"{ctx.world_size} rank(s)" + (f"; resuming, {done} already written" if done else ""), flush=True)
     if mine:
         _run_chunks(ctx, cfg, splits, files, mine)
-    wait_s = cfg.ctrl.synth_wait_s
+    wait_s = cfg.trainer.stage_wait_s
     if ctx.is_main:
         wait_for(lambda: not files.missing(chunks), files.count, wait_s=wait_s,
-                 failure=lambda: missing_message(files, chunks, ctx.world_size, wait_s, "ctrl.synth_wait_s"))
+                 failure=lambda: missing_message(files, chunks, ctx.world_size, wait_s, "trainer.stage_wait_s"))
         _merge(out, files, chunks, plan, cfg.ctrl.sft_balance)
     else:
         def failure() -> str:
             if files.missing(chunks):
-                return missing_message(files, chunks, ctx.world_size, wait_s, "ctrl.synth_wait_s")
+                return missing_message(files, chunks, ctx.world_size, wait_s, "trainer.stage_wait_s")
             return (f"{out}: every chunk is written but rank 0 has not merged them within {wait_s:g} s "
-                    "(ctrl.synth_wait_s): it died, hangs, or writes where this rank cannot see (every node "
+                    "(trainer.stage_wait_s): it died, hangs, or writes where this rank cannot see (every node "
                     "must share trainer.output_dir); its own output says which")
         wait_for(lambda: synth_complete(out), files.count, wait_s=wait_s, failure=failure)
     barrier()  # every rank has seen COMPLETE (so no rank reads the chunks any more): one wait of a poll

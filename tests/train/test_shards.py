@@ -95,7 +95,7 @@ def test_missing_message_names_the_chunks_and_their_ranks(tmp_path):
     chunks = cut([("train", 10)], 2)  # 5 chunks over 2 ranks: 0, 2, 4 on rank 0; 1, 3 on rank 1
     for c in chunks[:2] + chunks[4:]:
         files.write(c, [])
-    msg = missing_message(files, chunks, 2, 60, "ctrl.synth_wait_s")
-    assert "no chunk appeared for 60 s (ctrl.synth_wait_s)" in msg
+    msg = missing_message(files, chunks, 2, 60, "trainer.stage_wait_s")
+    assert "no chunk appeared for 60 s (trainer.stage_wait_s)" in msg
     assert "2 are missing (train_00002, train_00003), dealt to rank(s) 0, 1 of 2" in msg
     assert "share trainer.output_dir" in msg
