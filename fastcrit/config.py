@@ -177,6 +177,9 @@ class RMConfig:
     lr: float = 1e-4
     warmup_steps: int = 10
     output_dir: str = ""  # "" = <trainer.output_dir>/rm; the model is <output_dir>/final
+    # On-policy pairs: prompts per chunk of sampling dealt over the ranks (the unit of work, and of
+    # reuse when `fastcrit rm` runs again with the same settings; fastcrit.train.shards).
+    chunk_prompts: int = 64
 
 
 @dataclass
@@ -214,6 +217,11 @@ class CTRLConfig:
     """Critique RL (CTRL): stage 1 synthesis, stage 2 RL, and test-time critique rounds."""
 
     synth_dir: str = ""  # stage 1 output (solutions, SFT critiques); "" = <trainer.output_dir>/synth
+    # Stage 1 cuts each split's problems into chunks of this many, dealt over the ranks: the unit of
+    # work and of resume (a killed run loses at most the chunk each rank had in hand). Solutions are
+    # seeded per problem, so it changes no sample beyond the last float bits of differently shaped
+    # batches; a resume needs the value the stage started with.
+    synth_chunk: int = 64
     # The model that writes the initial solutions (stage 1 and test time): a local model dir;
     # "" = the proxy, which then both answers and revises (the paper's setup).
     generator: str = ""
@@ -296,6 +304,11 @@ class TrainerConfig:
     # How long a rank waits for the others (joining, and in each collective) before it stops with an
     # error naming itself: a node that never joins, a rank that died without its peers noticing.
     dist_timeout_s: float = 1800.0  # = fastcrit.train.dist.DEFAULT_TIMEOUT_S
+    # Stages dealt over the ranks in chunks through files (CTRL's synthesis, rm's on-policy answers;
+    # fastcrit.train.shards): how long a rank waits while no new chunk appears (the others' chunks,
+    # then rank 0's merge) before it stops with an error naming the missing chunks and their ranks.
+    # The clock restarts with every chunk, so it bounds one chunk's time, not the stage's.
+    stage_wait_s: float = 3600.0
     micro_batch_size: int = 64  # sequences per forward/backward
     # Sequences per forward-only pass (old and reference log-probs, values): no activations are
     # kept there, so it can be larger than micro_batch_size (verl's log_prob_micro_batch_size).

@@ -95,6 +95,14 @@ def _http_chat(cfg: Config, endpoint: str, api_model: str, what: str) -> OwnedCh
     return OwnedChat(chat, None, f"{endpoint} ({api_model})")
 
 
+def _proxy_model(cfg: Config) -> ModelConfig:
+    return cfg.proxy.model if cfg.proxy.model.path else cfg.model
+
+
+def _generator_model(cfg: Config) -> ModelConfig:
+    return ModelConfig(path=cfg.ctrl.generator, dtype=cfg.proxy.model.dtype, tiny=cfg.proxy.model.tiny)
+
+
 def make_proxy(cfg: Config, device, sleeps: bool = False) -> OwnedChat:
     """The generator / reviser: ``proxy.endpoint`` (OpenAI-compatible), else a local model
     (``proxy.model``, or the critic's ``model`` when its path is empty) on its own engine;
@@ -102,8 +110,7 @@ def make_proxy(cfg: Config, device, sleeps: bool = False) -> OwnedChat:
     p = cfg.proxy
     if p.endpoint:
         return _http_chat(cfg, p.endpoint, p.api_model, "proxy.api_model")
-    model = p.model if p.model.path else cfg.model
-    return _local_chat(model, p.rollout, p.max_prompt_len, device, cfg.trainer.seed, sleeps=sleeps)
+    return _local_chat(_proxy_model(cfg), p.rollout, p.max_prompt_len, device, cfg.trainer.seed, sleeps=sleeps)
 
 
 def make_generator(cfg: Config, device) -> OwnedChat:
@@ -111,8 +118,16 @@ def make_generator(cfg: Config, device) -> OwnedChat:
     engine settings), else the proxy itself."""
     if not cfg.ctrl.generator:
         return make_proxy(cfg, device)
-    model = ModelConfig(path=cfg.ctrl.generator, dtype=cfg.proxy.model.dtype, tiny=cfg.proxy.model.tiny)
-    return _local_chat(model, cfg.proxy.rollout, cfg.proxy.max_prompt_len, device, cfg.trainer.seed)
+    return _local_chat(_generator_model(cfg), cfg.proxy.rollout, cfg.proxy.max_prompt_len, device, cfg.trainer.seed)
+
+
+def generator_name(cfg: Config) -> str:
+    """The ``name`` of what ``make_generator`` would load, found without loading it."""
+    if cfg.ctrl.generator:
+        return resolve_model_path(model_spec(_generator_model(cfg)))
+    if cfg.proxy.endpoint:
+        return f"{cfg.proxy.endpoint} ({cfg.proxy.api_model})"
+    return resolve_model_path(model_spec(_proxy_model(cfg)))
 
 
 def critic_chat(cfg: Config) -> tuple[OwnedChat, str]:

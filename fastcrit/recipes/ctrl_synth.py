@@ -1,76 +1,96 @@
-"""CTRL stage 1: synthetic critiques from execution feedback (`fastcrit ctrl-synth CONFIG`).
+"""CTRL stage 1: synthetic critiques from execution feedback (`fastcrit ctrl-synth CONFIG`, and the
+start of `fastcrit train` / `fastcrit sft` for CTRL when the directory is not complete).
 
 The generator samples ``ctrl.solutions_per_problem`` solutions per training problem (and one per
 held-out problem, for evaluation); the sandbox runs them; each training solution gets a critique
 written from what the execution showed (the failing test with expected and actual values, or the
-error) whose judgment is the real outcome. Writes to ``ctrl.synth_dir``:
+error) whose judgment is the real outcome. ``synthesise`` is that unit of work: problems in, rows
+out. Writes to ``ctrl.synth_dir``:
 
-- ``solutions_train.jsonl`` / ``solutions_val.jsonl``: problem, solution, outcome, failures
-  (stage 2's (problem, initial solution) pairs and the evaluation's starting point);
+- ``solutions_train.jsonl`` / ``solutions_val.jsonl``: problem, solution, outcome, failures, in
+  problem order (stage 2's (problem, initial solution) pairs and the evaluation's starting point);
 - ``critic_sft.jsonl``: chat rows [critique prompt -> synthetic critique] for `fastcrit sft`;
-- ``synth_summary.json`` and ``COMPLETE`` (a directory without it is redone).
+- ``synth_summary.json`` and ``COMPLETE``, written last (a directory with it is kept as it is).
 
-Runs on rank 0 (the others wait): for a large generator, serve it and set ``proxy.endpoint``.
+Across ranks (fastcrit.train.shards): each split's problems are cut into chunks of
+``ctrl.synth_chunk``, dealt round robin over the ranks. Every rank samples its chunks on its own
+device's generator and runs them in its own sandbox pool, and writes each finished chunk to
+``<synth_dir>/parts/`` (whole or not at all). Rank 0 then merges the chunks, in order, into the
+files above and writes ``COMPLETE``; the others wait for it. All waiting is polling on files, never
+a collective, since a share or the merge can outlast ``trainer.dist_timeout_s``; a rank gives up
+with an error naming the missing chunks and their ranks when no new chunk has appeared for
+``trainer.stage_wait_s``. Once every rank has seen ``COMPLETE``, ``parts/`` is removed. `fastcrit
+ctrl-synth` runs the same code as one rank.
+
+Restart: the chunks in ``parts/`` are kept and only the others are done, by whichever ranks the new
+world size deals them to; a chunk cut short by a kill never reached its name and is done again.
+``parts/plan.json`` holds the settings the chunks were made with (problems, generator, seeds,
+lengths, sandbox limits, chunk size); a restart with other settings stops and says which differ.
+
+Seeds: solution j of a split (problem-major: problem i's k solutions are i k ... i k + k - 1)
+draws from the split's seed + j (``solution_seed``; a chunk's call starts at its first solution's
+seed, and LocalChat / HTTPChat draw conversation c of a call from seed + c), so a sample does not
+depend on the rank or the chunk that draws it. Chunks are cut the same under any world size, so
+every generate call sees the same batch, and the files are the same whatever the number of ranks
+and wherever a run was interrupted.
+
+Sandbox: every rank runs its own pool at the same time, so ``sandbox.workers`` (0 = every CPU),
+``sandbox.max_concurrency`` and ``sandbox.remote_concurrency`` count for the whole node here: each
+of a node's L ranks gets 1/L of them (at least 1). ``proxy.concurrency`` (an endpoint generator's
+requests in flight) is per rank.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import shutil
+import time
+from dataclasses import dataclass
 
-from fastcrit.config import Config
+from fastcrit.config import Config, ConfigError
 from fastcrit.data.critique import critique_messages, synthetic_critique
-from fastcrit.recipes.critique import execute, sample_solutions
-from fastcrit.recipes.ctrl_common import (attempt_row, critic_sft_path, load_problem_set, make_generator,
-                                          solutions_path, synth_complete, synth_dir)
+from fastcrit.data.problems import Problem
+from fastcrit.recipes.critique import Attempt, execute, sample_solutions
+from fastcrit.recipes.ctrl_common import (attempt_row, critic_sft_path, generator_name, load_problem_set,
+                                          make_generator, solutions_path, synth_complete, synth_dir)
 from fastcrit.reward import make_reward
 from fastcrit.reward.code import extract_program
-from fastcrit.train.dist import DistContext, barrier
+from fastcrit.sandbox.types import SandboxConfig
+from fastcrit.train.dist import DistContext, barrier, local_world_size
+from fastcrit.train.shards import (Chunk, ChunkFiles, ShardError, cut, dealt, missing_message, wait_for,
+                                   write_atomically)
 
 
-def run_synth(ctx: DistContext, cfg: Config) -> str:
-    """Stage 1 into ``synth_dir(cfg)`` (kept when already complete); returns the directory."""
-    out = synth_dir(cfg)
-    if synth_complete(out):
-        return out
-    if ctx.is_main:
-        _synthesise(cfg, out, ctx.device)
-    barrier()
-    return out
+@dataclass
+class Synthesis:
+    """What stage 1 makes of some problems."""
+
+    attempts: list[Attempt]  # k per problem, problem-major, with their outcomes
+    critiques: list[dict]  # critic SFT chat rows (critique_row), one per attempt; none for held-out problems
 
 
-def _synthesise(cfg: Config, out: str, device) -> None:
-    shutil.rmtree(out, ignore_errors=True)  # a partial earlier attempt
-    os.makedirs(out)
-    splits = {"train": load_problem_set(cfg.data.train, cfg.data.format, what="data.train")}
-    if cfg.data.val:
-        splits["val"] = load_problem_set(cfg.data.val, cfg.data.format, limit=cfg.data.val_size,
-                                         what="data.val")
-    generator, reward = make_generator(cfg, device), make_reward(cfg, out)
-    summary: dict = {"generator": generator.name}
-    try:
-        for split, problems in splits.items():
-            k = cfg.ctrl.solutions_per_problem if split == "train" else 1
-            sols = sample_solutions(generator, problems, k=k, temperature=cfg.ctrl.solution_temperature,
-                                    max_new_tokens=cfg.proxy.rollout.max_new_tokens, seed=solution_seed(cfg, split))
-            attempts = execute(reward, [p for p, _ in sols], [t for _, t in sols])
-            with open(solutions_path(out, split), "w") as f:
-                for a in attempts:
-                    f.write(json.dumps(attempt_row(a)) + "\n")
-            summary[split] = {"problems": len(problems), "solutions": len(attempts),
-                              "pass@1": sum(a.passed for a in attempts) / max(len(attempts), 1)}
-            if split == "train":
-                summary["critic_sft"] = _write_sft(attempts, critic_sft_path(out), cfg.ctrl.sft_balance)
-    finally:
-        reward.close()
-        generator.close()
-    with open(os.path.join(out, "synth_summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    open(os.path.join(out, "COMPLETE"), "w").close()
-    print(f"ctrl-synth: {out}: " + "; ".join(
-        f"{s}: {v['solutions']} solutions, pass@1 {v['pass@1']:.3f}" for s, v in summary.items()
-        if isinstance(v, dict) and "solutions" in v)
-        + f"; critic SFT rows: {summary['critic_sft']}", flush=True)
+def synthesise(generator, reward, problems: list[Problem], *, k: int, temperature: float,
+               max_new_tokens: int, seed: int, critiques: bool) -> Synthesis:
+    """Stage 1's unit of work: ``k`` sampled solutions per problem, run in the sandbox, and (with
+    ``critiques``) a critique of each from its execution. Solution j (problem-major) draws from
+    ``seed + j``."""
+    sols = sample_solutions(generator, problems, k=k, temperature=temperature, max_new_tokens=max_new_tokens,
+                            seed=seed)
+    attempts = execute(reward, [p for p, _ in sols], [t for _, t in sols])
+    return Synthesis(attempts, [critique_row(a) for a in attempts] if critiques else [])
+
+
+def critique_row(a: Attempt) -> dict:
+    """The chat row [critique prompt -> synthetic critique] of one attempt."""
+    code, _ = extract_program(a.solution)
+    refs = a.problem.solutions
+    reference = extract_program(refs[0])[0] if refs else None
+    critique = synthetic_critique(a.passed, a.failures, code, reference)
+    return {"messages": critique_messages(a.problem.question, a.solution)
+            + [{"role": "assistant", "content": critique}],
+            "problem_id": a.problem.id, "passed": a.passed}
 
 
 def solution_seed(cfg: Config, split: str) -> int:
@@ -79,25 +99,172 @@ def solution_seed(cfg: Config, split: str) -> int:
     return cfg.trainer.seed * 1_000_003 if split == "train" else cfg.ctrl.val_seed * 1_000_003 + 1
 
 
-def _write_sft(attempts, path: str, balance: bool) -> dict:
-    """Chat rows [critique prompt -> synthetic critique]; with ``balance`` the rarer judgment's
-    rows are repeated (in order, cycling) until both judgments have as many rows."""
-    rows = {True: [], False: []}
-    for a in attempts:
-        code, _ = extract_program(a.solution)
-        refs = a.problem.solutions
-        reference = extract_program(refs[0])[0] if refs else None
-        critique = synthetic_critique(a.passed, a.failures, code, reference)
-        rows[a.passed].append({"messages": critique_messages(a.problem.question, a.solution)
-                               + [{"role": "assistant", "content": critique}],
-                               "problem_id": a.problem.id, "passed": a.passed})
-    counts = {"Correct": len(rows[True]), "Incorrect": len(rows[False])}
-    if balance and rows[True] and rows[False]:
-        n = max(len(rows[True]), len(rows[False]))
-        for k in rows:
-            rows[k] = [rows[k][i % len(rows[k])] for i in range(n)]
+def solutions_per_problem(cfg: Config, split: str) -> int:
+    return cfg.ctrl.solutions_per_problem if split == "train" else 1
+
+
+def rank_sandbox(sandbox: SandboxConfig, ranks_here: int) -> SandboxConfig:
+    """One rank's sandbox settings where ``ranks_here`` ranks of a node run their pools at once: the
+    node's workers (0 = every CPU), jobs in flight and remote requests shared out, at least 1 each."""
+    def share(n: int) -> int:
+        return max(1, n // ranks_here)
+
+    return dataclasses.replace(sandbox, workers=share(sandbox.worker_count()),
+                               max_concurrency=share(sandbox.max_concurrency),
+                               remote_concurrency=share(sandbox.remote_concurrency))
+
+
+# ---------------------------------------------------------------------------------------------
+# Across ranks
+
+
+def run_synth(ctx: DistContext, cfg: Config) -> str:
+    """Stage 1 into ``synth_dir(cfg)``, on every rank (kept when already complete); returns the
+    directory once it is complete."""
+    out = synth_dir(cfg)
+    if synth_complete(out):
+        return out
+    splits = _problem_sets(cfg, log=print if ctx.is_main else _quiet)
+    files = ChunkFiles(os.path.join(out, "parts"))
+    plan = _plan(cfg, splits)
+    try:  # before any chunk: no chunk exists without the plan it was made with
+        files.settle_plan(plan)
+    except ShardError as e:
+        raise ConfigError(f"ctrl.synth_dir: {e}") from None
+    chunks = cut([(s, len(ps)) for s, ps in splits.items()], cfg.ctrl.synth_chunk)
+    mine = [c for c in dealt(chunks, ctx.rank, ctx.world_size) if not files.done(c)]
+    if ctx.is_main:
+        done = len(chunks) - len(files.missing(chunks))
+        print(f"ctrl-synth: {out}: {len(chunks)} chunks of up to {cfg.ctrl.synth_chunk} problems over "
+              f"{ctx.world_size} rank(s)" + (f"; resuming, {done} already written" if done else ""), flush=True)
+    if mine:
+        _run_chunks(ctx, cfg, splits, files, mine)
+    wait_s = cfg.trainer.stage_wait_s
+    if ctx.is_main:
+        wait_for(lambda: not files.missing(chunks), files.count, wait_s=wait_s,
+                 failure=lambda: missing_message(files, chunks, ctx.world_size, wait_s, "trainer.stage_wait_s"))
+        _merge(out, files, chunks, plan, cfg.ctrl.sft_balance)
+    else:
+        def failure() -> str:
+            if files.missing(chunks):
+                return missing_message(files, chunks, ctx.world_size, wait_s, "trainer.stage_wait_s")
+            return (f"{out}: every chunk is written but rank 0 has not merged them within {wait_s:g} s "
+                    "(trainer.stage_wait_s): it died, hangs, or writes where this rank cannot see (every node "
+                    "must share trainer.output_dir); its own output says which")
+        wait_for(lambda: synth_complete(out), files.count, wait_s=wait_s, failure=failure)
+    barrier()  # every rank has seen COMPLETE (so no rank reads the chunks any more): one wait of a poll
+    if ctx.is_main:
+        shutil.rmtree(files.directory, ignore_errors=True)
+    return out
+
+
+def _quiet(msg: str) -> None:
+    pass
+
+
+def _problem_sets(cfg: Config, log) -> dict[str, list[Problem]]:
+    splits = {"train": load_problem_set(cfg.data.train, cfg.data.format, what="data.train", log=log)}
+    if cfg.data.val:
+        splits["val"] = load_problem_set(cfg.data.val, cfg.data.format, limit=cfg.data.val_size,
+                                         what="data.val", log=log)
+    return splits
+
+
+def _plan(cfg: Config, splits: dict[str, list[Problem]]) -> dict:
+    """What the chunks' contents depend on (compared on a restart). Not the world size: any rank
+    may do any chunk."""
+    def digest(problems: list[Problem]) -> str:
+        h = hashlib.sha256()
+        for p in problems:
+            h.update(json.dumps(p.to_dict(), sort_keys=True).encode())
+            h.update(b"\n")
+        return h.hexdigest()
+
+    return {"chunk_problems": cfg.ctrl.synth_chunk, "generator": generator_name(cfg),
+            "engine": cfg.proxy.rollout.engine,
+            "dtype": cfg.proxy.model.dtype if cfg.ctrl.generator or cfg.proxy.model.path else cfg.model.dtype,
+            "max_prompt_len": cfg.proxy.max_prompt_len,
+            "solution_temperature": cfg.ctrl.solution_temperature,
+            "max_new_tokens": cfg.proxy.rollout.max_new_tokens,
+            "sandbox": {"timeout_s": cfg.sandbox.timeout_s, "memory_mb": cfg.sandbox.memory_mb},
+            "splits": {s: {"problems": len(ps), "sha256": digest(ps),
+                           "solutions_per_problem": solutions_per_problem(cfg, s),
+                           "seed": solution_seed(cfg, s)} for s, ps in splits.items()}}
+
+
+def _run_chunks(ctx: DistContext, cfg: Config, splits: dict[str, list[Problem]], files: ChunkFiles,
+                chunks: list[Chunk]) -> None:
+    """This rank's chunks, each written as soon as it is done."""
+    generator = make_generator(cfg, ctx.device)
+    reward = None
+    try:
+        rank_cfg = dataclasses.replace(cfg, sandbox=rank_sandbox(cfg.sandbox, local_world_size(ctx.world_size)))
+        reward = make_reward(rank_cfg, files.directory, ctx.rank)  # its result cache goes with the parts
+        for c in chunks:
+            t0 = time.perf_counter()
+            k = solutions_per_problem(cfg, c.split)
+            made = synthesise(generator, reward, splits[c.split][c.start:c.stop], k=k,
+                              temperature=cfg.ctrl.solution_temperature,
+                              max_new_tokens=cfg.proxy.rollout.max_new_tokens,
+                              seed=solution_seed(cfg, c.split) + c.start * k, critiques=c.split == "train")
+            files.write(c, [{"solution": attempt_row(a)} for a in made.attempts]
+                        + [{"critique": r} for r in made.critiques])
+            passed = sum(a.passed for a in made.attempts) / max(len(made.attempts), 1)
+            print(f"ctrl-synth: rank {ctx.rank}: {c.name} ({c.split} problems {c.start}-{c.stop - 1}): "
+                  f"{len(made.attempts)} solutions, pass@1 {passed:.3f}, {time.perf_counter() - t0:.1f} s",
+                  flush=True)
+    finally:
+        if reward is not None:
+            reward.close()
+        generator.close()
+
+
+def _merge(out: str, files: ChunkFiles, chunks: list[Chunk], plan: dict, balance: bool) -> None:
+    """The chunks, in order, into the files stage 2 reads; ``COMPLETE`` last."""
+    summary: dict = {"generator": plan["generator"]}
+    critiques: list[dict] = []
+    for split, info in plan["splits"].items():
+        counts = {"solutions": 0, "passed": 0}
+        mine = [c for c in chunks if c.split == split]
+        write_atomically(solutions_path(out, split),
+                         _solution_lines(files, mine, info["solutions_per_problem"], counts, critiques))
+        summary[split] = {"problems": info["problems"], "solutions": counts["solutions"],
+                          "pass@1": counts["passed"] / max(counts["solutions"], 1)}
+    summary["critic_sft"] = _write_sft(critiques, critic_sft_path(out), balance)
+    write_atomically(os.path.join(out, "synth_summary.json"), [json.dumps(summary, indent=1)])
+    write_atomically(os.path.join(out, "COMPLETE"), [])
+    print(f"ctrl-synth: {out}: " + "; ".join(
+        f"{s}: {v['solutions']} solutions, pass@1 {v['pass@1']:.3f}" for s, v in summary.items()
+        if isinstance(v, dict) and "solutions" in v)
+        + f"; critic SFT rows: {summary['critic_sft']}", flush=True)
+
+
+def _solution_lines(files: ChunkFiles, chunks: list[Chunk], k: int, counts: dict, critiques: list[dict]):
+    """The chunks' solution rows as lines, in order, one chunk in memory at a time; counts them
+    (``counts``) and collects the critique rows (``critiques``) on the way."""
+    for c in chunks:
+        rows = files.read(c)
+        sols = [r["solution"] for r in rows if "solution" in r]
+        if len(sols) != len(c) * k:
+            raise ShardError(f"{files.path(c)}: {len(sols)} solutions for {len(c)} problems x {k}; "
+                             "delete it to have the chunk done again")
+        critiques.extend(r["critique"] for r in rows if "critique" in r)
+        counts["solutions"] += len(sols)
+        counts["passed"] += sum(bool(r["passed"]) for r in sols)
+        for r in sols:
+            yield json.dumps(r) + "\n"
+
+
+def _write_sft(rows: list[dict], path: str, balance: bool) -> dict:
+    """The critique rows (``critique_row``); with ``balance`` the rarer judgment's rows are
+    repeated (in order, cycling) until both judgments have as many rows."""
+    by = {True: [r for r in rows if r["passed"]], False: [r for r in rows if not r["passed"]]}
+    counts = {"Correct": len(by[True]), "Incorrect": len(by[False])}
+    if balance and by[True] and by[False]:
+        n = max(len(by[True]), len(by[False]))
+        for k in by:
+            by[k] = [by[k][i % len(by[k])] for i in range(n)]
         counts["repeated"] = 2 * n - counts["Correct"] - counts["Incorrect"]
-    with open(path, "w") as f:  # order is irrelevant: SFT reads a seeded permutation
-        for r in rows[True] + rows[False]:
-            f.write(json.dumps(r) + "\n")
+    # order is irrelevant: SFT reads a seeded permutation
+    write_atomically(path, (json.dumps(r) + "\n" for r in by[True] + by[False]))
     return counts

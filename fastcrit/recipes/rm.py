@@ -11,6 +11,7 @@ the held-out pairs is measured before and after, printed, and written to ``summa
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -34,6 +35,7 @@ from fastcrit.train.checkpoint import save_hf
 from fastcrit.train.dist import DistContext, all_reduce_mean, barrier
 from fastcrit.train.memory import return_memory
 from fastcrit.train.metrics import RunLog
+from fastcrit.train.shards import ChunkFiles, cut, dealt, missing_message, wait_for
 from fastcrit.train.value import build_value_actor, last_token_scores, last_token_values
 
 
@@ -90,25 +92,39 @@ def bradley_terry_step(actor, tok, batch: list[PreferencePair], micro: int, grad
 
 def on_policy_pairs(ctx: DistContext, cfg: Config, model_path: str, tok, out_dir: str):
     """The model's own answers, ranked by ``rm.label_reward``: for each prompt, every two sampled
-    answers with different scores make a pair (higher score chosen). Same on every rank (seeded)."""
+    answers with different scores make a pair (higher score chosen). The same on every rank.
+
+    The sampling is dealt over the ranks in chunks of ``rm.chunk_prompts`` prompts
+    (fastcrit.train.shards): each rank samples and labels its chunks into
+    ``<out_dir>/answers-<plan digest>/`` and, once every chunk is there, reads them all. Answer j of
+    prompt i draws from ``trainer.seed + i * rm.samples_per_prompt + j`` in whichever chunk, and the
+    chunks are cut the same under any world size, so the pairs are those of one process. A later run
+    with the same settings reuses the chunks; other settings make another directory."""
     c = cfg.rm
     data = load_dataset(cfg.data.train, cfg.data.prompt_key, cfg.data.answer_key)
     prompts, too_long = encode_prompts(tok, data.examples[:c.prompts], system=cfg.data.system_prompt,
                                        max_len=cfg.data.max_prompt_len)
-    engine = make_engine(cfg.rollout, model_path, dtype=cfg.model.dtype, device=ctx.device, seed=cfg.trainer.seed)
-    try:  # pairs need different answers: a greedy rollout.temperature samples at 1 here
-        params = SamplingParams(n=c.samples_per_prompt, max_new_tokens=cfg.rollout.max_new_tokens,
-                                temperature=scoring_temperature(cfg.rollout.temperature), top_p=cfg.rollout.top_p,
-                                top_k=cfg.rollout.top_k, seed=cfg.trainer.seed)
-        rollouts = engine.generate([p.ids for p in prompts], params)
-    finally:
-        engine.close()
-    texts = [tok.decode(r.output_ids, skip_special_tokens=True) for r in rollouts]
-    examples = [p.example for p in prompts]
-    label = get_reward_manager(c.label_reward)
-    scores = [r.score for r in label([RewardItem(examples[r.prompt_index].prompt, t, examples[r.prompt_index].answer,
-                                                 examples[r.prompt_index].meta) for r, t in zip(rollouts, texts)])]
-    pairs = ranked_pairs([examples[r.prompt_index].prompt for r in rollouts], texts, scores)
+    # pairs need different answers: a greedy rollout.temperature samples at 1 here
+    params = SamplingParams(n=c.samples_per_prompt, max_new_tokens=cfg.rollout.max_new_tokens,
+                            temperature=scoring_temperature(cfg.rollout.temperature), top_p=cfg.rollout.top_p,
+                            top_k=cfg.rollout.top_k, seed=cfg.trainer.seed)
+    ids = hashlib.sha256(json.dumps([p.ids for p in prompts]).encode()).hexdigest()
+    plan = {"model": model_path, "engine": cfg.rollout.engine, "dtype": cfg.model.dtype, "prompts": ids,
+            "label_reward": c.label_reward, "chunk_prompts": c.chunk_prompts,
+            "sampling": dataclasses.asdict(params)}
+    digest = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:12]
+    files = ChunkFiles(os.path.join(out_dir, f"answers-{digest}"))
+    files.settle_plan(plan)
+    chunks = cut([("prompts", len(prompts))], c.chunk_prompts)
+    mine = [ch for ch in dealt(chunks, ctx.rank, ctx.world_size) if not files.done(ch)]
+    if mine:
+        _sample_chunks(ctx, cfg, model_path, tok, prompts, params, files, mine)
+    wait_for(lambda: not files.missing(chunks), files.count, wait_s=cfg.trainer.stage_wait_s,
+             failure=lambda: missing_message(files, chunks, ctx.world_size, cfg.trainer.stage_wait_s,
+                                             "trainer.stage_wait_s"))
+    rows = [r for ch in chunks for r in files.read(ch)]
+    texts, scores = [r["answer"] for r in rows], [r["score"] for r in rows]
+    pairs = ranked_pairs([prompts[r["prompt"]].example.prompt for r in rows], texts, scores)
     if not pairs:
         raise ConfigError(f"rm.label_reward {c.label_reward!r}: the answers to each prompt all scored alike "
                           f"({len(texts)} answers), so there is no pair to learn from (raise "
@@ -119,6 +135,28 @@ def on_policy_pairs(ctx: DistContext, cfg: Config, model_path: str, tok, out_dir
                 f.write(json.dumps(dataclasses.asdict(p)) + "\n")
     info = {"answers": len(texts), "prompts": len(prompts), "label_mean": sum(scores) / len(scores)}
     return pairs, data.skipped + too_long, info
+
+
+def _sample_chunks(ctx: DistContext, cfg: Config, model_path: str, tok, prompts, params: SamplingParams,
+                   files: ChunkFiles, chunks) -> None:
+    """This rank's chunks of prompts: sampled, labelled, each written as soon as it is done."""
+    engine = make_engine(cfg.rollout, model_path, dtype=cfg.model.dtype, device=ctx.device, seed=cfg.trainer.seed)
+    label = get_reward_manager(cfg.rm.label_reward)
+    try:
+        for ch in chunks:
+            part = prompts[ch.start:ch.stop]
+            rollouts = engine.generate([p.ids for p in part],
+                                       dataclasses.replace(params, seed=params.seed + ch.start * params.n))
+            texts = [tok.decode(r.output_ids, skip_special_tokens=True) for r in rollouts]
+            items = [RewardItem(part[r.prompt_index].example.prompt, t, part[r.prompt_index].example.answer,
+                                part[r.prompt_index].example.meta) for r, t in zip(rollouts, texts)]
+            files.write(ch, [{"prompt": ch.start + r.prompt_index, "answer": t, "score": float(s.score)}
+                             for r, t, s in zip(rollouts, texts, label(items))])
+            print(f"rm: rank {ctx.rank}: sampled prompts {ch.start}-{ch.stop - 1}", flush=True)
+    finally:
+        engine.close()
+        if hasattr(label, "close"):  # a code label holds a sandbox pool
+            label.close()
 
 
 def run_rm(ctx: DistContext, cfg: Config) -> dict:

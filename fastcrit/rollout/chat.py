@@ -141,9 +141,11 @@ class LocalChat:
 
     All conversations that fit go to the engine in ONE ``generate`` call (n=1), so the engine batches
     them as it likes; conversations whose prompt is too long are answered with ``prompt_too_long``
-    and never sent. ``seed`` is passed to the engine only when sampling (not ``is_greedy``); what a
-    seed reproduces is the engine's promise (both engines: conversation k of the call draws from
-    seed + k; SGLang only with deterministic inference on).
+    and never sent. ``seed`` is passed to the engine only when sampling (not ``is_greedy``):
+    conversation k of the call draws from seed + k (both engines; SGLang only with deterministic
+    inference on), also when conversations before it were too long: the fitting ones then go in
+    one ``generate`` call per unbroken run, each run's seed moved to its first conversation. So a
+    conversation's sample depends on its seed and place, not on which others were left out.
     """
 
     def __init__(self, engine, tokenizer, *, max_prompt_len: int):
@@ -178,9 +180,15 @@ class LocalChat:
         outputs = [ChatOutput("", "prompt_too_long", len(p), 0) for p in prompts]
         if not fits:
             return outputs
-        params = SamplingParams(n=1, max_new_tokens=max_new_tokens, temperature=float(temperature),
-                                seed=None if is_greedy(temperature) else seed)
-        rollouts = self.engine.generate([prompts[i] for i in fits], params)
+        seed = None if is_greedy(temperature) else seed
+        # The engine draws sample j of a call from seed + j: a call per unbroken run of fitting
+        # conversations keeps conversation k at seed + k (greedy draws nothing: one call).
+        runs = [fits] if seed is None else _unbroken_runs(fits)
+        rollouts = []
+        for run in runs:
+            params = SamplingParams(n=1, max_new_tokens=max_new_tokens, temperature=float(temperature),
+                                    seed=None if seed is None else seed + run[0])
+            rollouts += self.engine.generate([prompts[i] for i in run], params)
         if len(rollouts) != len(fits):
             raise RuntimeError(f"LocalChat: the engine returned {len(rollouts)} rollouts for {len(fits)} prompts (n=1)")
         for i, r in zip(fits, rollouts):
@@ -192,6 +200,17 @@ class LocalChat:
 
     def close(self) -> None:
         self.engine = None
+
+
+def _unbroken_runs(indices: list[int]) -> list[list[int]]:
+    """Ascending ``indices`` cut where one is skipped: [0, 1, 3, 4, 6] -> [[0, 1], [3, 4], [6]]."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
 
 
 def chat_completions_url(endpoint: str) -> str:
@@ -236,7 +255,9 @@ def _server_message(body: bytes) -> tuple[str | None, str | None]:
 class HTTPChat:
     """ChatModel over an OpenAI-compatible ``POST /v1/chat/completions`` (vLLM, SGLang, TGI, fastcrit serve).
 
-    Each conversation is one request {model, messages, max_tokens, temperature, n: 1, seed when given};
+    Each conversation is one request {model, messages, max_tokens, temperature, n: 1, seed}, the
+    seed (when given) being seed + k for conversation k, as ``LocalChat`` draws it: a server that
+    honours seeds (vLLM, ``fastcrit serve``) then gives a conversation the same sample in any call;
     up to ``concurrency`` are in flight (a thread pool over urllib). Connection errors, timeouts, 429 and
     5xx are retried ``retries`` times with exponential backoff from ``backoff_s`` (a server's
     ``Retry-After`` is honoured up to 60 s); any other status, a body that is not JSON or lacks
@@ -280,11 +301,11 @@ class HTTPChat:
         if not conversations:
             return []
         bodies = []
-        for conv in conversations:
+        for k, conv in enumerate(conversations):
             payload = {"model": self.model, "messages": [{"role": m["role"], "content": m["content"]} for m in conv],
                        "max_tokens": max_new_tokens, "temperature": float(temperature), "n": 1}
-            if seed is not None:
-                payload["seed"] = seed
+            if seed is not None:  # one seed for all would give k samples of one prompt the same draw
+                payload["seed"] = seed + k
             bodies.append(json.dumps(payload).encode("utf-8"))
         pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(bodies)), thread_name_prefix="httpchat")
         try:

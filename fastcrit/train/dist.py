@@ -49,6 +49,13 @@ def torchrun_world() -> int | None:
     return None
 
 
+def local_world_size(world_size: int) -> int:
+    """How many ranks run on this host: torchrun's LOCAL_WORLD_SIZE, else all of them (spawned here)."""
+    if torchrun_world() is not None and os.environ.get("LOCAL_WORLD_SIZE"):
+        return int(os.environ["LOCAL_WORLD_SIZE"])
+    return world_size
+
+
 def where(rank: int, world_size: int) -> str:
     """'rank R of W (host H, local rank L)', for messages that must say which process failed."""
     local = os.environ.get("LOCAL_RANK", str(rank))

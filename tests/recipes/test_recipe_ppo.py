@@ -144,3 +144,40 @@ def test_ranked_pairs_prefer_the_higher_score_per_prompt():
 
     pairs = ranked_pairs(["p", "p", "p", "q", "q"], ["a", "b", "c", "a", "a"], [1.0, 0.0, 1.0, 1.0, 0.0])
     assert [(x.prompt, x.chosen, x.rejected) for x in pairs] == [("p", "a", "b"), ("p", "c", "b")]
+
+
+def test_rm_on_policy_sampling_is_dealt_over_ranks_and_reused(tmp_path, monkeypatch, capsys):
+    """Two ranks sample a share each (chunks of rm.chunk_prompts, round robin) and end with the
+    pairs of one process sampling every prompt in one call (an answer draws from its own seed in any
+    chunk); a later run with the same settings samples nothing again."""
+    import re
+    import subprocess
+    import sys
+
+    (tmp_path / "label_fn.py").write_text("def longer(prompt, response, answer, meta):\n"
+                                           "    return float(len(response))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    extra = ["rm.label_reward=label_fn:longer", "rm.samples_per_prompt=3", "rm.prompts=24", "rm.chunk_prompts=8",
+             "rm.val_fraction=0.2", "rollout.temperature=1.5", "sft.steps=0", "trainer.compute_threads=1"]
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    assert run("rm", one, *extra, "rm.chunk_prompts=24") == 0
+    argv = [sys.executable, "-m", "fastcrit.cli", "rm", CPU_CONFIG]
+    for s in [*SETS, f"trainer.output_dir={two}", f"reward.model_path={two}/rm/final", *extra, "trainer.nproc=2"]:
+        argv += ["--set", s]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, OMP_NUM_THREADS="1",  # the ranks compute as this process does (compute_threads=1)
+               PYTHONPATH=os.pathsep.join([str(tmp_path), root, os.path.join(root, "kernels"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        env.pop(k, None)
+    proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sampled = sorted(re.findall(r"^rm: rank (\d): sampled prompts (\d+)-(\d+)$", proc.stdout, re.M))
+    assert sampled == [("0", "0", "7"), ("0", "16", "23"), ("1", "8", "15")], proc.stdout
+    pairs = open(os.path.join(two, "rm", "pairs.jsonl")).read()
+    assert pairs and pairs == open(os.path.join(one, "rm", "pairs.jsonl")).read()
+
+    capsys.readouterr()
+    assert run("rm", two, *extra) == 0  # one process now, the same settings: the chunks are reused
+    assert "sampled prompts" not in capsys.readouterr().out
+    assert open(os.path.join(two, "rm", "pairs.jsonl")).read() == pairs

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fastcrit.rollout.chat import (ChatError, ChatModel, ChatOutput, ConversationError, HTTPChat, LocalChat,
-                                   chat_completions_url)
+                                   _unbroken_runs, chat_completions_url)
 from fastcrit.rollout.native import NativeEngine
 from fastcrit.rollout.serve import serve
 from fastcrit.types import SamplingParams
@@ -153,6 +153,26 @@ def test_prompt_too_long_is_reported_not_sent(model_dir, engine, tok, local):
     assert [remote[i] for i in short] == fitting
 
 
+def test_sampled_conversation_draws_from_its_seed_and_place_when_others_are_too_long(engine, tok, local):
+    lengths = [len(p) for p in prompt_ids(tok)]
+    limit = sorted(lengths)[4]  # three do not fit, so the fitting ones come in broken runs
+    calls = []
+    real_generate = engine.generate
+    engine.generate = lambda prompts, params: calls.append(params.seed) or real_generate(prompts, params)
+    try:
+        out = LocalChat(engine, tok, max_prompt_len=limit).chat(CONVERSATIONS, max_new_tokens=MAX_NEW,
+                                                                temperature=1.0, seed=100)
+    finally:
+        del engine.generate
+    everyone = local.chat(CONVERSATIONS, max_new_tokens=MAX_NEW, temperature=1.0, seed=100)
+    fits = [i for i, n in enumerate(lengths) if n <= limit]
+    assert calls == [100 + run[0] for run in _unbroken_runs(fits)] and len(calls) > 1
+    assert [out[i] for i in fits] == [everyone[i] for i in fits]  # the same draws as with nothing left out
+    alone = local.chat([CONVERSATIONS[fits[-1]]], max_new_tokens=MAX_NEW, temperature=1.0, seed=100 + fits[-1])
+    assert alone == [everyone[fits[-1]]]
+    assert len({o.text for o in everyone}) > 1
+
+
 def test_local_chat_rejects_bad_conversations(local):
     with pytest.raises(ConversationError, match=r"conversations\[1\]\.messages\[0\]\.role: 'bot'"):
         local.chat([CONVERSATIONS[0], [{"role": "bot", "content": "x"}]], max_new_tokens=2)
@@ -286,6 +306,11 @@ def test_http_chat_retries_503_and_429_then_succeeds():
         out = HTTPChat(fake.url, "gen").chat(CONVERSATIONS[:2], max_new_tokens=4)
         assert out == [ChatOutput("a", "length", 9, 4)] * 2
         assert all("seed" not in body for _, _, body in fake.requests)
+    with ScriptedServer([(200, answer("s"))]) as fake:  # conversation k asks for seed + k, as LocalChat draws
+        HTTPChat(fake.url, "gen", concurrency=1).chat(CONVERSATIONS[:3], max_new_tokens=4, temperature=1.0,
+                                                     seed=40)
+        assert sorted((body["seed"], json.dumps(body["messages"])) for _, _, body in fake.requests) == \
+            sorted((40 + k, json.dumps(c)) for k, c in enumerate(CONVERSATIONS[:3]))
     with ScriptedServer([(502, b"<html>bad gateway</html>")]) as fake:
         with pytest.raises(ChatError, match=r"HTTP 502 after 3 attempt\(s\); body '<html>bad gateway</html>'"):
             HTTPChat(fake.url, "gen", retries=2, backoff_s=0.01).chat(CONVERSATIONS[:1], max_new_tokens=4)
