@@ -126,9 +126,8 @@ class Run:
         n = r.n if n is None else n
         if first is None:
             first = self.ctx.rank * (c.data.prompts_per_step // self.ctx.world_size) * n
-        key = (c.trainer.seed * 1_000_003 + step * 16 + stream) % 2**32
         return SamplingParams(n=n, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                              top_p=r.top_p, top_k=r.top_k, seed=key * 2**32 + first)
+                              top_p=r.top_p, top_k=r.top_k, seed=sampling_seed(c.trainer.seed, step, stream, first))
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Rollout]:
         with self.timer("rollout"):
@@ -190,6 +189,19 @@ class Run:
         with self.timer("sync"):
             self.engine.wake()
             sync_weights(self.actor, self.engine)
+
+
+def sampling_seed(seed: int, step: int, stream: int, first: int) -> int:
+    """The engine seed of sample ``first`` of (``seed``, ``step``, ``stream``): ``key * 2**32 + first``
+    with a 31-bit key, so sample ``first + k`` gets ``seed + k < 2**63`` as long as ``first + k <
+    2**32`` (a step's samples). SGLang holds ``sampling_seed`` in an int64 and refuses larger values
+    (0.5.23 sampling/sampling_params.py:302-312, sampling_batch_info.py:157-171); the native engine
+    reads any int mod 2**64. A key below 2**31 is the one a 32-bit key gave, so those seeds are
+    unchanged; only (seed, step) pairs whose 32-bit key overflowed int64 draw differently."""
+    if not 0 <= first < 2**32:
+        raise ValueError(f"sampling_seed: first={first} must be in [0, 2**32) (a sample's place in its step)")
+    key = (seed * 1_000_003 + step * 16 + stream) % 2**31
+    return key * 2**32 + first
 
 
 def reward_items(rollouts: list[Rollout], texts: list[str], examples: list) -> list[RewardItem]:

@@ -83,7 +83,13 @@ def request_params(params: SamplingParams, count: int, stop_ids: Iterable[int],
     }
     if params.seed is None or not deterministic:
         return base
-    return [{**base, "sampling_seed": int(params.seed) + k} for k in range(count)]
+    seed = int(params.seed)
+    if not (0 <= seed and seed + count - 1 < 2**63):
+        # SGLang refuses a sampling_seed outside int64 (0.5.23 sampling/sampling_params.py:302-312)
+        # and would fail the whole batch; say which seed did it instead.
+        raise ValueError(f"seed {seed} + request index (up to {count - 1}) must stay in [0, 2**63): "
+                         "SGLang holds sampling_seed in an int64")
+    return [{**base, "sampling_seed": seed + k} for k in range(count)]
 
 
 def finish_reason(meta: dict) -> str:
