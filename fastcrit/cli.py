@@ -116,6 +116,32 @@ def _load(args):
     return cfg
 
 
+def _engine_env(cfg) -> dict[str, str]:
+    """The NCCL variables the config's SGLang engines will set (fastcrit.rollout.sglang.nccl_env),
+    for every rank before its process group starts: ``rollout``'s, and ``proxy.rollout``'s when CTRL
+    runs its proxy or generator locally."""
+    engines = [("rollout", cfg.rollout)]
+    if cfg.algorithm.name == "ctrl" and (not cfg.proxy.endpoint or cfg.ctrl.generator):
+        engines.append(("proxy.rollout", cfg.proxy.rollout))
+    env: dict[str, str] = {}
+    for name, r in engines:
+        if r.engine != "sglang":
+            continue
+        import os
+
+        from fastcrit.rollout.sglang import nccl_env
+
+        try:
+            wanted = nccl_env(r.engine_args, dict(os.environ))
+        except ValueError as e:
+            raise ConfigError(f"{name}.engine_args: {e}") from None
+        for k, v in wanted.items():
+            if env.setdefault(k, v) != v:
+                raise ConfigError(f"the rollout and proxy.rollout SGLang engines would set {k} to {env[k]} and "
+                                  f"{v} (their engine_args differ); one process holds one value")
+    return env
+
+
 def cmd_train(args) -> int:
     cfg = _load(args)
     if args.resume:
@@ -125,7 +151,8 @@ def cmd_train(args) -> int:
                           f"(available: {', '.join(RECIPES)})")
     from fastcrit.train.dist import launch
 
-    launch(_train_entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device, cfg.trainer.dist_timeout_s)
+    launch(_train_entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device, cfg.trainer.dist_timeout_s,
+           env=_engine_env(cfg))
     return 0
 
 
@@ -150,7 +177,8 @@ def _launch_steps(args, section: str, entry) -> int:
         raise ConfigError(f"{args.config}: {section}.steps must be > 0 for `fastcrit {args.command}`")
     from fastcrit.train.dist import launch
 
-    launch(entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device, cfg.trainer.dist_timeout_s)
+    launch(entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device, cfg.trainer.dist_timeout_s,
+           env=_engine_env(cfg))
     return 0
 
 
@@ -166,7 +194,7 @@ def cmd_ctrl_synth(args) -> int:
     cfg = _load(args)
     from fastcrit.train.dist import launch
 
-    launch(_synth_entry, (cfg,), 1, cfg.trainer.device, cfg.trainer.dist_timeout_s)
+    launch(_synth_entry, (cfg,), 1, cfg.trainer.device, cfg.trainer.dist_timeout_s, env=_engine_env(cfg))
     return 0
 
 

@@ -6,7 +6,7 @@ pins); docs/gpu.md lists each call, the source line it was checked against, and 
 This is the only module that imports sglang, and it does so inside ``SGLangEngine.__init__``, so
 importing this file costs nothing on a machine without it. The pure pieces (``request_params``,
 ``to_rollout``, ``finish_reason``, ``check_success``, ``buckets``, ``sglang_mem_fraction``,
-``WeightLedger``) never touch sglang and are tested on CPU.
+``WeightLedger``, ``nccl_env``) never touch sglang and are tested on CPU.
 
 How the protocol maps onto SGLang:
 
@@ -219,6 +219,38 @@ class WeightLedger:
 
     def missing(self) -> list[str]:
         return sorted(self.known - self.since_wake)
+
+
+def nccl_env(engine_args: dict, environ: dict) -> dict[str, str]:
+    """The NCCL variables ``sglang.Engine(**engine_args)`` will set in its process, those that
+    ``environ`` (the process environment) does not hold yet: export them in every rank before its
+    process group starts, so the trainer's NCCL communicators and the engine's see the same values.
+
+    ``sglang.Engine`` sets them in its constructor (0.5.23 entrypoints/engine.py:1878-1914,
+    ``_set_envs_and_config``, called at :1155): ``NCCL_CUMEM_ENABLE = int(enable_symm_mem or
+    kv_shard_symmetric_scratch)`` when unset or with ``enable_symm_mem``; ``NCCL_NVLS_ENABLE =
+    int(enable_nccl_nvls or enable_symm_mem)`` when unset or with either flag. That happens only in
+    a rank that builds an engine, and after the rank's first NCCL collective (the SFT warm start and
+    the trainer run first), which reads its settings once. ``kv_shard_symmetric_scratch`` needs
+    ``enable_memory_saver`` off, and this engine always turns it on, so it is False here. A value the
+    user set is kept; where SGLang would overwrite it (``enable_symm_mem`` / ``enable_nccl_nvls``
+    asking for another value), that contradiction raises ValueError. Not mirrored: SGLang's
+    multi-node MNNVL default (:1884-1886, engines spanning nodes) and the MoE ``deepep_v2`` backend's
+    (arg_groups/moe_hook.py:400-402); fastcrit's engines live on one rank's devices."""
+    symm = bool(engine_args.get("enable_symm_mem", False))
+    nvls = bool(engine_args.get("enable_nccl_nvls", False))
+    wanted = {}
+    if "NCCL_CUMEM_ENABLE" not in environ or symm:
+        wanted["NCCL_CUMEM_ENABLE"] = str(int(symm))
+    if "NCCL_NVLS_ENABLE" not in environ or nvls or symm:
+        wanted["NCCL_NVLS_ENABLE"] = str(int(nvls or symm))
+    for key, value in wanted.items():
+        if key in environ and environ[key] != value:
+            flags = "enable_symm_mem" if key == "NCCL_CUMEM_ENABLE" else "enable_nccl_nvls / enable_symm_mem"
+            raise ValueError(f"the environment has {key}={environ[key]}, but SGLang sets {key}={value} with "
+                             f"engine_args {flags} (0.5.23 entrypoints/engine.py:1897-1914); unset it or "
+                             "drop that engine argument")
+    return {k: v for k, v in wanted.items() if k not in environ}
 
 
 def engine_tensor(name: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -125,8 +125,12 @@ def _is_dist_failure(e: BaseException) -> bool:
 
 
 def launch(fn: Callable, args: tuple, nproc: int, device_kind: str,
-           timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+           timeout_s: float = DEFAULT_TIMEOUT_S, env: dict[str, str] | None = None) -> None:
     """Run ``fn(ctx, *args)`` on ``nproc`` processes (or in this one when nproc == 1 / torchrun).
+
+    ``env``: environment variables every rank has before it joins the process group (e.g. NCCL
+    settings, which NCCL reads once, at its first communicator); one the environment already holds
+    keeps its value.
 
     Started by torchrun, this process is one rank of torchrun's world (``nproc`` is not used; the
     config loader already set trainer.nproc to that world size). A failure on any rank stops the
@@ -135,12 +139,16 @@ def launch(fn: Callable, args: tuple, nproc: int, device_kind: str,
     connection drops (gloo) or after ``timeout_s`` (NCCL's watchdog), each naming itself.
     """
     if torchrun_world() is not None:  # started by torchrun: it set RANK, MASTER_ADDR, ...
+        for k, v in (env or {}).items():
+            os.environ.setdefault(k, v)
         _worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device_kind, fn, args, timeout_s)
         return
     saved = dict(os.environ)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(_free_port())
     os.environ.pop("LOCAL_RANK", None)
+    for k, v in (env or {}).items():  # spawned ranks inherit this environment
+        os.environ.setdefault(k, v)
     try:
         if nproc == 1:
             _worker(0, 1, device_kind, fn, args, timeout_s)

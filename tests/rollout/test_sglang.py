@@ -266,3 +266,23 @@ def test_sleep_wake_and_weight_sync(setup):
     assert eng.generate(prompts, params)[0].output_ids == [eos]
     eng.load_weights(state.items())
     assert eng.generate(prompts, params)[0].output_ids == before
+
+
+# ---------------------------------------------------------------------------------------- environment
+
+
+def test_nccl_env_is_what_sglang_sets_and_keeps_the_users_values():
+    from fastcrit.rollout.sglang import nccl_env
+
+    # 0.5.23 engine.py:1897-1914 with the defaults (no symmetric memory, no NVLS): both off.
+    assert nccl_env({}, {}) == {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}
+    assert nccl_env({"enable_nccl_nvls": True}, {}) == {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "1"}
+    assert nccl_env({"enable_symm_mem": True}, {}) == {"NCCL_CUMEM_ENABLE": "1", "NCCL_NVLS_ENABLE": "1"}
+    # SGLang keeps a value the user set unless a flag asks for another: so do we.
+    assert nccl_env({}, {"NCCL_CUMEM_ENABLE": "1"}) == {"NCCL_NVLS_ENABLE": "0"}
+    assert nccl_env({}, {"NCCL_CUMEM_ENABLE": "1", "NCCL_NVLS_ENABLE": "1"}) == {}
+    assert nccl_env({"enable_symm_mem": True}, {"NCCL_CUMEM_ENABLE": "1"}) == {"NCCL_NVLS_ENABLE": "1"}
+    with pytest.raises(ValueError, match="NCCL_CUMEM_ENABLE=0, but SGLang sets NCCL_CUMEM_ENABLE=1"):
+        nccl_env({"enable_symm_mem": True}, {"NCCL_CUMEM_ENABLE": "0"})
+    with pytest.raises(ValueError, match="NCCL_NVLS_ENABLE=0, but SGLang sets NCCL_NVLS_ENABLE=1"):
+        nccl_env({"enable_nccl_nvls": True}, {"NCCL_NVLS_ENABLE": "0"})
