@@ -48,9 +48,10 @@ from fastcrit.rollout.batch import collate
 from fastcrit.train.actor import Actor, balance_ranks, build_actor, compute_logprobs, logprob_gap, update_policy
 from fastcrit.train.checkpoint import clean_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
 from fastcrit.train.colocate import sync_weights
-from fastcrit.train.dist import DistContext, all_reduce, all_reduce_mean
+from fastcrit.train.dist import DistContext, agree_to_stop, all_reduce, all_reduce_mean, stop_if_asked
 from fastcrit.train.memory import PhaseMemory
 from fastcrit.train.metrics import RunLog
+from fastcrit.train.preempt import Stopped
 from fastcrit.types import Rollout, RolloutBatch, SamplingParams, scoring_temperature
 
 
@@ -273,7 +274,12 @@ def _save(run: Run, recipe, step: int) -> None:
 
 
 def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any]) -> dict:
-    """Set up, resume, loop over steps (metrics, evaluation, checkpoints), evaluate, summarise."""
+    """Set up, resume, loop over steps (metrics, evaluation, checkpoints), evaluate, summarise.
+
+    A SIGTERM / SIGINT (fastcrit.train.preempt) stops the run after the step in progress, with a
+    checkpoint of that step, by raising ``Stopped`` on every rank; during the set-up (the SFT warm
+    start included) it stops without one, at the next point all ranks reach (an SFT step's end, or
+    here before the first step). A signal during the last step lets the run finish."""
     run = setup_run(ctx, cfg)
     recipe = make_recipe(run)
     t = cfg.trainer
@@ -281,6 +287,8 @@ def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any])
         start = _resume(run, recipe)
         run.sync()  # the engine starts from the policy's weights
         first = _first_evaluation(run, recipe, start)
+        if start < t.total_steps:
+            stop_if_asked(start or None)  # a signal during the set-up: nothing new to save
         history: list[float] = []
         last = first if start == t.total_steps else {}
         for step in range(start + 1, t.total_steps + 1):
@@ -304,13 +312,16 @@ def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any])
                 last = recipe.evaluate()
             run.log.log({"step": step, **row})
             history.append(row.get("reward/mean", float("nan")))
-            if step == t.total_steps or (t.save_every and step % t.save_every == 0):
+            stop = agree_to_stop()  # one collective: every rank stops after this same step, or none
+            if step == t.total_steps or (t.save_every and step % t.save_every == 0) or stop:
                 _save(run, recipe, step)
+            if stop and step < t.total_steps:
+                raise Stopped(stop, step)
     finally:
         if hasattr(recipe, "close"):
             recipe.close()
         run.engine.close()
-    run.log.close()
+        run.log.close()
     return _summarise(run, recipe, start, history, first, last)
 
 
