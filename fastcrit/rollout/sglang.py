@@ -6,7 +6,7 @@ pins); docs/gpu.md lists each call, the source line it was checked against, and 
 This is the only module that imports sglang, and it does so inside ``SGLangEngine.__init__``, so
 importing this file costs nothing on a machine without it. The pure pieces (``request_params``,
 ``to_rollout``, ``finish_reason``, ``check_success``, ``buckets``, ``sglang_mem_fraction``,
-``WeightLedger``, ``nccl_env``) never touch sglang and are tested on CPU.
+``WeightLedger``, ``nccl_env``, ``keep_signal``) never touch sglang and are tested on CPU.
 
 How the protocol maps onto SGLang:
 
@@ -45,7 +45,10 @@ tolerance).
 """
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
+import threading
 import warnings
 from typing import Any, Iterable, Iterator
 
@@ -253,6 +256,14 @@ def nccl_env(engine_args: dict, environ: dict) -> dict[str, str]:
     return {k: v for k, v in wanted.items() if k not in environ}
 
 
+def keep_signal(loop: asyncio.AbstractEventLoop, sig: int, handler) -> None:
+    """Take ``sig`` back from an asyncio ``loop`` that registered its own handler for it
+    (``loop.add_signal_handler``) and give it to ``handler`` (what ``signal.getsignal`` returned
+    before). ``remove_signal_handler`` alone would leave the signal's default action."""
+    loop.remove_signal_handler(sig)
+    signal.signal(sig, handler)
+
+
 def engine_tensor(name: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A full tensor on ``device`` for SGLang (CUDA IPC hands it over without a copy); a sharded
     DTensor is refused: gathering is a collective, which stays in train/."""
@@ -329,7 +340,21 @@ class SGLangEngine:
         kwargs.update(extra)
         self._deterministic = bool(kwargs.get("enable_deterministic_inference", False))
         self._ledger = WeightLedger(restores_on_wake=bool(kwargs.get("enable_weights_cpu_backup", False)))
+        sigterm = signal.getsignal(signal.SIGTERM)
         self._engine = sglang.Engine(**kwargs)
+        # SGLang's TokenizerManager, which runs in this process, takes SIGTERM over when its event loop
+        # starts (at the first engine call: 0.5.23 managers/tokenizer_manager.py:2440-2463) and on it
+        # shuts the engine down and exits the process (:3508-3571). The trainer decides what SIGTERM
+        # does (finish the step, save: fastcrit.train.preempt), so start that loop now, on the
+        # engine's own event loop, and give SIGTERM back.
+        tm = self._engine.tokenizer_manager
+
+        async def _start_handle_loop():
+            tm.auto_create_handle_loop()
+
+        if tm is not None and threading.current_thread() is threading.main_thread():
+            self._engine.loop.run_until_complete(_start_handle_loop())
+            keep_signal(self._engine.loop, signal.SIGTERM, sigterm)
         self._bucket_bytes = rollout.weight_bucket_mb << 20
         self.device = device
         self._asleep = False

@@ -286,3 +286,31 @@ def test_nccl_env_is_what_sglang_sets_and_keeps_the_users_values():
         nccl_env({"enable_symm_mem": True}, {"NCCL_CUMEM_ENABLE": "0"})
     with pytest.raises(ValueError, match="NCCL_NVLS_ENABLE=0, but SGLang sets NCCL_NVLS_ENABLE=1"):
         nccl_env({"enable_nccl_nvls": True}, {"NCCL_NVLS_ENABLE": "0"})
+
+
+def test_sigterm_is_taken_back_from_an_event_loop_that_registered_it():
+    # What SGLang's TokenizerManager does in the trainer's process (0.5.23
+    # managers/tokenizer_manager.py:2453-2456): loop.add_signal_handler(SIGTERM, ...).
+    import asyncio
+    import os
+    import signal
+
+    from fastcrit.rollout.sglang import keep_signal
+
+    got = []
+
+    def ours(signum, frame):
+        got.append("ours")
+
+    before = signal.signal(signal.SIGTERM, ours)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.add_signal_handler(signal.SIGTERM, lambda: got.append("sglang"))
+        keep_signal(loop, signal.SIGTERM, ours)
+        assert signal.getsignal(signal.SIGTERM) is ours  # else the kill below would end this process
+        os.kill(os.getpid(), signal.SIGTERM)
+        loop.run_until_complete(asyncio.sleep(0.05))  # where the loop's handler would have run
+        assert got == ["ours"]
+    finally:
+        loop.close()
+        signal.signal(signal.SIGTERM, before)
