@@ -21,16 +21,19 @@ How a signal reaches each rank once:
   (an SGLang engine's scheduler processes) stay in the rank's session, out of the terminal's reach,
   and the launcher signals the ranks by pid, never their process group.
 - torchrun: each worker is a rank with its own handler. torch 2.13's agent (elastic/agent/server/
-  api.py:752-754, multiprocessing/api.py:1023-1053, subprocess_handler.py:62-65 and :78-86) starts
+  api.py:752-754, multiprocessing/api.py:1023-1053, subprocess_handler.py:63-66 and :79-85) starts
   every worker in a session of its own, turns SIGTERM / SIGINT / SIGHUP / SIGQUIT into a shutdown that
   sends the same signal once to each worker's process group, waits ``--shutdown-timeout`` (default
   30 s, launcher/api.py:145-149) and then SIGKILLs; a second signal to the agent ends up as SIGTERM
-  to the workers (api.py:757-759), which they treat as the first.
+  to the workers (api.py:757-759), which does not stop them at once.
 
 What is NOT covered: a signal sent to a spawned rank directly rather than to the launcher is handled
 by that rank alone (its peers learn of it at the next agreement, which is enough), but a SIGINT sent
-to a rank directly AND forwarded by the launcher counts twice there (stop at once). Stages that run
-on rank 0 alone (CTRL's synthesis) see the request only when they end.
+to a rank directly AND forwarded by the launcher counts twice there (stop at once). A signal sent to
+a rank's process group (torchrun does) or to every process of a job (some schedulers do) also reaches
+the rank's own children: SGLang's scheduler processes stop on it and the step cannot finish; the
+sandbox's workers die on a SIGTERM and executions in flight score as errors. Stages that run on rank 0 alone
+(CTRL's synthesis) see the request only when they end.
 """
 from __future__ import annotations
 
