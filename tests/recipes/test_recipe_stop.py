@@ -70,15 +70,21 @@ def _logged(out: str) -> int:
     return len(rows(out)) if os.path.exists(path) else 0
 
 
+def _wait_until(cond, p: subprocess.Popen, log: str, timeout: float = 240.0) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        if p.poll() is not None or time.monotonic() - t0 > timeout:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            pytest.fail(f"the run ended or took too long (rc {p.poll()}):\n{open(log).read()[-4000:]}")
+        time.sleep(0.01)
+
+
 def _stop(p: subprocess.Popen, log: str, out: str, send, rc: int) -> tuple[int, list[str]]:
     """Once the run has logged a step of its own, ``send(pid)``; the run must exit with ``rc`` after
     the step in progress, its last logged step saved. Returns that step and the printed command."""
     before = _logged(out)
-    t0 = time.monotonic()
-    while _logged(out) <= before:
-        if p.poll() is not None or time.monotonic() - t0 > 240:
-            _finish(p, log, rc=-1)  # fails, with the log
-        time.sleep(0.01)
+    _wait_until(lambda: _logged(out) > before, p, log)
     send(p.pid)
     text = _finish(p, log, rc)
     step = rows(out)[-1]["step"]
@@ -187,10 +193,7 @@ def test_a_signal_in_the_sft_warm_start_stops_unsaved_and_a_second_sigint_at_onc
     log = str(tmp_path / "sft.log")
     p = _start(_args(out, 6, "sft.steps=400"), log)
     sft_rows = os.path.join(out, "sft", "metrics.jsonl")
-    t0 = time.monotonic()
-    while not (os.path.exists(sft_rows) and os.path.getsize(sft_rows) > 0):
-        assert p.poll() is None and time.monotonic() - t0 < 240, open(log).read()
-        time.sleep(0.01)
+    _wait_until(lambda: os.path.exists(sft_rows) and os.path.getsize(sft_rows) > 0, p, log)
     os.kill(p.pid, signal.SIGTERM)
     text = _finish(p, log, 143)
     assert "stopped by SIGTERM before the first RL step; nothing to resume from" in text, text[-3000:]
@@ -203,9 +206,7 @@ def test_a_signal_in_the_sft_warm_start_stops_unsaved_and_a_second_sigint_at_onc
     # The RL loop (the warm start now short), two Ctrl-Cs: the second stops inside the step.
     log = str(tmp_path / "rl.log")
     p = _start(_args(out, 6), log)
-    while _logged(out) < 1:
-        assert p.poll() is None and time.monotonic() - t0 < 240, open(log).read()
-        time.sleep(0.01)
+    _wait_until(lambda: _logged(out) >= 1, p, log)
     os.killpg(p.pid, signal.SIGINT)
     time.sleep(0.05)
     os.killpg(p.pid, signal.SIGINT)
