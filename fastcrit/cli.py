@@ -116,6 +116,35 @@ def _load(args):
     return cfg
 
 
+def _sglang_engines(cfg) -> list[tuple[str, object]]:
+    """(config section, RolloutConfig) of the SGLang engines a run of ``cfg`` may start: ``rollout``'s,
+    and ``proxy.rollout``'s when CTRL runs its proxy or generator locally."""
+    engines = [("rollout", cfg.rollout)]
+    if cfg.algorithm.name == "ctrl" and (not cfg.proxy.endpoint or cfg.ctrl.generator):
+        engines.append(("proxy.rollout", cfg.proxy.rollout))
+    return [(name, r) for name, r in engines if r.engine == "sglang"]
+
+
+def _engine_env(cfg) -> dict[str, str]:
+    """The NCCL variables the config's SGLang engines will set (fastcrit.rollout.sglang.nccl_env),
+    for every rank before its process group starts."""
+    env: dict[str, str] = {}
+    for name, r in _sglang_engines(cfg):
+        import os
+
+        from fastcrit.rollout.sglang import nccl_env
+
+        try:
+            wanted = nccl_env(r.engine_args, dict(os.environ))
+        except ValueError as e:
+            raise ConfigError(f"{name}.engine_args: {e}") from None
+        for k, v in wanted.items():
+            if env.setdefault(k, v) != v:
+                raise ConfigError(f"the rollout and proxy.rollout SGLang engines would set {k} to {env[k]} and "
+                                  f"{v} (their engine_args differ); one process holds one value")
+    return env
+
+
 def cmd_train(args) -> int:
     cfg = _load(args)
     if args.resume:
@@ -125,10 +154,66 @@ def cmd_train(args) -> int:
                           f"(available: {', '.join(RECIPES)})")
     if cfg.trainer.device == "cuda" and not cfg.trainer.skip_plan:
         _check_plan(cfg, args.config)
-    from fastcrit.train.dist import launch
+    return _run(args, cfg, _train_entry, cfg.trainer.nproc)
 
-    launch(_train_entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device, cfg.trainer.dist_timeout_s)
-    return 0
+
+def _run(args, cfg, entry, nproc: int) -> int:
+    """Launch ``entry`` on ``nproc`` ranks; a run stopped by SIGTERM / SIGINT (fastcrit.train.preempt)
+    says how to continue it and exits with 128 + the signal number (143, 130)."""
+    import os
+    import signal
+
+    from fastcrit.train.dist import launch
+    from fastcrit.train.preempt import Stopped
+
+    try:
+        launch(entry, (cfg,), nproc, cfg.trainer.device, cfg.trainer.dist_timeout_s, env=_engine_env(cfg),
+               separate=bool(_sglang_engines(cfg)))
+    except Stopped as s:
+        stopped = s
+    except KeyboardInterrupt:  # a second Ctrl-C in this process's rank (or a first before its handler)
+        stopped = Stopped(signal.SIGINT, None, at_once=True)
+    else:
+        return 0
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one message for all ranks
+        print(_stop_report(args, cfg, stopped), file=sys.stderr, flush=True)
+    return stopped.exit_code
+
+
+def _stop_report(args, cfg, stopped) -> str:
+    """What happened and the command that continues: ``--resume`` from the newest checkpoint when
+    there is one (the user's other --set options kept), else the command as it was given."""
+    import os
+    import shlex
+
+    from fastcrit.train.checkpoint import checkpoint_dir, latest_checkpoint
+
+    out, train = cfg.trainer.output_dir, args.command == "train"
+    if stopped.at_once:
+        what = "stopped at once by a second SIGINT (the step in progress is lost)"
+        ckpt = latest_checkpoint(out) if train else None
+    elif stopped.step is not None:
+        ckpt = checkpoint_dir(out, stopped.step)
+        what = f"stopped by {stopped.name}"
+    else:
+        ckpt = None
+        what = f"stopped by {stopped.name} " + ("before the first RL step" if train else
+                                                 f"during `fastcrit {args.command}`")
+    argv = ["fastcrit", args.command, args.config]
+    sets = list(args.set)
+    if ckpt:
+        argv += ["--resume", out]
+        sets = [s for s in sets if s.split("=", 1)[0].strip() not in ("trainer.output_dir", "trainer.resume")]
+    elif getattr(args, "resume", None):
+        argv += ["--resume", args.resume]
+    for s in sets:
+        argv += ["--set", s]
+    command = " ".join(shlex.quote(a) for a in argv)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # this rank's torchrun command, with its own options
+        command = "torchrun TORCHRUN_OPTIONS -m fastcrit.cli " + command.split(" ", 1)[1]
+    if ckpt:
+        return f"fastcrit: {what}; newest checkpoint: {ckpt}\nresume with: {command}"
+    return f"fastcrit: {what}; nothing to resume from\nstart again with: {command}"
 
 
 def _check_plan(cfg, config_path: str) -> None:
@@ -165,10 +250,7 @@ def _launch_steps(args, section: str, entry) -> int:
     cfg = _load(args)
     if getattr(cfg, section).steps <= 0:
         raise ConfigError(f"{args.config}: {section}.steps must be > 0 for `fastcrit {args.command}`")
-    from fastcrit.train.dist import launch
-
-    launch(entry, (cfg,), cfg.trainer.nproc, cfg.trainer.device, cfg.trainer.dist_timeout_s)
-    return 0
+    return _run(args, cfg, entry, cfg.trainer.nproc)
 
 
 def cmd_sft(args) -> int:
@@ -180,11 +262,7 @@ def cmd_rm(args) -> int:
 
 
 def cmd_ctrl_synth(args) -> int:
-    cfg = _load(args)
-    from fastcrit.train.dist import launch
-
-    launch(_synth_entry, (cfg,), 1, cfg.trainer.device, cfg.trainer.dist_timeout_s)
-    return 0
+    return _run(args, _load(args), _synth_entry, 1)
 
 
 def cmd_critique(args) -> int:
@@ -303,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"fastcrit: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a Ctrl-C where no handler of ours runs (e.g. while the config loads)
+        print("fastcrit: interrupted (SIGINT)", file=sys.stderr)
+        return 130
     except RuntimeError as e:
         if type(e).__name__ != "DistError":  # fastcrit.train.dist's: not imported here (torch-free CLI start)
             raise

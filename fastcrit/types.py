@@ -36,7 +36,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1  # -1 = off
     stop_token_ids: list[int] = field(default_factory=list)  # EOS is always a stop token
-    seed: int | None = None  # sample k (= prompt i x n + j) of a call draws from seed + k alone
+    # Sample k (= prompt i x n + j) of a call draws from seed + k alone; seed + k must stay below
+    # 2**63 for SGLang (an int64), the native engine reads it mod 2**64.
+    seed: int | None = None
 
 
 @dataclass

@@ -32,7 +32,7 @@ from fastcrit.rollout import make_engine
 from fastcrit.types import SamplingParams, scoring_temperature
 from fastcrit.train.actor import _micro_slices, optimizer_step
 from fastcrit.train.checkpoint import save_hf
-from fastcrit.train.dist import DistContext, all_reduce_mean, barrier
+from fastcrit.train.dist import DistContext, all_reduce_mean, barrier, stop_if_asked
 from fastcrit.train.memory import return_memory
 from fastcrit.train.metrics import RunLog
 from fastcrit.train.shards import ChunkFiles, cut, dealt, missing_message, wait_for
@@ -201,6 +201,8 @@ def run_rm(ctx: DistContext, cfg: Config) -> dict:
         stats = all_reduce_mean({"rm/loss": loss, "rm/acc": acc})
         log.log({"step": step, **stats, **{f"rm/{k}": v for k, v in out.items()},
                  "time/step_s": time.perf_counter() - t0})
+        if step < c.steps:  # SIGTERM / SIGINT: stop here, unsaved (a rerun trains it over)
+            stop_if_asked()
     end = accuracy(actor, tok, val, micro)
     final = os.path.join(out_dir, "final")
     save_hf(actor, tok, final, ctx, cfg.model.dtype)

@@ -49,9 +49,10 @@ from fastcrit.train.actor import (Actor, balance_ranks, build_actor, compute_log
                                   update_policy)
 from fastcrit.train.checkpoint import clean_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
 from fastcrit.train.colocate import sync_weights
-from fastcrit.train.dist import DistContext, all_reduce, all_reduce_mean
+from fastcrit.train.dist import DistContext, agree_to_stop, all_reduce, all_reduce_mean, stop_if_asked
 from fastcrit.train.memory import PhaseMemory, return_memory
 from fastcrit.train.metrics import RunLog
+from fastcrit.train.preempt import Stopped
 from fastcrit.types import Rollout, RolloutBatch, SamplingParams, scoring_temperature
 
 
@@ -127,9 +128,8 @@ class Run:
         n = r.n if n is None else n
         if first is None:
             first = self.ctx.rank * (c.data.prompts_per_step // self.ctx.world_size) * n
-        key = (c.trainer.seed * 1_000_003 + step * 16 + stream) % 2**32
         return SamplingParams(n=n, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                              top_p=r.top_p, top_k=r.top_k, seed=key * 2**32 + first)
+                              top_p=r.top_p, top_k=r.top_k, seed=sampling_seed(c.trainer.seed, step, stream, first))
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Rollout]:
         with self.timer("rollout"):
@@ -196,6 +196,19 @@ class Run:
             return_memory(self.ctx.device)
             self.engine.wake()
             self.metrics["sync/gib"] = sync_weights(self.actor, self.engine, self.cfg.rollout, self.cfg.model.dtype)
+
+
+def sampling_seed(seed: int, step: int, stream: int, first: int) -> int:
+    """The engine seed of sample ``first`` of (``seed``, ``step``, ``stream``): ``key * 2**32 + first``
+    with a 31-bit key, so sample ``first + k`` gets ``seed + k < 2**63`` as long as ``first + k <
+    2**32`` (a step's samples). SGLang holds ``sampling_seed`` in an int64 and refuses larger values
+    (0.5.23 sampling/sampling_params.py:302-312, sampling_batch_info.py:157-171); the native engine
+    reads any int mod 2**64. A key below 2**31 is the one a 32-bit key gave, so those seeds are
+    unchanged; only (seed, step) pairs whose 32-bit key overflowed int64 draw differently."""
+    if not 0 <= first < 2**32:
+        raise ValueError(f"sampling_seed: first={first} must be in [0, 2**32) (a sample's place in its step)")
+    key = (seed * 1_000_003 + step * 16 + stream) % 2**31
+    return key * 2**32 + first
 
 
 def reward_items(rollouts: list[Rollout], texts: list[str], examples: list) -> list[RewardItem]:
@@ -269,7 +282,12 @@ def _save(run: Run, recipe, step: int) -> None:
 
 
 def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any]) -> dict:
-    """Set up, resume, loop over steps (metrics, evaluation, checkpoints), evaluate, summarise."""
+    """Set up, resume, loop over steps (metrics, evaluation, checkpoints), evaluate, summarise.
+
+    A SIGTERM / SIGINT (fastcrit.train.preempt) stops the run after the step in progress, with a
+    checkpoint of that step, by raising ``Stopped`` on every rank; during the set-up (the SFT warm
+    start included) it stops without one, at the next point all ranks reach (an SFT step's end, or
+    here before the first step). A signal during the last step lets the run finish."""
     run = setup_run(ctx, cfg)
     recipe = make_recipe(run)
     t = cfg.trainer
@@ -277,6 +295,8 @@ def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any])
         start = _resume(run, recipe)
         run.sync()  # the engine starts from the policy's weights
         first = _first_evaluation(run, recipe, start)
+        if start < t.total_steps:
+            stop_if_asked(start or None)  # a signal during the set-up: nothing new to save
         history: list[float] = []
         last = first if start == t.total_steps else {}
         for step in range(start + 1, t.total_steps + 1):
@@ -300,13 +320,16 @@ def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any])
                 last = recipe.evaluate()
             run.log.log({"step": step, **row})
             history.append(row.get("reward/mean", float("nan")))
-            if step == t.total_steps or (t.save_every and step % t.save_every == 0):
+            stop = agree_to_stop()  # one collective: every rank stops after this same step, or none
+            if step == t.total_steps or (t.save_every and step % t.save_every == 0) or stop:
                 _save(run, recipe, step)
+            if stop and step < t.total_steps:
+                raise Stopped(stop, step)
     finally:
         if hasattr(recipe, "close"):
             recipe.close()
         run.engine.close()
-    run.log.close()
+        run.log.close()
     return _summarise(run, recipe, start, history, first, last)
 
 

@@ -19,7 +19,7 @@ from fastcrit.recipes.common import prepare_output_dir, resolve_model, step_indi
 from fastcrit.rollout.batch import collate
 from fastcrit.train.actor import build_actor, sft_step
 from fastcrit.train.checkpoint import save_hf
-from fastcrit.train.dist import DistContext, all_reduce_mean, barrier
+from fastcrit.train.dist import DistContext, all_reduce_mean, barrier, stop_if_asked
 from fastcrit.train.memory import return_memory
 from fastcrit.train.metrics import RunLog
 from fastcrit.types import Rollout
@@ -77,6 +77,8 @@ def run_sft(ctx: DistContext, cfg: Config, model_path: str | None = None) -> str
         dt = time.perf_counter() - t0
         log.log({"step": step, **stats, "time/step_s": dt,
                  "throughput/tokens_per_s": batch.attention_mask.sum().item() * ctx.world_size / dt})
+        if step < cfg.sft.steps:  # SIGTERM / SIGINT: stop here, unsaved (a rerun starts SFT over)
+            stop_if_asked()
     final = os.path.join(out_dir, "final")
     save_hf(actor, tok, final, ctx, cfg.model.dtype)
     del actor  # the next stage loads its models afresh: this one's shards and optimizer state go

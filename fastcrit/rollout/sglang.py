@@ -6,7 +6,7 @@ pins); docs/gpu.md lists each call, the source line it was checked against, and 
 This is the only module that imports sglang, and it does so inside ``SGLangEngine.__init__``, so
 importing this file costs nothing on a machine without it. The pure pieces (``request_params``,
 ``to_rollout``, ``finish_reason``, ``check_success``, ``buckets``, ``sglang_mem_fraction``,
-``WeightLedger``) never touch sglang and are tested on CPU.
+``WeightLedger``, ``nccl_env``, ``keep_signal``) never touch sglang and are tested on CPU.
 
 How the protocol maps onto SGLang:
 
@@ -45,7 +45,10 @@ tolerance).
 """
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
+import threading
 import warnings
 from typing import Any, Iterable, Iterator
 
@@ -83,7 +86,13 @@ def request_params(params: SamplingParams, count: int, stop_ids: Iterable[int],
     }
     if params.seed is None or not deterministic:
         return base
-    return [{**base, "sampling_seed": int(params.seed) + k} for k in range(count)]
+    seed = int(params.seed)
+    if not (0 <= seed and seed + count - 1 < 2**63):
+        # SGLang refuses a sampling_seed outside int64 (0.5.23 sampling/sampling_params.py:302-312)
+        # and would fail the whole batch; say which seed did it instead.
+        raise ValueError(f"seed {seed} + request index (up to {count - 1}) must stay in [0, 2**63): "
+                         "SGLang holds sampling_seed in an int64")
+    return [{**base, "sampling_seed": seed + k} for k in range(count)]
 
 
 def finish_reason(meta: dict) -> str:
@@ -215,6 +224,46 @@ class WeightLedger:
         return sorted(self.known - self.since_wake)
 
 
+def nccl_env(engine_args: dict, environ: dict) -> dict[str, str]:
+    """The NCCL variables ``sglang.Engine(**engine_args)`` will set in its process, those that
+    ``environ`` (the process environment) does not hold yet: export them in every rank before its
+    process group starts, so the trainer's NCCL communicators and the engine's see the same values.
+
+    ``sglang.Engine`` sets them in its constructor (0.5.23 entrypoints/engine.py:1878-1914,
+    ``_set_envs_and_config``, called at :1155): ``NCCL_CUMEM_ENABLE = int(enable_symm_mem or
+    kv_shard_symmetric_scratch)`` when unset or with ``enable_symm_mem``; ``NCCL_NVLS_ENABLE =
+    int(enable_nccl_nvls or enable_symm_mem)`` when unset or with either flag. That happens only in
+    a rank that builds an engine, and after the rank's first NCCL collective (the SFT warm start and
+    the trainer run first), which reads its settings once. ``kv_shard_symmetric_scratch`` needs
+    ``enable_memory_saver`` off, and this engine always turns it on, so it is False here. A value the
+    user set is kept; where SGLang would overwrite it (``enable_symm_mem`` / ``enable_nccl_nvls``
+    asking for another value), that contradiction raises ValueError. Not mirrored: SGLang's
+    multi-node MNNVL default (:1884-1886, engines spanning nodes) and the MoE ``deepep_v2`` backend's
+    (arg_groups/moe_hook.py:400-402); fastcrit's engines live on one rank's devices."""
+    symm = bool(engine_args.get("enable_symm_mem", False))
+    nvls = bool(engine_args.get("enable_nccl_nvls", False))
+    wanted = {}
+    if "NCCL_CUMEM_ENABLE" not in environ or symm:
+        wanted["NCCL_CUMEM_ENABLE"] = str(int(symm))
+    if "NCCL_NVLS_ENABLE" not in environ or nvls or symm:
+        wanted["NCCL_NVLS_ENABLE"] = str(int(nvls or symm))
+    for key, value in wanted.items():
+        if key in environ and environ[key] != value:
+            flags = "enable_symm_mem" if key == "NCCL_CUMEM_ENABLE" else "enable_nccl_nvls / enable_symm_mem"
+            raise ValueError(f"the environment has {key}={environ[key]}, but SGLang sets {key}={value} with "
+                             f"engine_args {flags} (0.5.23 entrypoints/engine.py:1897-1914); unset it or "
+                             "drop that engine argument")
+    return {k: v for k, v in wanted.items() if k not in environ}
+
+
+def keep_signal(loop: asyncio.AbstractEventLoop, sig: int, handler) -> None:
+    """Take ``sig`` back from an asyncio ``loop`` that registered its own handler for it
+    (``loop.add_signal_handler``) and give it to ``handler`` (what ``signal.getsignal`` returned
+    before). ``remove_signal_handler`` alone would leave the signal's default action."""
+    loop.remove_signal_handler(sig)
+    signal.signal(sig, handler)
+
+
 def engine_tensor(name: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A full tensor on ``device`` for SGLang (CUDA IPC hands it over without a copy); a sharded
     DTensor is refused: gathering is a collective, which stays in train/."""
@@ -291,7 +340,21 @@ class SGLangEngine:
         kwargs.update(extra)
         self._deterministic = bool(kwargs.get("enable_deterministic_inference", False))
         self._ledger = WeightLedger(restores_on_wake=bool(kwargs.get("enable_weights_cpu_backup", False)))
+        sigterm = signal.getsignal(signal.SIGTERM)
         self._engine = sglang.Engine(**kwargs)
+        # SGLang's TokenizerManager, which runs in this process, takes SIGTERM over when its event loop
+        # starts (at the first engine call: 0.5.23 managers/tokenizer_manager.py:2440-2463) and on it
+        # shuts the engine down and exits the process (:3508-3571). The trainer decides what SIGTERM
+        # does (finish the step, save: fastcrit.train.preempt), so start that loop now, on the
+        # engine's own event loop, and give SIGTERM back.
+        tm = self._engine.tokenizer_manager
+
+        async def _start_handle_loop():
+            tm.auto_create_handle_loop()
+
+        if tm is not None and threading.current_thread() is threading.main_thread():
+            self._engine.loop.run_until_complete(_start_handle_loop())
+            keep_signal(self._engine.loop, signal.SIGTERM, sigterm)
         self._bucket_bytes = rollout.weight_bucket_mb << 20
         self.device = device
         self._asleep = False

@@ -7,8 +7,10 @@ from RANK / WORLD_SIZE in the environment).
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable
@@ -16,6 +18,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from fastcrit.train import preempt
+from fastcrit.train.preempt import Stopped
 
 
 # How long a rank waits for the others (joining the group, and in every collective) before the
@@ -94,7 +99,12 @@ def _worker(rank: int, world_size: int, device_kind: str, fn: Callable, args: tu
                         f"{timeout_s:g} s (trainer.dist_timeout_s): {type(e).__name__}: {_first_line(e)}. "
                         "Every node must start with the same --nnodes and rendezvous endpoint") from e
     try:
-        fn(ctx, *args)
+        try:
+            fn(ctx, *args)
+        except Stopped:  # every rank stops at the same point (agree_to_stop): leave together too
+            if world_size > 1:
+                dist.barrier()
+            raise
         if world_size > 1:  # tear down together: no rank destroys the group while a peer still talks
             dist.barrier()
     except Exception as e:
@@ -109,6 +119,55 @@ def _worker(rank: int, world_size: int, device_kind: str, fn: Callable, args: tu
         raise
     finally:
         shutdown()
+
+
+def _spawned(index: int, nproc: int, parent_pid: int, shared, device_kind: str, fn: Callable, args: tuple,
+             timeout_s: float) -> None:
+    """A rank started by ``launch``: out of the launcher's session, its stop signals coming from the
+    launcher alone (fastcrit.train.preempt); how it stopped goes back through ``shared``."""
+    preempt.leave_launcher(parent_pid)
+    with preempt.handling_signals(announce=False):
+        preempt.ready(shared, index)
+        try:
+            _worker(index, nproc, device_kind, fn, args, timeout_s)
+        except Stopped as s:  # not an error: the launcher raises it again
+            if index == 0:
+                preempt.report_stop(shared, nproc, s)
+
+
+def _run_spawned(nproc: int, device_kind: str, fn: Callable, args: tuple, timeout_s: float) -> None:
+    """``nproc`` spawned ranks; this process forwards SIGINT / SIGTERM to them and waits."""
+    ctx = mp.get_context("spawn")
+    with preempt.Forwarder(nproc, ctx) as fwd:
+        try:
+            procs = mp.start_processes(_spawned, args=(nproc, os.getpid(), fwd.shared, device_kind, fn, args,
+                                                       timeout_s), nprocs=nproc, join=False)
+        finally:
+            fwd.started()
+        deadline = None
+        try:
+            while not procs.join(timeout=0.1):
+                fwd.forward(procs.pids())
+                if fwd.at_once and deadline is None:
+                    deadline = time.monotonic() + preempt.AT_ONCE_GRACE_S
+                if deadline is not None and time.monotonic() > deadline:  # stuck in a collective, say
+                    for p in procs.processes:
+                        if p.is_alive():
+                            p.kill()
+        except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
+            if fwd.at_once:  # a rank interrupted mid-collective fails its peers: part of stopping
+                raise Stopped(signal.SIGINT, None, at_once=True) from None
+            if isinstance(e, mp.ProcessExitedException):  # killed, or exited without a Python error
+                how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
+                raise DistError(f"rank {e.error_index} of {nproc} (host {socket.gethostname()}) ended with {how}; "
+                                "the other ranks were stopped") from None
+            raise DistError(f"rank {e.error_index} of {nproc} failed; the other ranks were stopped. "
+                            f"Its error:\n{e}") from None
+        if fwd.at_once:  # the ranks' KeyboardInterrupt ends them quietly (torch's spawn wrapper)
+            raise Stopped(signal.SIGINT, None, at_once=True)
+        stopped = fwd.outcome()
+    if stopped is not None:
+        raise stopped
 
 
 class DistError(RuntimeError):
@@ -132,8 +191,20 @@ def _is_dist_failure(e: BaseException) -> bool:
 
 
 def launch(fn: Callable, args: tuple, nproc: int, device_kind: str,
-           timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+           timeout_s: float = DEFAULT_TIMEOUT_S, env: dict[str, str] | None = None,
+           separate: bool = False) -> None:
     """Run ``fn(ctx, *args)`` on ``nproc`` processes (or in this one when nproc == 1 / torchrun).
+
+    ``env``: environment variables every rank has before it joins the process group (e.g. NCCL
+    settings, which NCCL reads once, at its first communicator); one the environment already holds
+    keeps its value. ``separate``: spawn even a single rank, in a session of its own, so that the
+    processes it starts (an SGLang engine's) are out of reach of a terminal's Ctrl-C.
+
+    SIGINT / SIGTERM stop the run after the step in progress (fastcrit.train.preempt): ``fn`` raises
+    ``Stopped`` on every rank, and so does this function (spawned ranks: in this process, which
+    forwards the signals to them). A SIGINT after that stops at once: KeyboardInterrupt in this
+    process, or, with spawned ranks, ``Stopped(at_once=True)`` once they have exited (SIGKILLed after
+    ``preempt.AT_ONCE_GRACE_S``).
 
     Started by torchrun, this process is one rank of torchrun's world (``nproc`` is not used; the
     config loader already set trainer.nproc to that world size). A failure on any rank stops the
@@ -142,25 +213,24 @@ def launch(fn: Callable, args: tuple, nproc: int, device_kind: str,
     connection drops (gloo) or after ``timeout_s`` (NCCL's watchdog), each naming itself.
     """
     if torchrun_world() is not None:  # started by torchrun: it set RANK, MASTER_ADDR, ...
-        _worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device_kind, fn, args, timeout_s)
+        for k, v in (env or {}).items():
+            os.environ.setdefault(k, v)
+        rank = int(os.environ["RANK"])
+        with preempt.handling_signals(announce=rank == 0):
+            _worker(rank, int(os.environ["WORLD_SIZE"]), device_kind, fn, args, timeout_s)
         return
     saved = dict(os.environ)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(_free_port())
     os.environ.pop("LOCAL_RANK", None)
+    for k, v in (env or {}).items():  # spawned ranks inherit this environment
+        os.environ.setdefault(k, v)
     try:
-        if nproc == 1:
-            _worker(0, 1, device_kind, fn, args, timeout_s)
+        if nproc == 1 and not separate:
+            with preempt.handling_signals(announce=True):
+                _worker(0, 1, device_kind, fn, args, timeout_s)
         else:
-            try:
-                mp.spawn(_worker, args=(nproc, device_kind, fn, args, timeout_s), nprocs=nproc, join=True)
-            except mp.ProcessExitedException as e:  # killed, or exited without a Python error
-                how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
-                raise DistError(f"rank {e.error_index} of {nproc} (host {socket.gethostname()}) ended with {how}; "
-                                "the other ranks were stopped") from None
-            except mp.ProcessRaisedException as e:
-                raise DistError(f"rank {e.error_index} of {nproc} failed; the other ranks were stopped. "
-                                f"Its error:\n{e}") from None
+            _run_spawned(nproc, device_kind, fn, args, timeout_s)
     finally:  # leave the caller's environment as it was (tests launch several runs in one process)
         os.environ.clear()
         os.environ.update(saved)
@@ -184,6 +254,21 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
     return t.tolist()
+
+
+def agree_to_stop() -> int:
+    """0, or the stop signal a rank received (fastcrit.train.preempt.requested): the same answer on
+    every rank (one all-reduce, max), so all of them stop after the same step. Call it at the same
+    point on every rank."""
+    return int(all_reduce([float(preempt.requested())], "max")[0])
+
+
+def stop_if_asked(step: int | None = None) -> None:
+    """Raise ``Stopped`` on every rank when a rank received a stop signal (``agree_to_stop``);
+    ``step``: the checkpoint step a rerun resumes from, None when there is none."""
+    signum = agree_to_stop()
+    if signum:
+        raise Stopped(signum, step)
 
 
 def world_size() -> int:

@@ -277,3 +277,51 @@ def test_sleep_wake_and_weight_sync(setup):
     assert eng.generate(prompts, params)[0].output_ids == [eos]
     eng.load_weights(state.items())
     assert eng.generate(prompts, params)[0].output_ids == before
+
+
+# ---------------------------------------------------------------------------------------- environment
+
+
+def test_nccl_env_is_what_sglang_sets_and_keeps_the_users_values():
+    from fastcrit.rollout.sglang import nccl_env
+
+    # 0.5.23 engine.py:1897-1914 with the defaults (no symmetric memory, no NVLS): both off.
+    assert nccl_env({}, {}) == {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}
+    assert nccl_env({"enable_nccl_nvls": True}, {}) == {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "1"}
+    assert nccl_env({"enable_symm_mem": True}, {}) == {"NCCL_CUMEM_ENABLE": "1", "NCCL_NVLS_ENABLE": "1"}
+    # SGLang keeps a value the user set unless a flag asks for another: so do we.
+    assert nccl_env({}, {"NCCL_CUMEM_ENABLE": "1"}) == {"NCCL_NVLS_ENABLE": "0"}
+    assert nccl_env({}, {"NCCL_CUMEM_ENABLE": "1", "NCCL_NVLS_ENABLE": "1"}) == {}
+    assert nccl_env({"enable_symm_mem": True}, {"NCCL_CUMEM_ENABLE": "1"}) == {"NCCL_NVLS_ENABLE": "1"}
+    with pytest.raises(ValueError, match="NCCL_CUMEM_ENABLE=0, but SGLang sets NCCL_CUMEM_ENABLE=1"):
+        nccl_env({"enable_symm_mem": True}, {"NCCL_CUMEM_ENABLE": "0"})
+    with pytest.raises(ValueError, match="NCCL_NVLS_ENABLE=0, but SGLang sets NCCL_NVLS_ENABLE=1"):
+        nccl_env({"enable_nccl_nvls": True}, {"NCCL_NVLS_ENABLE": "0"})
+
+
+def test_sigterm_is_taken_back_from_an_event_loop_that_registered_it():
+    # What SGLang's TokenizerManager does in the trainer's process (0.5.23
+    # managers/tokenizer_manager.py:2453-2456): loop.add_signal_handler(SIGTERM, ...).
+    import asyncio
+    import os
+    import signal
+
+    from fastcrit.rollout.sglang import keep_signal
+
+    got = []
+
+    def ours(signum, frame):
+        got.append("ours")
+
+    before = signal.signal(signal.SIGTERM, ours)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.add_signal_handler(signal.SIGTERM, lambda: got.append("sglang"))
+        keep_signal(loop, signal.SIGTERM, ours)
+        assert signal.getsignal(signal.SIGTERM) is ours  # else the kill below would end this process
+        os.kill(os.getpid(), signal.SIGTERM)
+        loop.run_until_complete(asyncio.sleep(0.05))  # where the loop's handler would have run
+        assert got == ["ours"]
+    finally:
+        loop.close()
+        signal.signal(signal.SIGTERM, before)
