@@ -58,6 +58,9 @@ step() {  # step NAME LIMIT_S CMD...: run, log, keep the tail for the end
 
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
+# Liger's patches where liger-kernel is installed; the runs go on without them where it is not
+LIGER=$("$PY" -c "import importlib.util; print('true' if importlib.util.find_spec('liger_kernel') else 'false')" 2>/dev/null || echo false)
+
 if has env; then
   step gpu 20 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
   step versions 60 "$PY" -c "
@@ -88,7 +91,7 @@ fi
 if has grpo; then
   rm -rf "$RUN"
   TAIL=15 step grpo_bf16_fsdp2_cudagraph 180 "$PY" -m fastcrit.cli train configs/cpu/grpo.yaml \
-    --set trainer.device=cuda --set model.dtype=bfloat16 --set rollout.engine_args.cuda_graph=true \
+    --set trainer.device=cuda --set model.dtype=bfloat16 --set model.liger=$LIGER --set rollout.engine_args.cuda_graph=true \
     --set trainer.total_steps=30 --set trainer.eval_every=15 --set trainer.save_every=30 \
     --set "trainer.output_dir=$RUN"
   for f in metrics.jsonl summary.json; do [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/grpo_$f"; done
@@ -143,7 +146,7 @@ fi
 
 if has ppo; then
   rm -rf "$PPO"
-  gpu=(--set trainer.device=cuda --set model.dtype=bfloat16 --set "trainer.output_dir=$PPO")
+  gpu=(--set trainer.device=cuda --set model.dtype=bfloat16 --set model.liger=$LIGER --set "trainer.output_dir=$PPO")
   TAIL=4 step ppo_reward_model 90 "$PY" -m fastcrit.cli rm configs/cpu/ppo.yaml "${gpu[@]}" --set rm.steps=40
   TAIL=12 step ppo_bf16_critic 120 "$PY" -m fastcrit.cli train configs/cpu/ppo.yaml "${gpu[@]}" \
     --set "reward.model_path=$PPO/rm/final" --set rollout.engine_args.cuda_graph=true \

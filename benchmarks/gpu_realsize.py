@@ -43,12 +43,21 @@ def run_sets(args, model_dir: str, out_dir: str) -> list[str]:
             f"trainer.device={args.device}", f"trainer.total_steps={args.steps}", "trainer.eval_every=0",
             f"trainer.save_every={args.steps}", "trainer.progress=false", "data.val_size=8",
             f"data.prompts_per_step={args.prompts}", f"rollout.n={args.n}", "rollout.temperature=1.0",
-            f"rollout.max_new_tokens={args.max_new_tokens}", "trainer.gradient_checkpointing=true",
+            f"rollout.max_new_tokens={args.max_new_tokens}",
             f"trainer.max_tokens_per_micro_batch={args.micro_tokens}", "trainer.micro_batch_size=64",
-            "algorithm.mini_batches=2"]
+            "algorithm.mini_batches=2", f"model.liger={str(liger()).lower()}",
+            f"trainer.gradient_checkpointing={str(not args.no_checkpointing).lower()}"]
     if args.device == "cuda":
         sets += ["model.dtype=bfloat16", "rollout.engine_args.cuda_graph=true"]
     return sets
+
+
+def liger() -> bool:
+    """Liger's kernels where liger-kernel is installed (the gpu extra), else Hugging Face's modules:
+    the plan counts what each keeps."""
+    import importlib.util
+
+    return importlib.util.find_spec("liger_kernel") is not None
 
 
 def build(args, model_dir: str) -> float:
@@ -178,11 +187,13 @@ def main() -> int:
     ap.add_argument("--micro-tokens", type=int, default=16384)
     ap.add_argument("--work", default="/tmp/fastcrit_realsize")
     ap.add_argument("--skip-handover", action="store_true")
+    ap.add_argument("--no-checkpointing", action="store_true", help="the update without activation checkpointing")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     model_dir, run_dir = os.path.join(args.work, "model"), os.path.join(args.work, "run")
     subprocess.call(["rm", "-rf", run_dir])
-    result: dict = {"config_json": CONFIG_JSON, "small": args.small, "device": args.device,
+    result: dict = {"config_json": CONFIG_JSON, "small": args.small, "device": args.device, "liger": liger(),
+                    "checkpointing": not args.no_checkpointing,
                     "build_s": build(args, model_dir)}
     sets = run_sets(args, model_dir, run_dir)
     result["sets"] = sets

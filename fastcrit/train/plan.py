@@ -55,6 +55,7 @@ class ModelShape:
     head_dim: int
     vocab: int
     tied: bool
+    model_type: str = ""
     note: str = ""  # how the config was found, when not at the path the run names
 
     @property
@@ -118,22 +119,32 @@ def model_shape(path: str, what: str = "model.path", value_head: bool = False) -
         source=cfg_path, params=total, root_params=total - sum(per_layer), layer_params=max(per_layer),
         layers=len(layers), hidden=hidden, intermediate=getattr(config, "intermediate_size", 4 * hidden),
         heads=heads, kv_heads=getattr(config, "num_key_value_heads", None) or heads, head_dim=head_dim,
-        vocab=vocab, tied=tied, note=note)
+        vocab=vocab, tied=tied, model_type=config.model_type, note=note)
 
 
-def activation_bytes_per_token(m: ModelShape, compute_bytes: int, checkpointing: bool) -> float:
+LIGER_MODELS = ("qwen2", "llama")  # the architectures fastcrit.models.liger patches
+
+
+def activation_bytes_per_token(m: ModelShape, compute_bytes: int, checkpointing: bool,
+                               liger: bool = True) -> float:
     """Bytes a training forward keeps per token for the backward, one micro-batch, plus the working
-    set of the layer whose backward runs (one layer's activations again).
+    set of the layer whose backward runs (one layer's activations and their gradients).
 
     Per layer, what autograd saves with SDPA / flash attention and Liger's RMSNorm and SwiGLU (the
     CUDA path): the norm inputs (2 H), the q/k/v and MLP inputs (2 H), rotated q and k, v (H +
     2 kv d), the attention output and o_proj's input (2 H), gate, up and down's input (3 I): 7 H +
-    2 kv d + 3 I elements. With checkpointing a layer keeps its input (H) and one layer at a time
-    is recomputed. The last layers' outputs (final norm, the log-prob kernel's input) add 2 H."""
-    layer = 7 * m.hidden + 2 * m.kv_heads * m.head_dim + 3 * m.intermediate
-    kept = m.layers * (m.hidden if checkpointing else layer)
+    2 kv d + 3 I elements. Without Liger, Hugging Face's RMSNorm keeps an fp32 copy of its input
+    (4 H bytes more per norm) and its SwiGLU keeps silu(gate) for the product (I elements more).
+    With checkpointing a layer keeps its input (H) and one layer at a time is recomputed. The last
+    layers' outputs (final norm, the log-prob kernel's input) add 2 H. Measured on an H100
+    (benchmarks/gpu_realsize.py, Qwen2.5-1.5B's shape, 16k tokens per micro-batch, Liger off):
+    this sum is 5% above the update's measured peak with checkpointing and without."""
+    layer = compute_bytes * (7 * m.hidden + 2 * m.kv_heads * m.head_dim + 3 * m.intermediate)
+    if not liger:
+        layer += 2 * 4 * m.hidden + compute_bytes * m.intermediate
+    kept = m.layers * (compute_bytes * m.hidden if checkpointing else layer)
     working = 2 * layer  # the recomputed (or kept) layer and its gradients
-    return float(compute_bytes * (kept + working + 2 * m.hidden))
+    return float(kept + working + compute_bytes * 2 * m.hidden)
 
 
 def forward_bytes_per_token(m: ModelShape, compute_bytes: int) -> float:
@@ -193,9 +204,10 @@ def micro_tokens(cfg, forward_only: bool, prompt_len: int | None = None) -> int:
 
 
 def _engine_terms(label: str, rollout, shape: ModelShape, dtype_bytes: int, capacity: float,
-                  prompts: int, prompt_len: int) -> dict[str, float]:
-    """An awake engine's device memory: SGLang's static share (weights + KV cache) and its graphs,
-    or the native engine's weights, fused copies, KV cache and logits for one generate chunk."""
+                  prompts: int, prompt_len: int, generating: bool = True) -> dict[str, float]:
+    """An awake engine's device memory: SGLang's static share (weights + KV cache, held while
+    awake) and its graphs, or the native engine's weights and fused copies, and while it generates
+    (``generating``) the KV cache and logits of one generate chunk (freed when the call returns)."""
     if rollout.engine == "sglang":
         return {f"{label}: weights + KV cache (SGLang, {rollout.mem_fraction_static:g} of the device)":
                 rollout.mem_fraction_static * capacity,
@@ -205,8 +217,11 @@ def _engine_terms(label: str, rollout, shape: ModelShape, dtype_bytes: int, capa
     per_chunk = max(1, min(prompts, max_batch // n))
     rows = per_chunk * n
     kv = shape.kv_bytes_per_token * dtype_bytes * (per_chunk * prompt_len + rows * rollout.max_new_tokens)
-    return {f"{label}: weights (native engine)": dtype_bytes * shape.params,
-            f"{label}: fused q/k/v, gate/up copies": dtype_bytes * shape.fused_params,
+    weights = {f"{label}: weights (native engine)": dtype_bytes * shape.params,
+               f"{label}: fused q/k/v, gate/up copies": dtype_bytes * shape.fused_params}
+    if not generating:
+        return weights
+    return {**weights,
             f"{label}: KV cache, {rows} rows": kv,
             f"{label}: logits and sampling": 4.0 * 4 * rows * shape.vocab
             + dtype_bytes * per_chunk * prompt_len * (3 * shape.intermediate + 4 * shape.hidden)}
@@ -214,6 +229,7 @@ def _engine_terms(label: str, rollout, shape: ModelShape, dtype_bytes: int, capa
 
 def _train_terms(prefix: str, m: ModelShape, cfg, world: int, compute: int, tokens: int,
                  lm_head: bool, checkpointing: bool) -> tuple[dict[str, float], dict[str, float]]:
+    liger = cfg.model.liger and m.model_type in LIGER_MODELS
     """(terms at the start of the backward, terms at its end) of one micro-batch's forward +
     backward of a trainable model: gradients, gathered parameters, activations, the log-prob
     kernel (``lm_head``), the root's fp32 reduce-scatter."""
@@ -222,7 +238,8 @@ def _train_terms(prefix: str, m: ModelShape, cfg, world: int, compute: int, toke
               f"{prefix} gathered root + 2 layers": gathered}
     start = dict(common)
     start[f"{prefix} activations, {tokens} tokens/micro-batch"
-          f"{' (checkpointed)' if checkpointing else ''}"] = tokens * activation_bytes_per_token(m, compute, checkpointing)
+          f"{' (checkpointed)' if checkpointing else ''}"] = tokens * activation_bytes_per_token(m, compute, checkpointing,
+                                                                                               liger)
     if lm_head:  # fastcrit_kernels.fused_logprobs' backward: d_logits chunk, d_hidden (fp32), d_lm_head
         start[f"{prefix} log-prob kernel"] = min(LOGPROB_CHUNK_BYTES, compute * tokens * m.vocab) \
             + 4.0 * tokens * m.hidden + compute * m.vocab * m.hidden
@@ -317,7 +334,10 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
         s0, s1 = _train_terms("sft:", policy, cfg, world, c, train_tokens, True, ckpt)
         phases.append(Phase("sft", {**sft_static, **_larger(s0, s1)}))
     phases.append(Phase("rollout", {**static, **engine}))
-    reward = {**static, **engine, **proxy_engine}
+    # after the rollout: the engine is awake (SGLang keeps its KV cache; the native engine's went
+    # with the generate call) and CTRL's proxy generates the revisions
+    reward = {**static, **_engine_terms("rollout engine", r, policy, c, cap, prompts, prompt_len, generating=False),
+              **proxy_engine}
     if rm is not None:
         reward.update(forward("reward model:", rm, c, False))
     phases.append(Phase("reward", reward))
@@ -346,7 +366,10 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
                                  "gathered buckets (save)": 2.5 * min(SAVE_BUCKET_BYTES, engine_weights)}))
     phases.append(Phase("evaluation", {**static, **engine, **proxy_engine}))
 
-    plan = Plan(phases, capacity_gib, world, notes, host_load_gib=world * 4.0 * policy.params / GIB, fixes={})
+    # rank 0 alone reads the trained and frozen models (the fp32 policy is the largest); each native
+    # engine reads its own copy in its rank (SGLang loads straight onto its device)
+    host = 4.0 * policy.params + (world * c * policy.params if r.engine == "native" else 0.0)
+    plan = Plan(phases, capacity_gib, world, notes, host_load_gib=host / GIB, fixes={})
     for p in plan.over():
         plan.fixes[p.name] = _fixes(cfg, p, plan)
     return plan
@@ -403,8 +426,8 @@ def render(plan: Plan) -> str:
     lines.append("")
     lines.append(f"peak: {peak.total / GIB:.2f} GiB in {peak.name}; fits when every phase leaves "
                  f"{FIT_MARGIN:.0%} of the device free ({plan.capacity_gib * FIT_MARGIN:.1f} GiB)")
-    lines.append(f"host memory while the models load: {plan.host_load_gib:.1f} GiB "
-                 f"(every rank reads the policy in fp32)")
+    lines.append(f"host memory while the models load: {plan.host_load_gib:.1f} GiB (rank 0 reads each model "
+                 f"once, the largest the fp32 policy; the other ranks get their shards from it)")
     lines += [f"note: {n}" for n in plan.notes]
     for name, keys in plan.fixes.items():
         lines.append(f"{name} does not fit; what would lower it: " + "; ".join(keys))
