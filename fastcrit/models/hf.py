@@ -67,14 +67,23 @@ def resolve_model_path(spec: str | os.PathLike) -> str:
 
 
 def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
-               attn_implementation: str | None = None):
-    """Load a causal LM from a spec (see module docstring) in ``dtype`` on ``device``, in eval mode."""
-    from transformers import AutoModelForCausalLM
+               attn_implementation: str | None = None, meta: bool = False):
+    """Load a causal LM from a spec (see module docstring) in ``dtype`` on ``device``, in eval mode.
+    ``meta``: the architecture alone, its weights on the meta device (nothing read or allocated),
+    for a rank whose shards come from another rank's copy."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     kwargs = {"dtype": parse_dtype(dtype), "local_files_only": True}
     path = resolve_model_path(spec)
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
+    if meta:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        # dtype= as from_pretrained takes it: the weights in it, buffers such as the rotary
+        # frequencies in the dtype the model gives them (fp32), as on the rank that reads them
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, dtype=parse_dtype(dtype), **extra).eval()
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:
@@ -143,14 +152,15 @@ VALUE_HEAD_KINDS = ("ForTokenClassification", "ForSequenceClassification")
 
 
 def load_value_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
-                     device: str | torch.device = "cpu"):
+                     device: str | torch.device = "cpu", meta: bool = False):
     """A backbone with a scalar head (hidden -> 1): a PPO critic or a reward model, verl's form.
 
     A directory saved with such a head (``*ForTokenClassification`` or ``*ForSequenceClassification``
     with one label: ours, or a TRL reward model) keeps its head; a causal LM gets a fresh one (the
     backbone's weights, ``lm_head`` dropped). The model comes back with dropout off, in eval mode,
     and with ``config.architectures`` naming its class, so that a saved copy loads back with
-    ``transformers`` as the same kind of model.
+    ``transformers`` as the same kind of model. ``meta``: the architecture alone, as in
+    ``load_model`` (its head's values then come from another rank).
     """
     from transformers import (AutoConfig, AutoModelForSequenceClassification,
                               AutoModelForTokenClassification)
@@ -164,6 +174,12 @@ def load_value_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float3
                          "(one scalar per token is needed)")
     config.num_labels, config.classifier_dropout = 1, 0.0
     cls = AutoModelForSequenceClassification if head == "ForSequenceClassification" else AutoModelForTokenClassification
+    if meta:
+        with torch.device("meta"):
+            model = cls.from_config(config, dtype=parse_dtype(dtype))
+        model.config.architectures = [type(model).__name__]
+        model._fresh_value_head = head is None
+        return model.eval()
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()

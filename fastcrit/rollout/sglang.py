@@ -384,6 +384,9 @@ class SGLangEngine:
                 "enable_weights_cpu_backup: true); load the full set with load_weights first"
                 + (f" (not loaded since: {missing[:5]}{' ...' if len(missing) > 5 else ''})" if missing else ""))
         if self._kv_released:
+            # the weight sync's buckets are cached blocks of this process's allocator now, which
+            # the scheduler process (where SGLang resumes) cannot use
+            torch.cuda.empty_cache()
             self._engine.resume_memory_occupation(tags=["kv_cache", "cuda_graph"])  # returns None
             self._kv_released = False
         if self._needs_flush:
@@ -413,6 +416,7 @@ class SGLangEngine:
         self._check("wake")
         if not self._asleep:
             return
+        torch.cuda.empty_cache()  # as in generate: the scheduler cannot use this process's cached blocks
         self._engine.resume_memory_occupation(tags=["weights"])  # returns None
         self._ledger.woke()
         self._asleep = False

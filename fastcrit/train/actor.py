@@ -25,7 +25,7 @@ from fastcrit.models.mlp import patch_swiglu_mlps
 from fastcrit.models.norm import patch_rms_norms
 from fastcrit.train.balance import karmarkar_karp, split_to, token_micro_batches, workload
 from fastcrit.train.dist import all_reduce, world_size
-from fastcrit.train.policy import CausalLMLogprobs, checkpoint_layers, shard
+from fastcrit.train.policy import CausalLMLogprobs, checkpoint_layers, load_from_rank0, shard
 from fastcrit.types import RolloutBatch
 
 
@@ -76,7 +76,7 @@ def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size
             raise RuntimeError(f"trainer.pack_sequences on CUDA runs on flash-attn 2's varlen path: {problem}")
         attn = "flash_attention_2"
     lm = load_model(model_path, dtype=torch.float32 if trainable else parse_dtype(dtype), device="cpu",
-                    attn_implementation=attn)
+                    attn_implementation=attn, meta=not reads_weights(world_size))
     lm.config.use_cache = False
     if liger and device.type == "cuda":
         apply_liger(lm)
@@ -84,6 +84,14 @@ def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size
                            optim=optim, total_updates=total_updates, checkpointing=checkpointing)
     actor.share_prompts = share_prompts
     return actor
+
+
+def reads_weights(world_size: int) -> bool:
+    """Whether this rank reads a model's weights from disk: every rank in one process, else rank 0
+    alone. The other ranks build the architecture on the meta device and get their shards from
+    rank 0 once sharded (``wrap_trainable``), so a node's host memory holds one copy of each model
+    while they load, not one per rank."""
+    return world_size == 1 or not dist.is_initialized() or dist.get_rank() == 0
 
 
 def wrap_trainable(module: torch.nn.Module, *, dtype: str, device: torch.device, world_size: int,
@@ -119,7 +127,13 @@ def wrap_trainable(module: torch.nn.Module, *, dtype: str, device: torch.device,
     if world_size == 1 and not mixed:
         module.to(device)
     else:
+        # rank 0's full weights (host tensors, kept alive by this dict while FSDP2 shards the
+        # module) go to every rank's shards once sharded; the other ranks' modules are weightless
+        full = module.state_dict() if world_size > 1 and dist.get_rank() == 0 else None
         shard(module, world_size, device, param_dtype=compute if mixed else None)
+        if world_size > 1:
+            load_from_rank0(module, full, device)
+            del full
     if not trainable:
         return Actor(module, None, None, device)
     # AdamW is torch's fused kernel (one pass per parameter; on CPU the foreach path loops over ~8

@@ -313,6 +313,23 @@ def _named(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
         (n, b) for n, b in module.lm.named_buffers() if n in persistent]
 
 
+def load_from_rank0(module: nn.Module, full: dict[str, torch.Tensor] | None, device: torch.device) -> None:
+    """Give every rank's FSDP2 shards rank 0's weights: ``full`` is rank 0's state dict taken
+    before sharding (None elsewhere). A rank whose module was built on the meta device gets
+    storage first (``to_empty``); then torch's state-dict loader broadcasts each full tensor from
+    rank 0 and keeps each rank's piece, and the buffers (rotary frequencies, which no state dict
+    holds) are broadcast too. A collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if any(t.is_meta for t in [*module.parameters(), *module.buffers()]):
+        module.to_empty(device=device)
+    set_model_state_dict(module, full if full is not None else {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    with torch.no_grad():
+        for b in module.buffers():
+            dist.broadcast(b, src=0)
+
+
 def full_named_tensors(module: CausalLMLogprobs) -> Iterator[tuple[str, torch.Tensor]]:
     """Full (unsharded) parameters and persistent buffers by Hugging Face name, in their own
     dtype, one all-gather per tensor. A collective: every rank must iterate it to the end."""

@@ -9,7 +9,8 @@ import torch.nn as nn
 from fastcrit.algos.advantages import last_valid_index
 from fastcrit.config import AlgorithmConfig, OptimConfig, PPOConfig
 from fastcrit.models.hf import load_value_model, parse_dtype
-from fastcrit.train.actor import Actor, GlobalWeights, _micro_slices, optimizer_step, reshard, wrap_trainable
+from fastcrit.train.actor import (Actor, GlobalWeights, _micro_slices, optimizer_step, reads_weights, reshard,
+                                  wrap_trainable)
 from fastcrit.train.policy import graph_attention
 from fastcrit.types import RolloutBatch
 from fastcrit_kernels import value_loss
@@ -42,7 +43,8 @@ def build_value_actor(model_path: str, *, dtype: str, device: torch.device, worl
     FSDP2, with AdamW by ``optim``, or frozen when ``optim`` is None (a reward model);
     ``checkpointing``: activation checkpointing per decoder layer when trainable."""
     dtype_load = torch.float32 if optim is not None else parse_dtype(dtype)
-    return wrap_trainable(ValueModel(load_value_model(model_path, dtype=dtype_load)), dtype=dtype,
+    model = load_value_model(model_path, dtype=dtype_load, meta=not reads_weights(world_size))
+    return wrap_trainable(ValueModel(model), dtype=dtype,
                           device=device, world_size=world_size, optim=optim, total_updates=total_updates,
                           checkpointing=checkpointing)
 

@@ -108,9 +108,10 @@ def test_a_save_streams_rank_0_alone_holds_the_model_in_its_dtype(tmp_path):
     fp32 = got["model_bytes"]
     assert fp32 > 60e6  # large enough for resident-set noise not to matter
     rank0, rank1 = got["growth"]
-    # rank 1: a few buckets' worth (its piece, the gathered bucket, the full copies; the heap's
-    # fragments), whatever the model's size; before streaming it held the whole fp32 model
-    assert rank1 < 0.3 * fp32, got
+    # rank 1: a few buckets' worth (its piece, the gathered bucket, the full copies) and the heap's
+    # fragments: 19-29 MB measured with 2 MiB buckets, whatever the model's size; before streaming
+    # it held the whole fp32 model (over 1x)
+    assert rank1 < 0.5 * fp32, got
     # rank 0: the model in bf16 (half the fp32 bytes), and safetensors' serialised copy of it
     assert 0.4 * fp32 < rank0 < 1.25 * fp32, got
     from safetensors import safe_open
@@ -119,3 +120,95 @@ def test_a_save_streams_rank_0_alone_holds_the_model_in_its_dtype(tmp_path):
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
     with open(os.path.join(directory, "config.json")) as f:
         assert '"bfloat16"' in f.read()
+
+
+def _root_after_forward(ctx, path, out_file):
+    from torch.distributed.tensor import DTensor
+
+    from fastcrit.train.actor import compute_logprobs
+    from test_actor import make_batch
+
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
+                        optim=OptimConfig(lr=1e-2))
+    ref = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size)
+    embed = lambda a: a.module.lm.get_input_embeddings().weight  # noqa: E731
+    b = make_batch(2)
+    with torch.no_grad():  # FSDP2 alone: the root stays gathered after a forward without a backward
+        actor.module(b.input_ids, b.attention_mask, b.position_ids, b.responses, b.response_mask)
+    kept = not isinstance(embed(actor), DTensor)
+    compute_logprobs(actor, b, 1.0, 8)
+    compute_logprobs(ref, b, 1.0, 8)
+    if ctx.is_main:
+        torch.save({"kept_by_fsdp": kept, "policy_sharded": isinstance(embed(actor), DTensor),
+                    "reference_sharded": isinstance(embed(ref), DTensor)}, out_file)
+
+
+def test_forward_only_passes_leave_the_root_sharded(tiny_model_path, tmp_path):
+    """The reference's and the policy's scoring passes free their gathered embeddings and lm_head
+    (FSDP2 keeps the root gathered after a forward for a backward that never comes)."""
+    out = str(tmp_path / "r.pt")
+    launch(_root_after_forward, (tiny_model_path, out), 2, "cpu")
+    got = torch.load(out)
+    assert got == {"kept_by_fsdp": True, "policy_sharded": True, "reference_sharded": True}
+
+
+def _load(ctx, path, out_file):
+    from fastcrit.models.hf import load_model
+    from fastcrit.train.memory import proc_status_kb, reset_rss_peak
+    from fastcrit.train.policy import full_named_tensors
+    from fastcrit.train.value import build_value_actor
+
+    truth = {n: t.clone() for n, t in load_model(path).state_dict().items()}
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    dist.barrier()
+    before = proc_status_kb("VmRSS")["VmRSS"] * 1024
+    assert reset_rss_peak()
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
+                        optim=OptimConfig(lr=1e-2))
+    growth = proc_status_kb("VmHWM")["VmHWM"] * 1024 - before
+    ref = build_actor(path, dtype="bfloat16", device=ctx.device, world_size=ctx.world_size)
+    critic = build_value_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
+                               optim=OptimConfig(lr=1e-2))
+    got = {"policy": dict(full_named_tensors(actor.module)), "reference": dict(full_named_tensors(ref.module)),
+           "critic": dict(full_named_tensors(critic.module)),
+           "rotary": [b.clone() for b in actor.module.buffers()]}
+    growths = [None] * ctx.world_size
+    dist.all_gather_object(growths, growth)
+    if ctx.is_main:
+        torch.save({"truth": truth, "got": got, "growth": growths,
+                    "model_bytes": sum(t.numel() * 4 for t in truth.values())}, out_file)
+    else:
+        torch.save({"got": got}, out_file + ".rank1")
+
+
+def test_rank_0_alone_reads_the_weights_and_every_rank_gets_them(tmp_path):
+    """Two ranks build the policy, the reference and a value critic: the non-zero rank builds them
+    weightless and receives its shards from rank 0, whose copy was read from disk. The gathered
+    weights are the checkpoint's (the critic's fresh head the same on both ranks), the rotary
+    buffers too, and while the policy loaded the other rank's resident memory grew by its shards,
+    not by the whole fp32 model as rank 0's did (every rank read it before)."""
+    from fastcrit.models.hf import resolve_model_path
+    from fastcrit.train.memory import reset_rss_peak
+
+    if not reset_rss_peak():
+        pytest.skip("this kernel refuses to reset the resident-set peak (/proc/self/clear_refs)")
+    path = resolve_model_path("tiny:hidden=512,layers=6,heads=8,kv_heads=2,intermediate=2048")
+    out = str(tmp_path / "load.pt")
+    launch(_load, (path, out), 2, "cpu")
+    r0, r1 = torch.load(out), torch.load(out + ".rank1")
+    for name, t in r0["got"]["policy"].items():
+        torch.testing.assert_close(t, r0["truth"][name], atol=0, rtol=0)
+        torch.testing.assert_close(r1["got"]["policy"][name], t, atol=0, rtol=0)
+    for name, t in r0["got"]["reference"].items():
+        torch.testing.assert_close(t, r0["truth"][name].to(torch.bfloat16), atol=0, rtol=0)
+    for name, t in r0["got"]["critic"].items():
+        torch.testing.assert_close(r1["got"]["critic"][name], t, atol=0, rtol=0)
+        if not name.startswith("score"):
+            torch.testing.assert_close(t, r0["truth"][name], atol=0, rtol=0)
+    for a, b in zip(r0["got"]["rotary"], r1["got"]["rotary"]):
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(b, a, atol=0, rtol=0)
+    # both ranks end with their fp32 shards (half the model each); rank 0 also held the whole model
+    # it read, rank 1 about a tensor at a time more than its shards (before: the whole model too)
+    rank0, rank1, model = *r0["growth"], r0["model_bytes"]
+    assert rank1 < 0.8 * model and rank0 - rank1 > 0.6 * model, r0["growth"]
