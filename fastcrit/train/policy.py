@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import math
 from typing import Iterator
 
 import torch
@@ -377,18 +378,37 @@ def _gather_bucket(bucket: list[tuple[str, torch.Tensor]], dtype: torch.dtype | 
                    ) -> list[tuple[str, torch.Tensor]]:
     sharded = [(n, t) for n, t in bucket if _row_shard(t) and t.device_mesh.size() > 1]
     full: dict[str, torch.Tensor] = {}
+    # one flat buffer per (output dtype, mesh): a single one in practice (FSDP2 shards one model
+    # over one mesh, and syncs and saves pass a dtype); otherwise one all-gather each
+    groups: dict[tuple, list[tuple[str, torch.Tensor]]] = {}
+    for n, t in sharded:
+        groups.setdefault((dtype or t.dtype, id(t.device_mesh)), []).append((n, t))
+    for (out_dtype, _), members in groups.items():
+        full.update(_gather_flat(members, out_dtype))
+    out = []
+    for name, t in bucket:
+        if name in full:
+            out.append((name, full[name]))
+            continue
+        if isinstance(t, DTensor):  # a world of one, or a placement FSDP2 does not make
+            t = t.full_tensor()
+        t = t.detach()
+        out.append((name, t if dtype is None or t.dtype == dtype else t.to(dtype)))
+    return out
+
+
+def _gather_flat(sharded: list[tuple[str, torch.Tensor]], out_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Full tensors of FSDP2 row shards on one mesh, in ``out_dtype``: one all-gather."""
+    full: dict[str, torch.Tensor] = {}
     if sharded:
         mesh = sharded[0][1].device_mesh
         world, group = mesh.size(), mesh.get_group()
-        out_dtype = dtype or sharded[0][1].dtype
-        if any((dtype or t.dtype) != out_dtype or t.device_mesh != mesh for _, t in sharded):
-            raise ValueError("gathered_buckets: one bucket mixes dtypes or meshes; pass a dtype")
         slots = []  # (name, full shape, rows per slot, elements per slot, offset)
         offset = 0
         for name, t in sharded:
             rows = t.shape[0]
             per = -(-rows // world)  # torch.chunk's piece: ceil(rows / world)
-            inner = t[0].numel() if rows else 0
+            inner = math.prod(t.shape[1:])  # from the shape: indexing a DTensor would be a collective
             slots.append((name, t.shape, per, per * inner, offset))
             offset += per * inner
         device = sharded[0][1].to_local().device
@@ -404,16 +424,7 @@ def _gather_bucket(bucket: list[tuple[str, torch.Tensor]], dtype: torch.dtype | 
             # [world, per * inner] -> [world * per, ...] -> the first rows: one copy
             full[name] = recv[:, off:off + elems].reshape(world * per, *shape[1:])[:shape[0]]
         del recv
-    out = []
-    for name, t in bucket:
-        if name in full:
-            out.append((name, full[name]))
-            continue
-        if isinstance(t, DTensor):  # a world of one, or a placement FSDP2 does not make
-            t = t.full_tensor()
-        t = t.detach()
-        out.append((name, t if dtype is None or t.dtype == dtype else t.to(dtype)))
-    return out
+    return full
 
 
 def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group) -> None:
