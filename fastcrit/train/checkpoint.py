@@ -34,6 +34,7 @@ from fastcrit.models.hf import parse_dtype, save_pretrained_safetensors
 from fastcrit.train.dist import DistContext, barrier
 from fastcrit.train.actor import Actor
 from fastcrit.train.policy import gathered_buckets
+from fastcrit.train.shards import fsync_path
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _TMP = ".tmp_"  # .tmp_step_<N>: being written; .tmp_old_step_<N>: being deleted
@@ -139,20 +140,12 @@ def prune_checkpoints(output_dir: str, keep_last: int | None, step: int) -> list
     return [p for _, p in old]
 
 
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(root: str) -> None:
     """Flush every file under ``root`` and every directory (their entries) to disk."""
     for dirpath, _, files in os.walk(root):
         for name in files:
-            _fsync(os.path.join(dirpath, name))
-        _fsync(dirpath)
+            fsync_path(os.path.join(dirpath, name))
+        fsync_path(dirpath)
 
 
 # Saves gather this many bytes of full tensors at a time (one all-gather each).
@@ -225,7 +218,7 @@ def save_checkpoint(actor: Actor, tokenizer, ctx: DistContext, output_dir: str, 
         if os.path.exists(final):
             _discard(final)
         os.rename(path, final)
-        _fsync(os.path.dirname(final))
+        fsync_path(os.path.dirname(final))
         prune_checkpoints(output_dir, keep_last, step)
     barrier()
     return final

@@ -78,7 +78,8 @@ def dealt(chunks: list[Chunk], rank: int, world_size: int) -> list[Chunk]:
     return chunks[rank::world_size]
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_path(path: str) -> None:
+    """Flush a file's data, or a directory's entries, to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -95,7 +96,7 @@ def write_atomically(path: str, lines: Iterable[str]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
+    fsync_path(os.path.dirname(path))
 
 
 class ChunkFiles:

@@ -488,6 +488,23 @@ def test_sleep_wake_close(engine, prompts):
     engine.close()
 
 
+def test_sleep_with_a_host_copy_wakes_with_its_weights(model_dir, prompts):
+    """cpu_backup (a frozen model no trainer reloads, CTRL's proxy): sleep frees the weights' device
+    memory as without it, and wake restores their values: generate needs no load_weights."""
+    eng = NativeEngine(model_dir, cpu_backup=True)
+    held = eng.held_bytes()
+    before = eng.generate(prompts, greedy(max_new=4))
+    eng.sleep()
+    assert eng.held_bytes() < 0.01 * held
+    eng.wake()
+    assert eng.held_bytes() == held
+    assert eng.generate(prompts, greedy(max_new=4)) == before
+    eng.sleep()  # again: a second backup of the restored weights
+    eng.wake()
+    assert eng.generate(prompts, greedy(max_new=4)) == before
+    eng.close()
+
+
 @pytest.mark.gpu
 def test_sleep_gives_cuda_memory_back(model_dir, prompts):
     """On CUDA what sleep frees is the allocator's: memory_allocated drops by the weights' bytes (and
