@@ -110,9 +110,10 @@ def finish(proc: subprocess.Popen, log: str) -> str:
 
 
 def chunks_done(log_text: str) -> dict[str, list[int]]:
-    """Chunk name -> the ranks that reported doing it (each rank prints one line per chunk)."""
+    """Chunk name -> the ranks that reported doing it (each rank prints one line per chunk; the
+    ranks share the log, so a line may follow another rank's unfinished progress bar)."""
     out: dict[str, list[int]] = {}
-    for rank, name in re.findall(r"^ctrl-synth: rank (\d+): (\w+_\d{5}) ", log_text, re.M):
+    for rank, name in re.findall(r"ctrl-synth: rank (\d+): (\w+_\d{5}) ", log_text):
         out.setdefault(name, []).append(int(rank))
     return out
 
