@@ -427,7 +427,7 @@ class SandboxPool:
         t0 = time.perf_counter()
         key = None
         if self.cache is not None:
-            key = job_key(job)
+            key = job_key(job, self.cfg)
             hit = self.cache.get(key)
             if hit is not None:
                 hit.id = job.id

@@ -22,6 +22,11 @@ MEMORY = "memory"  # MemoryError under the address-space limit
 OUTPUT_LIMIT = "output_limit"  # wrote more than the output cap (or a file past RLIMIT_FSIZE)
 SKIPPED = "skipped"  # not run: run_all_cases=False and an earlier test failed
 STATUSES = (PASSED, FAILED, ERROR, TIMEOUT, MEMORY, OUTPUT_LIMIT, SKIPPED)
+# How a test's message starts when the sandbox, not the program, decided its verdict (a worker that
+# raised, an answer the pool could not read or judge). Such results are never cached. A program can
+# only make its own stdio error message start so (it is the last line of its stderr), which costs
+# it nothing but the cache.
+FAULT_PREFIX = "sandbox "
 
 
 class JobError(ValueError):
