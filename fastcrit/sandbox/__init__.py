@@ -13,7 +13,7 @@ import importlib
 _EXPORTS = {
     "SandboxPool": "pool", "SyncSandboxPool": "pool", "run_jobs": "pool",
     "RemoteSandbox": "remote",
-    "ResultCache": "cache", "job_key": "cache", "normalise": "cache",
+    "ResultCache": "cache", "job_key": "cache", "sandbox_version": "cache",
     "IsolationUnavailable": "jail", "Probe": "jail", "probe": "jail",
     "Job": "types", "JobError": "types", "Result": "types", "SandboxConfig": "types", "TestResult": "types",
     "KINDS": "types", "STATUSES": "types", "PASSED": "types", "FAILED": "types", "ERROR": "types",

@@ -443,7 +443,10 @@ def why_not(source: str, entry_point: str | None) -> str:
 
 
 def _short_repr(value, width: int = 80) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # an int with more digits than str() may write, a deep value
+        return f"<{type(value).__name__} that cannot be shown>"
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
@@ -465,12 +468,13 @@ def judge_split(split: SplitTest, raw: list) -> tuple[str, str]:
             if k not in decoded:
                 try:
                     decoded[k] = from_typed(r.get("value"))
-                except (ValueError, TypeError, KeyError, RecursionError) as exc:
-                    return "error", f"malformed return value: {exc}"[:500]
+                except (ValueError, TypeError, KeyError, ArithmeticError, RecursionError, MemoryError) as exc:
+                    # The trusted encoder never sends such a value: a forged record, or our bug.
+                    return "error", f"sandbox could not decode the returned value: {type(exc).__name__}: {exc}"[:500]
         try:
             ok = evaluate(check.expr, check.constants, decoded)
         except NotSplittable as exc:  # cannot happen for an accepted test; never a pass
-            return "error", f"pool evaluator: {exc}"
+            return "error", f"sandbox pool evaluator: {exc}"
         except Exception as exc:  # as the process would raise it: the test errs
             return "error", f"{type(exc).__name__}: {exc}"[:500]
         if not ok:  # the values the program returned, for feedback (expected is in the source)

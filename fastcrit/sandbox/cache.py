@@ -1,133 +1,96 @@
-"""Result cache keyed by (AST-normalised code, tests, limits), persisted in sqlite.
+"""Result cache keyed by the exact job, persisted in sqlite.
 
-Normalisation parses the code and prints it back (comments and formatting vanish) after renaming
-each function's local variables canonically (``_v0``, ``_v1`` ... in order of first binding), so
-programs that differ only in local names, comments, blank lines or quoting hit the same entry.
+The key (``job_key``) is a SHA-256 over
 
-What it does not rename, to stay exact: parameters (callers may pass them by keyword), globals,
-attributes, names declared ``global``/``nonlocal``, and anything in a function that calls
-``locals``/``vars``/``eval``/``exec``/``dir`` (which can observe names). Code that does not parse is
-keyed by its raw text. Docstrings are kept (they are observable). Only the verdicts are shared
-between equivalent programs: a hit returns the stdout/stderr tails of the program first run.
+- the program's text exactly as given: no normalisation, since programs that differ only in local
+  names, comments or blank lines can behave differently (a function reading its own
+  ``co_varnames`` or ``co_firstlineno``);
+- kind, tests (in their order, dict items in their order: a program can observe both), entry point,
+  ``timeout_s``, ``memory_mb``, ``run_all_cases``;
+- every pool setting that can change a result (all of ``SandboxConfig`` but ``_NOT_IN_KEY``, so a
+  setting added later is in the key until someone decides otherwise): isolation, limits, preimported
+  modules, ``assert_in_pool``, the backend and its URL, the tail size;
+- ``sandbox_version()``: a digest of the sandbox's own code (every ``.py`` file of this package and
+  the jail binary) and of the Python version. Any change to how verdicts are reached gives new keys,
+  with no version number to remember to bump; unchanged code keeps its entries across runs.
 
-Results with a timeout or a job-level error (worker died, refused) are not stored: they may depend
-on load rather than on the program.
+Only results the program itself decided are stored (``cacheable``): not a result with a job-level
+message (a worker that died or stopped answering, a remote failure), not one with a ``timeout``
+(it may depend on load), not one with a test whose message starts with ``FAULT_PREFIX`` (the
+sandbox's own faults: a worker that raised, an answer the pool could not read or judge), not one
+without tests. A hit returns the verdicts and the stdout/stderr tails of the first run.
+
+The sqlite file and its WAL and shared-memory files (which sqlite creates with the main file's
+mode) are readable and writable by their owner only.
 """
 from __future__ import annotations
 
-import ast
+import dataclasses
+import functools
+import glob
 import hashlib
 import json
 import os
 import sqlite3
+import sys
 import threading
 import time
 
-from .types import ERROR, TIMEOUT, Job, Result
+from .types import FAULT_PREFIX, PASSED, TIMEOUT, Job, Result, SandboxConfig
 
-_DYNAMIC = {"locals", "vars", "eval", "exec", "dir"}
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp,
-           ast.SetComp, ast.DictComp, ast.GeneratorExp)
-
-
-def _own_scope_nodes(fn):
-    """Nodes of ``fn``'s own scope (nested function/class/lambda/comprehension bodies excluded)."""
-    stack = list(ast.iter_child_nodes(fn))
-    while stack:
-        node = stack.pop()
-        yield node
-        if not isinstance(node, _SCOPES):
-            stack.extend(ast.iter_child_nodes(node))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# Settings that change how fast or how many jobs run, never a result: left out of the key. The
+# config's timeout_s/memory_mb are only defaults for jobs given as dicts; a Job holds its own.
+_NOT_IN_KEY = frozenset({"workers", "max_concurrency", "cache_path", "timeout_s", "memory_mb",
+                         "remote_concurrency", "remote_retries", "remote_timeout_s"})
 
 
-def _bound_locals(fn) -> list[str]:
-    """Names ``fn`` binds by plain assignment in its own scope that are safe to rename, in order
-    of first appearance."""
-    unsafe = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
-    for a in (fn.args.vararg, fn.args.kwarg):
-        if a is not None:
-            unsafe.add(a.arg)
-    for node in ast.walk(fn):
-        if node is fn:
-            continue
-        if isinstance(node, (ast.Global, ast.Nonlocal)):
-            unsafe.update(node.names)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            args = node.args
-            unsafe.update(x.arg for x in args.posonlyargs + args.args + args.kwonlyargs)
-            unsafe.update(x.arg for x in (args.vararg, args.kwarg) if x is not None)
-            if not isinstance(node, ast.Lambda):
-                unsafe.add(node.name)
-        elif isinstance(node, ast.ClassDef):
-            unsafe.add(node.name)
-            unsafe.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
-        elif isinstance(node, ast.alias):
-            unsafe.add((node.asname or node.name).split(".")[0])
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            unsafe.add(node.name)
-        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
-            unsafe.add(node.name)
-        elif isinstance(node, ast.MatchMapping) and node.rest:
-            unsafe.add(node.rest)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _DYNAMIC:
-            return []
-    order, seen = [], set()
-    # first-binding order must follow the source, so sort the own-scope stores by position
-    stores = sorted((n for n in _own_scope_nodes(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)),
-                    key=lambda n: (n.lineno, n.col_offset))
-    for n in stores:
-        if n.id not in seen and n.id not in unsafe:
-            seen.add(n.id)
-            order.append(n.id)
-    return order
+@functools.lru_cache(maxsize=None)
+def sandbox_version() -> str:
+    """Digest of the code that reaches verdicts: this package's sources, the jail binary and the
+    Python version (see the module docstring)."""
+    from .jail import jail_path
+
+    h = hashlib.sha256(sys.version.encode())
+    files = sorted(glob.glob(os.path.join(_HERE, "*.py")))
+    jail = jail_path()
+    for path in files + ([jail] if jail else []):
+        with open(path, "rb") as f:
+            data = f.read()
+        h.update(b"%s %d\n" % (os.path.basename(path).encode(), len(data)))
+        h.update(data)
+    return h.hexdigest()
 
 
-class _Renamer(ast.NodeTransformer):
-    def _rename_function(self, fn):
-        names = _bound_locals(fn)
-        taken = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
-        mapping, k = {}, 0
-        for name in names:
-            while f"_v{k}" in taken:
-                k += 1
-            mapping[name] = f"_v{k}"
-            k += 1
-        for node in ast.walk(fn):
-            if isinstance(node, ast.Name) and node.id in mapping:
-                node.id = mapping[node.id]
-        return fn
-
-    def visit_FunctionDef(self, node):
-        self.generic_visit(node)
-        return self._rename_function(node)
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-
-def normalise(code: str) -> str:
-    """Canonical text of ``code``; the raw text when it does not parse."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return "\0raw\0" + code
-    try:
-        tree = _Renamer().visit(tree)
-        return ast.unparse(tree)
-    except (RecursionError, ValueError):
-        return "\0raw\0" + code
-
-
-def job_key(job: Job) -> str:
+def job_key(job: Job, config: SandboxConfig) -> str:
+    """The cache key of ``job`` run by a pool with ``config`` (see the module docstring)."""
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in _NOT_IN_KEY}
     payload = json.dumps(
-        {"code": normalise(job.code), "kind": job.kind, "tests": job.tests, "entry_point": job.entry_point,
-         "timeout_s": job.timeout_s, "memory_mb": job.memory_mb, "run_all_cases": job.run_all_cases},
-        sort_keys=True, default=repr)
+        [sandbox_version(), settings, job.code, job.kind, job.tests, job.entry_point, job.timeout_s,
+         job.memory_mb, job.run_all_cases], separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
 def cacheable(result: Result) -> bool:
-    return not result.message and all(t.status not in (TIMEOUT,) for t in result.tests) and not (
-        result.status == ERROR and not result.tests)
+    """True when every verdict of ``result`` was decided by the program's own behaviour."""
+    if result.message or not result.tests:
+        return False
+    return not any(t.status == TIMEOUT or (t.status != PASSED and t.message.startswith(FAULT_PREFIX))
+                   for t in result.tests)
+
+
+def _make_private(path: str) -> None:
+    """Create ``path`` with mode 0600, or make an existing file (and its sqlite companions) so."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    finally:
+        os.close(fd)
+    for extra in (path + "-wal", path + "-shm", path + "-journal"):
+        try:
+            os.chmod(extra, 0o600)
+        except FileNotFoundError:
+            pass
 
 
 class ResultCache:
@@ -137,6 +100,7 @@ class ResultCache:
         self.path = path
         d = os.path.dirname(os.path.abspath(path))
         os.makedirs(d, exist_ok=True)
+        _make_private(path)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, check_same_thread=False, timeout=30)
         self._db.execute("PRAGMA journal_mode=WAL")

@@ -116,17 +116,27 @@ class _WorkerProc:
             self.stderr_tail = (self.stderr_tail + b)[-4096:]
 
     @staticmethod
-    async def _read(proc) -> dict:
+    async def _read_frame(proc) -> bytes:
         hdr = await proc.stdout.readexactly(4)
         (n,) = _HDR.unpack(hdr)
-        return json.loads(await proc.stdout.readexactly(n))
+        return await proc.stdout.readexactly(n)
+
+    @classmethod
+    async def _read(cls, proc) -> dict:
+        return json.loads(await cls._read_frame(proc))
 
     async def _read_loop(self, proc, pending):
         why = "died"
         try:
             while True:
-                out = await self._read(proc)
+                body = await self._read_frame(proc)
                 fut = pending.popleft()
+                try:
+                    out = json.loads(body)
+                except RecursionError:
+                    # A value nested deeper than this process's stack allows (a forged record can
+                    # carry one): the frame was read whole, so only this answer is lost.
+                    out = {"undecodable": "nested too deeply to decode"}
                 if not fut.done():  # a caller that gave up (cancelled) leaves a done future
                     fut.set_result(out)
         except (asyncio.IncompleteReadError, ConnectionError, ValueError, IndexError) as exc:
@@ -192,26 +202,47 @@ class _WorkerProc:
         await self.kill()
 
 
+def _shown(value, width: int = 200) -> str:
+    """A returned or expected value for a message; never raises (a value too deep or with too
+    many digits for JSON is named by its type)."""
+    try:
+        text = json.dumps(value)
+    except (ValueError, TypeError, RecursionError):
+        return f"<{type(value).__name__} that cannot be shown>"
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _judge_one(kind: str, test: dict, st, msg: str, raw_t: dict) -> tuple[str, str]:
+    if st == "returned" and kind == "call":
+        v = raw_t.get("value")
+        if values_equal(v, test["expected"]):
+            return PASSED, ""
+        return FAILED, f"returned {_shown(v)}, expected {_shown(test['expected'])}"
+    if st == "returned" and kind == "stdio":
+        got = raw_t.get("value", "")
+        if stdout_matches(got, test["output"]):
+            return PASSED, ""
+        return FAILED, f"wrong answer: {stdout_difference(got, test['output'])}"
+    if st == PASSED and kind != "assert":
+        return ERROR, "sandbox worker sent an unjudged pass"
+    if st not in STATUSES:
+        return ERROR, f"sandbox worker sent status {st!r}"
+    return st, msg
+
+
 def judge(job: Job, raw: list) -> list[TestResult]:
     """Final per-test verdicts from a worker's answer. ``stdio``/``call`` tests come back as
     "returned" with the program's stdout / JSON value and are compared here; with
     ``run_all_cases`` false everything after the first non-pass becomes "skipped" (the worker
-    only stops early on failures it can see itself: errors, timeouts, limits)."""
+    only stops early on failures it can see itself: errors, timeouts, limits). Whatever a program
+    printed or returned gives a verdict here, never an exception."""
     out = []
     for t, raw_t in zip(job.tests, raw):
         st, msg = raw_t.get("status"), str(raw_t.get("message", ""))
-        if st == "returned" and job.kind == "call":
-            v = raw_t.get("value")
-            st, msg = (PASSED, "") if values_equal(v, t["expected"]) else (
-                FAILED, f"returned {json.dumps(v)[:200]}, expected {json.dumps(t['expected'])[:200]}")
-        elif st == "returned" and job.kind == "stdio":
-            got = raw_t.get("value", "")
-            st, msg = (PASSED, "") if stdout_matches(got, t["output"]) else (
-                FAILED, f"wrong answer: {stdout_difference(str(got), t['output'])}")
-        elif st == PASSED and job.kind != "assert":
-            st, msg = ERROR, "sandbox worker sent an unjudged pass"
-        elif st not in STATUSES:
-            st, msg = ERROR, f"sandbox worker sent status {st!r}"
+        try:
+            st, msg = _judge_one(job.kind, t, st, msg, raw_t)
+        except Exception as exc:  # a comparison this module did not foresee: an error, never a pass
+            st, msg = ERROR, f"sandbox could not judge the output: {type(exc).__name__}: {exc}"[:500]
         out.append(TestResult(st, msg))
     if not job.run_all_cases:
         for i, t in enumerate(out):
@@ -396,7 +427,7 @@ class SandboxPool:
         t0 = time.perf_counter()
         key = None
         if self.cache is not None:
-            key = job_key(job)
+            key = job_key(job, self.cfg)
             hit = self.cache.get(key)
             if hit is not None:
                 hit.id = job.id
@@ -444,6 +475,8 @@ class SandboxPool:
             if not ran and not last_try:
                 return None  # it never started: run it again
             return error_result(job.id, len(job.tests), f"{why}; {detail}".strip())
+        if "undecodable" in out:
+            return error_result(job.id, len(job.tests), f"sandbox could not read the worker's answer: {out['undecodable']}")
         if len(out.get("tests", ())) != len(tests):
             return error_result(job.id, len(job.tests), "sandbox worker returned a malformed result")
         return out
@@ -488,7 +521,10 @@ class SandboxPool:
             if not isinstance(out, dict):
                 return out
             for i, lo, hi in spans:
-                st, msg = judge_split(splits[i], out["tests"][lo:hi])
+                try:
+                    st, msg = judge_split(splits[i], out["tests"][lo:hi])
+                except Exception as exc:  # as in judge(): an error, never a pass, never a raise
+                    st, msg = ERROR, f"sandbox could not judge the output: {type(exc).__name__}: {exc}"[:500]
                 verdicts[i] = {"status": st, "message": msg}
             if not in_process:
                 tails = out

@@ -177,7 +177,7 @@ class RemoteSandbox:
                 if out.get("status") == "Success" and rs == "Finished" and len(parts) == 3:
                     try:
                         value = json.loads(parts[1])
-                    except ValueError:
+                    except (ValueError, RecursionError):  # RecursionError: nested past our stack
                         tests.append(TestResult(ERROR, "unparseable return value"))
                         continue
                     ok = values_equal(value, t["expected"])

@@ -5,6 +5,7 @@ Everything here is plain Python (no torch): the sandbox is a service any trainer
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -21,6 +22,11 @@ MEMORY = "memory"  # MemoryError under the address-space limit
 OUTPUT_LIMIT = "output_limit"  # wrote more than the output cap (or a file past RLIMIT_FSIZE)
 SKIPPED = "skipped"  # not run: run_all_cases=False and an earlier test failed
 STATUSES = (PASSED, FAILED, ERROR, TIMEOUT, MEMORY, OUTPUT_LIMIT, SKIPPED)
+# How a test's message starts when the sandbox, not the program, decided its verdict (a worker that
+# raised, an answer the pool could not read or judge). Such results are never cached. A program can
+# only make its own stdio error message start so (it is the last line of its stderr), which costs
+# it nothing but the cache.
+FAULT_PREFIX = "sandbox "
 
 
 class JobError(ValueError):
@@ -38,11 +44,14 @@ class Job:
       rigged ``__eq__`` is an error, not a pass).
     - ``stdio``: ``tests`` is a list of ``{"input": str, "output": str}`` (or ``[input, output]``);
       the program reads stdin; its stdout is compared line by line after stripping trailing
-      whitespace, floats with relative tolerance 1e-5.
+      whitespace, token by token: exactly, or within a relative 1e-5 where the expected token is a
+      float (compare.py).
     - ``call``: ``tests`` is a list of ``{"args": [...], "kwargs": {...}, "expected": value}`` (or
       ``[args, expected]``); ``entry_point`` names a function, or a method of class ``Solution``.
       The return value is serialised to JSON inside the sandbox by trusted code and compared in the
-      pool process: neither the worker nor the sandboxed process ever holds the expected values.
+      pool process, by the expected value's type (compare.py): neither the worker nor the sandboxed
+      process ever holds the expected values. ``args``, ``kwargs`` and ``expected`` must be JSON data
+      (``json_data_problem``).
 
     ``timeout_s`` is the wall-clock (and CPU) limit per test; ``memory_mb`` the address-space limit.
     """
@@ -76,6 +85,45 @@ class Job:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+MAX_DEPTH = 100  # nesting of call arguments and expected values (as deep as a returned value may be)
+_LEAVES = frozenset({type(None), bool, str, float})
+
+
+def json_data_problem(value) -> str | None:
+    """Why ``value`` cannot be a call test's arguments or expected value, or None when it can: it
+    must be JSON data the pool can send and compare (``None``, ``bool``, ``int``, ``float``,
+    ``str``, ``list``/``tuple``, ``dict`` with ``str`` keys; exact types, no subclasses), nested at
+    most MAX_DEPTH deep, with integers Python can write in decimal (``sys.get_int_max_str_digits``).
+    Iterative: a nesting too deep for recursion is reported, not raised."""
+    max_bits = 3 * sys.get_int_max_str_digits()  # below this an int is surely short enough (0: no limit)
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        t = type(v)
+        if t in _LEAVES:
+            continue
+        if t is int:
+            if max_bits and v.bit_length() > max_bits:
+                try:
+                    str(v)
+                except ValueError:
+                    return f"an int of {v.bit_length()} bits has more digits than JSON may carry here"
+            continue
+        if t is list or t is tuple or t is dict:
+            if depth >= MAX_DEPTH:
+                return f"nested more than {MAX_DEPTH} deep"
+            if t is dict:
+                bad = next((k for k in v if type(k) is not str), None)
+                if bad is not None:
+                    return f"a dict key of type {type(bad).__name__} (JSON keys are strings)"
+                v = v.values()
+            stack.extend((x, depth + 1) for x in v if type(x) not in _LEAVES)
+            continue
+        return (f"a value of type {t.__name__} is not JSON data (None, bool, int, float, str, list, "
+                "dict with str keys)")
+    return None
 
 
 def _check_number(name, value, lo, hi):
@@ -129,6 +177,10 @@ def validate_job(job: Job) -> None:
                 raise JobError(f"{where} must be {{'args', 'expected'}} or [args, expected] for kind 'call'")
             if not isinstance(args, (list, tuple)) or not isinstance(kwargs, dict):
                 raise JobError(f"{where}: 'args' must be a list and 'kwargs' an object")
+            for name, v in (("args", args), ("kwargs", kwargs), ("expected", exp)):
+                why = json_data_problem(v)
+                if why is not None:
+                    raise JobError(f"{where}.{name}: {why}")
             tests.append({"args": list(args), "kwargs": dict(kwargs), "expected": exp})
     if job.kind == "call" and not job.entry_point:
         raise JobError("kind 'call' needs 'entry_point'")

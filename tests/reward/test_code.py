@@ -279,9 +279,8 @@ def test_submit_returns_before_the_executions_finish(reward):
 def test_cache_hits_are_marked_and_counted(reward):
     reward.stats()
     prog = "def add(a, b):\n    total = a + b\n    return total if a < 5 else 0\n"
-    same = "def add(a, b):  # same program, other local name and comments\n    s = a + b\n\n    return s if a < 5 else 0\n"
     first = reward([item(prog, ADD)])[0]
-    second = reward([item(same, ADD)])[0]
+    second = reward([item(fenced(prog), ADD)])[0]  # the same program, in another response
     assert not first.info["cached"] and second.info["cached"]
     assert first.score == second.score == 0.75 and first.info["statuses"] == second.info["statuses"]
     s = reward.stats()
@@ -291,6 +290,9 @@ def test_cache_hits_are_marked_and_counted(reward):
     twins = reward([item(double_prog(4.5), DOUBLE), item(double_prog(4.5), DOUBLE)])
     assert [t.score for t in twins] == [0.75, 0.75] and sorted(t.info["cached"] for t in twins) == [False, True]
     assert reward.stats()["executions"] == 1
+    # the cache keys the exact program: other local names and comments make another program
+    renamed = "def add(a, b):  # other names\n    s = a + b\n\n    return s if a < 5 else 0\n"
+    assert not reward([item(renamed, ADD)])[0].info["cached"] and reward.stats()["executions"] == 1
 
 
 def test_cache_file_choice_and_clean_up(tmp_path):

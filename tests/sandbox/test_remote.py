@@ -158,3 +158,21 @@ def test_remote_gives_up_with_an_error_not_a_pass():
 
     r = run(go())
     assert r.passed == 0 and r.status == "error" and "/run_code failed after 2 attempts" in r.message
+
+
+def test_remote_return_values_are_results(server):
+    """A value nested past the client's stack, a float against an int beyond the float range:
+    each is a verdict from run(), not an exception."""
+    cfg = SandboxConfig(backend="remote", remote_url=f"http://127.0.0.1:{server.server_port}")
+    nested = "def f():\n    v = 1\n    for _ in range(990):\n        v = [v]\n    return v\n"
+    jobs = [Job(code=nested, kind="call", tests=[[[], [1]]], entry_point="f", id="deep"),
+            Job(code="def f():\n    return 1e308\n", kind="call", tests=[[[], 10 ** 400]], entry_point="f", id="big"),
+            Job(code="def f():\n    return 8 / 2\n", kind="call", tests=[[[], 4]], entry_point="f", id="float")]
+
+    async def go():
+        async with make_pool(cfg) as pool:
+            return [await pool.run(j) for j in jobs]
+
+    deep, big, flt = run(go())
+    assert deep.status == "error" and deep.tests[0].message == "unparseable return value"
+    assert big.status == "failed" and flt.status == "failed"
