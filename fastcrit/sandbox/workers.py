@@ -1,8 +1,8 @@
 """The warm worker: a pre-started interpreter that forks once per execution.
 
-Started by the pool (inside ``fastcrit-jail`` unless isolation is "none") as
-``python -I -m fastcrit.sandbox.workers CONFIG_JSON``. It reads length-prefixed JSON jobs on fd 0 and
-answers length-prefixed JSON results on fd 1, one job at a time.
+Started by the pool (inside ``fastcrit-jail`` unless isolation is "none") with ``python -I``, by
+``jail.worker_argv``, with the config as JSON in argv. It reads length-prefixed JSON jobs on fd 0
+and answers length-prefixed JSON results on fd 1, one job at a time.
 
 Per execution the forked child gets: its own process group, a private scratch directory (removed
 afterwards), a scrubbed environment, rlimits (address space, CPU, processes, file size, open files,
@@ -527,7 +527,7 @@ def main(argv=None) -> int:
     os.environ.update(worker.env, HOME=cfg["scratch"], TMPDIR=cfg["scratch"])
     failed = harness.prepare_worker(cfg.get("preimport", ()))
     write_frame(fd_out, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "init": worker.is_init,
-                         "preimport_failed": failed})
+                         "preimport_failed": failed, "package": os.path.dirname(harness.__file__)})
     # The loop makes little cyclic garbage; automatic collections would walk (and, after each
     # fork, copy) pages for nothing. Collect explicitly now and then instead.
     gc.disable()

@@ -98,3 +98,13 @@ def f():
 '''
     r = pool.run(Job(code=code, kind="assert", tests=["n = f()\nassert 0 < n <= 31, n"], timeout_s=5))
     assert r.all_passed, r.tests
+
+
+def test_workers_run_the_pools_own_code(pool):
+    """Workers start with ``python -I`` (no PYTHONPATH); they must still import the fastcrit the
+    pool imported, not another copy installed on the path (an editable install of another
+    checkout, say)."""
+    import fastcrit.sandbox
+
+    here = os.path.dirname(os.path.abspath(fastcrit.sandbox.__file__))
+    assert [w.hello.get("package") for w in pool.pool._workers] == [here] * len(pool.pool._workers)
