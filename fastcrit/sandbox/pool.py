@@ -282,7 +282,8 @@ class SandboxPool:
         uid_base = 200000 + ((os.getpid() * 8 + _POOLS_STARTED) % 200000) * 1024
         wcfg = {"max_output_bytes": cfg.max_output_bytes, "tail_bytes": cfg.tail_bytes,
                 "max_processes": cfg.max_processes, "max_open_files": cfg.max_open_files,
-                "max_file_mb": cfg.max_file_mb, "preimport": list(cfg.preimport)}
+                "max_file_mb": cfg.max_file_mb, "max_result_bytes": cfg.max_result_bytes,
+                "preimport": list(cfg.preimport)}
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
         for i in range(n):
             scratch = os.path.join(self._root, f"w{i}")
@@ -446,6 +447,12 @@ class SandboxPool:
             return error_result(job.id, len(job.tests), f"{why}; {detail}".strip())
         if len(out.get("tests", ())) != len(tests):
             return error_result(job.id, len(job.tests), "sandbox worker returned a malformed result")
+        for t in out["tests"]:
+            if "value_json" in t:  # a returned value, left as JSON text by the worker
+                try:
+                    t["value"] = json.loads(t.pop("value_json"))
+                except (TypeError, ValueError, RecursionError):
+                    t["status"], t["message"] = ERROR, "the returned value could not be read"
         return out
 
     async def _execute(self, worker: _WorkerProc, job: Job, last_try: bool = True) -> Result | None:

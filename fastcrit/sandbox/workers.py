@@ -6,7 +6,8 @@ and answers length-prefixed JSON results on fd 1, one job at a time.
 
 Per execution the forked child gets: its own process group, a private scratch directory (removed
 afterwards), a scrubbed environment, rlimits (address space, CPU, processes, file size, open files,
-no core files), stdin from a file, stdout/stderr to pipes read here with a cap. The worker enforces
+no core files), stdin from a file, stdout/stderr to pipes read here with a cap, and the result pipe
+(fd 3), read here as records arrive, with a cap. The worker enforces
 the wall clock; on timeout, output overflow or when the child ends, the whole process group is
 killed and, when the worker is PID 1 of its own PID namespace (the jail), every other process in
 the namespace too (``kill(-1)``), which also catches children that escaped the group.
@@ -31,6 +32,11 @@ from . import harness
 _HDR = struct.Struct(">I")
 _GOOD = ("passed", "returned")  # statuses that do not stop a run_all_cases=False job here
 _SIGNAMES = {getattr(signal, n): n for n in dir(signal) if n.startswith("SIG") and not n.startswith("SIG_")}
+# The result pipe is read as records arrive only once an execution has run this long. Most
+# executions end sooner, their records waiting in the pipe (64 KiB) until the exit: a wake-up per
+# record would run Python here while the child still shares this process's pages, and every page
+# written is copied. A value too big for the pipe blocks its writer for this long at most.
+RESULTS_AFTER_S = 0.02
 
 
 def read_frame(fd: int):
@@ -109,6 +115,15 @@ class Worker:
             ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
         except (OSError, AttributeError):
             pass
+        try:
+            # Big buffers (a job's return values, its answer) are mapped and unmapped on their own
+            # rather than carved from the heap: glibc's default raises this threshold after the
+            # first big free, and the heap then keeps what a big result made it grow, which every
+            # later fork copies page tables for.
+            ctypes.CDLL(None).mallopt(-3, 128 << 10)  # M_MMAP_THRESHOLD, fixed
+        except (OSError, AttributeError):
+            pass
+
 
     # -- one execution ----------------------------------------------------------------------
 
@@ -163,15 +178,14 @@ class Worker:
             os.close(fd)
         return pid, key, out_r, err_r, res_r
 
-    def _watch(self, pid, fds, stdout: Tail, stderr: Tail, results: bytearray, timeout_s: float,
-               progress) -> tuple[str | None, int]:
+    def _watch(self, pid, fds, stdout: Tail, stderr: Tail, reader, on_records, timeout_s: float,
+               result_budget: int) -> tuple[str | None, int]:
         """Wait until the execution exits, its wall clock runs out or it writes too much.
 
-        Only the child's exit and its stdout/stderr wake the worker: each wake-up runs Python code
-        here while the child still shares this process's pages (every page written is copied).
-        The result pipe is read at the deadline: ``progress(results)`` returns the (monotonic)
-        time by which the current test must end, from the timestamp of the last valid record.
-        Returns (kill reason or None, wait status)."""
+        The child's exit and its stdout/stderr wake the worker, and its result pipe too once it
+        has run RESULTS_AFTER_S: from then on records are read as they arrive, so a big return
+        value never waits for a deadline to be read. Each batch of records moves the deadline on
+        to the running test's (``on_records``). Returns (kill reason or None, wait status)."""
         out_r, err_r, res_r = fds
         ep = select.epoll(4)
         try:
@@ -179,25 +193,43 @@ class Worker:
         except (AttributeError, OSError):
             pidfd = None
         for fd in fds:
-            os.set_blocking(fd, False)
+            if fd is not None:
+                os.set_blocking(fd, False)
         ep.register(out_r, select.EPOLLIN)
         ep.register(err_r, select.EPOLLIN)
         if pidfd is not None:
             ep.register(pidfd, select.EPOLLIN)
         cap = self.cfg["max_output_bytes"]
-        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        deadline = start + timeout_s
+        watch_results_at = start + RESULTS_AFTER_S if res_r is not None else math.inf
+
+        def take(b) -> bool:
+            """Feed result bytes unless they would pass the budget (then nothing of them counts)."""
+            nonlocal deadline
+            if reader.total + len(b) > result_budget:
+                return False
+            deadline = max(deadline, on_records(reader.feed(b)))
+            return True
+
         reason, status, done = None, None, False
         try:
             while not done:
                 now = time.monotonic()
                 if now >= deadline:
-                    self._drain(res_r, results)
-                    deadline = max(deadline, progress(results) or 0.0)
+                    if res_r is not None and not self._drain(res_r, take):
+                        reason = "result_limit"
+                        break
                     if now >= deadline:
                         reason = "timeout"
                         break
                     continue
-                wait = deadline - now if pidfd is not None else min(0.01, deadline - now)
+                if now >= watch_results_at:
+                    watch_results_at = math.inf
+                    ep.register(res_r, select.EPOLLIN)  # reports what is already waiting at once
+                wait = min(deadline, watch_results_at) - now
+                if pidfd is None:
+                    wait = min(0.01, wait)
                 for fd, _ in ep.poll(wait):
                     if fd == pidfd:
                         done = True
@@ -209,7 +241,13 @@ class Worker:
                     if not b:
                         ep.unregister(fd)
                         continue
-                    (stdout if fd == out_r else stderr).add(b)
+                    if fd == res_r:
+                        if not take(b):
+                            reason = "result_limit"
+                    else:
+                        (stdout if fd == out_r else stderr).add(b)
+                if reason is not None:
+                    break
                 if stdout.total + stderr.total > cap:
                     reason = "output_limit"
                     break
@@ -225,7 +263,9 @@ class Worker:
             # Kill whatever the execution left behind first, so that nobody writes any more; then
             # drain what was written before it ended.
             self._sweep(pid)
-            for fd, sink in ((res_r, None), (out_r, stdout), (err_r, stderr)):
+            if res_r is not None and reason != "result_limit" and not self._drain(res_r, take):
+                reason = "result_limit"
+            for fd, sink in ((out_r, stdout), (err_r, stderr)):
                 while True:
                     try:
                         b = os.read(fd, 1 << 16)
@@ -233,29 +273,28 @@ class Worker:
                         break
                     if not b:
                         break
-                    if sink is None:
-                        results += b
-                    elif sink.total <= cap:
+                    if sink.total <= cap:
                         sink.add(b)
-                if sink is None:
-                    progress(results)
             ep.close()
             for fd in fds:
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
             if pidfd is not None:
                 os.close(pidfd)
         return reason, status
 
     @staticmethod
-    def _drain(fd, buf: bytearray):
+    def _drain(fd, take) -> bool:
+        """Read what is in the pipe now; False when ``take`` refused a piece."""
         while True:
             try:
                 b = os.read(fd, 1 << 16)
             except (BlockingIOError, OSError):
-                return
+                return True
             if not b:
-                return
-            buf += b
+                return True
+            if not take(b):
+                return False
 
     def _kill_group(self, pid):
         try:
@@ -341,6 +380,8 @@ class Worker:
             return "timeout", "wall-clock timeout"
         if reason == "output_limit":
             return "output_limit", f"output over {self.cfg['max_output_bytes']} bytes"
+        if reason == "result_limit":
+            return "output_limit", f"return values over {self.cfg['max_result_bytes']} bytes in one job"
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             name = _SIGNAMES.get(sig, str(sig))
@@ -373,17 +414,14 @@ class Worker:
         statuses = [None] * n
         stdout = Tail(0, self.cfg["tail_bytes"])
         stderr = Tail(0, self.cfg["tail_bytes"])
+        # Return values of the whole job, together, up to this many bytes of records.
+        result_budget = self.cfg["max_result_bytes"]
         start = 0
         while start < n:
-            key_box = {}
-            parsed = {"count": 0, "next": start, "code": None, "tampered": False, "loaded": False, "group_end": 0.0}
+            parsed = {"next": start, "code": None, "tampered": False, "loaded": False, "group_end": 0.0}
 
-            def progress(buf, parsed=parsed, key_box=key_box):
+            def on_records(new, parsed=parsed):
                 """Take in new records; return the time by which the running test must end."""
-                recs, tampered = harness.verify_records(bytes(buf), key_box["key"])
-                parsed["tampered"] |= tampered
-                new = recs[parsed["count"]:]
-                parsed["count"] = len(recs)
                 ext = 0.0
                 for r in new:
                     if not job["run_all_cases"] and any(x is not None and x[0] not in _GOOD for x in statuses):
@@ -397,7 +435,7 @@ class Worker:
                         i = parsed["next"]
                         st, msg, val = r.get("s"), str(r.get("m", ""))[:500], None
                         if kind == "call" and st == "passed":  # the pool compares the value
-                            st, val = "returned", r.get("v")
+                            st, val = "returned", r.get("vj")
                         if st not in ("passed", "returned", "failed", "error", "memory", "output_limit"):
                             st, msg = "error", "bad record"
                         statuses[i] = (st, msg, val)
@@ -418,11 +456,12 @@ class Worker:
             # CPU budget: loading the code plus every remaining test.
             cpu_s = timeout * (n - start + 1) + 1
             pid, key, out_r, err_r, res_r = self._spawn(job, scratch, None, cpu_s, target)
-            key_box["key"] = key
-            results = bytearray()
-            reason, status = self._watch(pid, (out_r, err_r, res_r), stdout, stderr, results, timeout, progress)
+            reader = harness.RecordReader(key)
+            reason, status = self._watch(pid, (out_r, err_r, res_r), stdout, stderr, reader, on_records, timeout,
+                                         result_budget)
+            result_budget -= reader.total
             nxt = parsed["next"]
-            if parsed["tampered"]:
+            if parsed["tampered"] or reader.tampered:
                 for i in range(start, n):
                     if statuses[i] is None or statuses[i][0] in _GOOD:
                         statuses[i] = ("error", "result channel tampered with")
@@ -459,7 +498,8 @@ class Worker:
             if s is None:
                 tests.append({"status": "skipped", "message": ""})
             elif s[0] == "returned":
-                tests.append({"status": "returned", "message": "", "value": s[2]})
+                # JSON text, decoded by the pool: big values never become objects here.
+                tests.append({"status": "returned", "message": "", "value_json": s[2]})
             else:
                 tests.append({"status": s[0], "message": s[1]})
         return {"tests": tests, "stdout": stdout.tail_text(), "stderr": stderr.tail_text()}
@@ -481,8 +521,9 @@ class Worker:
             pid, _, out_r, err_r, res_r = self._spawn(
                 job, scratch, stdin_path, float(job["timeout_s"]) + 1,
                 lambda reporter, prep=prep: harness.run_program(prep))
-            reason, status = self._watch(pid, (out_r, err_r, res_r), stdout, stderr, bytearray(),
-                                         float(job["timeout_s"]), lambda buf: 0.0)
+            reason, status = self._watch(pid, (out_r, err_r, None), stdout, stderr, None, None,
+                                         float(job["timeout_s"]), 0)
+            os.close(res_r)
             os.unlink(stdin_path)
             if reason is None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
                 # Judged by the pool, which alone holds the expected output.
