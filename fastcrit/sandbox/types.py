@@ -236,7 +236,7 @@ class SandboxConfig:
     max_processes: int = 32  # RLIMIT_NPROC per execution (enforced when the jail drops root)
     max_open_files: int = 128  # RLIMIT_NOFILE
     max_file_mb: int = 64  # RLIMIT_FSIZE
-    scratch_mb: int = 256  # tmpfs size of each worker's scratch area (jail)
+    scratch_mb: int = 256  # tmpfs size of each worker's scratch area (jail); 64 files or directories per MiB
     # Imported by each warm worker before it forks: light modules that generated code often uses.
     # More modules make every fork dearer (the child copies the pages it touches), and some cost
     # at every fork whether used or not: `threading` and `random` run at-fork handlers (~0.3-0.6 ms

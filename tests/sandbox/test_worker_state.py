@@ -5,6 +5,10 @@ next: not its files (HOME, TMPDIR, the current directory), not its processes, no
 a broken scratch directory. A program that damages its worker scores 0 and the jobs after it run
 as if nothing happened. Every pool here has one worker, so consecutive jobs share it.
 """
+import os
+import time
+import warnings
+
 import pytest
 
 from fastcrit.sandbox import Job, SandboxConfig, SyncSandboxPool
@@ -14,13 +18,50 @@ from fastcrit.sandbox import Job, SandboxConfig, SyncSandboxPool
 def one_worker(jail_probe):
     if not jail_probe.ok:
         pytest.skip(f"these tests need the jail, which cannot be set up here: {jail_probe.describe()}")
-    with SyncSandboxPool(SandboxConfig(workers=1)) as p:
+    # A small scratch tmpfs, so that filling it is quick.
+    with SyncSandboxPool(SandboxConfig(workers=1, scratch_mb=32)) as p:
         yield p
 
 
 def worker_pid(pool) -> int:
     (pid,) = pool.pool._worker_pids()
     return pid
+
+
+WRITE_EVERYWHERE = '''
+import os, tempfile
+def f():
+    for d in (os.environ["HOME"], os.environ["TMPDIR"], tempfile.gettempdir(), os.getcwd()):
+        with open(os.path.join(d, "carried-over.txt"), "w") as fh:
+            fh.write("job 1 was here")
+    return 1
+'''
+
+LOOK_EVERYWHERE = '''
+import os, tempfile
+def f():
+    found = []
+    for d in {os.environ["HOME"], os.environ["TMPDIR"], tempfile.gettempdir(), os.getcwd(),
+              os.path.dirname(os.getcwd())}:
+        for root, dirs, files in os.walk(d):
+            found += [os.path.join(root, n) for n in files if n.startswith("carried-over")]
+    return sorted(set(found))
+'''
+
+
+def test_files_do_not_reach_the_next_job(one_worker):
+    first = one_worker.run(Job(code=WRITE_EVERYWHERE, kind="call", tests=[[[], 1]], entry_point="f"))
+    assert first.all_passed, first.tests
+    second = one_worker.run(Job(code=LOOK_EVERYWHERE, kind="call", tests=[[[], []]], entry_point="f"))
+    assert second.all_passed, second.tests
+
+
+def test_tests_of_one_stdio_job_get_fresh_scratch_each(one_worker):
+    """Each test of a stdio job is its own execution, with its own empty scratch directory."""
+    code = ("import os\nif os.path.exists('state'):\n    print('second')\nelse:\n"
+            "    open('state', 'w').write('x')\n    print('first')\n")
+    r = one_worker.run(Job(code=code, kind="stdio", tests=[["", "first"], ["", "first"], ["", "first"]]))
+    assert r.all_passed, r.tests
 
 
 HONEST_WRITER = '''
@@ -43,6 +84,120 @@ def next_jobs_pass(pool):
             Job(code=HONEST_STDIO, kind="stdio", tests=[["hello\n", "hello"], ["again\n", "again"]])]
     bad = [(r.status, r.message, r.tests) for r in (pool.run(j) for j in jobs) if not r.all_passed]
     assert not bad, bad
+
+
+SABOTEURS = {
+    "chmod 0500 HOME": "import os\nos.chmod(os.environ['HOME'], 0o500)\n",
+    "chmod 0 cwd": "import os\nos.chmod('.', 0)\n",
+    "xattr on HOME": "import os\nos.setxattr(os.environ['HOME'], 'user.note', b'from job 1')\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SABOTEURS))
+def test_saboteur_scores_zero_and_the_next_job_passes(one_worker, name):
+    """A correct program that also damages the scratch directory it shares with later jobs gets
+    no reward for it, and the jobs after it are not charged."""
+    code = SABOTEURS[name] + "def f(x):\n    return x + 1\n"
+    r = one_worker.run(Job(code=code, kind="call", tests=[[[1], 2], [[2], 3]], entry_point="f"))
+    assert r.passed == 0 and r.status == "error", (r.status, r.tests)
+    assert "scratch directory" in r.message and "scores 0" in r.message, r.message
+    assert all(t.status == "error" and t.message == r.message for t in r.tests), r.tests
+    next_jobs_pass(one_worker)
+
+
+def test_saboteur_result_is_never_cached(jail_probe, tmp_path):
+    """A score of 0 for damaging the worker says nothing about the program's answers: it is not
+    stored, so the program is judged again next time."""
+    if not jail_probe.ok:
+        pytest.skip(f"no jail here: {jail_probe.describe()}")
+    job = Job(code=SABOTEURS["chmod 0500 HOME"] + "def f(x):\n    return x + 1\n", kind="call",
+              tests=[[[1], 2]], entry_point="f")
+    with SyncSandboxPool(SandboxConfig(workers=1, cache_path=str(tmp_path / "cache.sqlite"))) as p:
+        first, second = p.run(job), p.run(job)
+        assert len(p.pool.cache) == 0
+    assert first.passed == 0 and "scores 0" in first.message, first
+    assert not second.cached and second.passed == 0, second
+
+
+def test_filled_scratch_is_freed_for_the_next_job(one_worker):
+    """Filling the scratch tmpfs through HOME is the program's own business (its own writes fail);
+    the space is back for the next job."""
+    fill = '''
+import os
+def f():
+    written, i = 0, 0
+    try:
+        while True:
+            with open(os.path.join(os.environ["HOME"], f"fill{i}.bin"), "wb") as fh:
+                for _ in range(48):
+                    fh.write(b"z" * (1 << 20))
+                    written += 1 << 20
+            i += 1
+    except OSError:
+        pass
+    return written >= 24 << 20
+'''
+    r = one_worker.run(Job(code=fill, kind="call", tests=[[[], True]], entry_point="f", timeout_s=20))
+    assert r.all_passed, r.tests
+    next_jobs_pass(one_worker)
+
+
+COUNT_FORKS = '''
+import os, time
+def f():
+    n = 0
+    for _ in range(200):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+    return n
+'''
+
+
+def test_process_limit_is_whole_after_a_fork_bomb(one_worker):
+    """RLIMIT_NPROC counts every process of the worker's uid, dying ones and zombies included:
+    after a fork bomb, or children that take a while to die (128 MiB each to tear down), orphans,
+    zombies and escaped daemons, the next job can still start its 31 children."""
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    heavy = ("import os, time\nr, w = os.pipe()\nfor _ in range(31):\n    if os.fork() == 0:\n"
+             "        b = b'x' * (128 << 20)\n        os.write(w, b'.')\n        time.sleep(60)\n"
+             "for _ in range(31):\n    os.read(r, 1)\ndef f(): return 1\n")
+    leave = ("import os, time\nfor _ in range(10):\n    if os.fork() == 0:\n        os._exit(0)\n"
+             "for _ in range(10):\n    if os.fork() == 0:\n        os.setsid()\n"
+             "        if os.fork() == 0:\n            time.sleep(60)\n        os._exit(0)\n"
+             "def f(): return 1\n")
+    # Heavy children three times: how long they take to die varies, and one try could be lucky.
+    for name, code, limit in (("fork bomb", bomb, 1), ("heavy children", heavy, 5), ("heavy children", heavy, 5),
+                              ("heavy children", heavy, 5), ("orphans and daemons", leave, 1)):
+        one_worker.run(Job(code=code, kind="call", tests=[[[], 1]], entry_point="f", timeout_s=limit))
+        r = one_worker.run(Job(code=COUNT_FORKS, kind="call", tests=[[[], 31]], entry_point="f", timeout_s=5))
+        assert r.all_passed, (name, r.tests)
+
+
+def test_worker_that_cannot_be_restored_is_replaced(one_worker):
+    """No program in the jail can leave something its worker cannot remove (they share a uid and
+    the rest of the tmpfs is read-only), so this test makes one from the host, as root, through
+    the worker's /proc/PID/root: a root-owned directory with a file in it. The job whose cleanup
+    finds it scores 0, the worker is replaced, and the job queued behind it on the same worker
+    runs on the new one and passes."""
+    if os.geteuid() != 0:
+        pytest.skip("planting a root-owned directory in the worker's scratch needs root")
+    old = worker_pid(one_worker)
+    home = f"/proc/{old}/root{one_worker.pool._workers[0].scratch}/home"
+    os.mkdir(os.path.join(home, "planted"), 0o700)
+    open(os.path.join(home, "planted", "stuck"), "w").close()
+    jobs = [Job(code=f"def f():\n    return {i}\n", kind="call", tests=[[[], i]], entry_point="f", id=i)
+            for i in range(4)]
+    res = one_worker.run_many(jobs)
+    assert res[0].passed == 0 and "replaced" in res[0].message, (res[0].status, res[0].message)
+    assert all(r.all_passed for r in res[1:]), [(r.id, r.status, r.message) for r in res[1:]]
+    assert worker_pid(one_worker) != old
+    next_jobs_pass(one_worker)
 
 
 BIG = '''
