@@ -25,7 +25,9 @@
  *   5. seccomp (raw BPF, no libseccomp): refuse socket(), process tracing (ptrace,
  *      process_vm_readv/writev), io_uring, bpf, perf_event_open, keyrings, mount/namespace changes,
  *      module loading, kexec; clone() with namespace flags; clone3 answers ENOSYS so libc falls back
- *      to clone(). Syscalls of a foreign architecture (x86 32-bit, x32) are refused too.
+ *      to clone(). SysV IPC objects and POSIX message queues are refused: they live in the worker's
+ *      IPC namespace, so they would outlive the execution that made them and reach the next one.
+ *      Syscalls of a foreign architecture (x86 32-bit, x32) are refused too.
  *   6. exec PROGRAM.
  * Exit status 111 means a required step failed; the message on stderr names it.
  */
@@ -148,6 +150,10 @@ static int install_seccomp(void) {
         DENY(__NR_fsmount, EPERM),
         DENY(__NR_move_mount, EPERM),
         DENY(__NR_open_tree, EPERM),
+        DENY(__NR_shmget, EPERM),
+        DENY(__NR_semget, EPERM),
+        DENY(__NR_msgget, EPERM),
+        DENY(__NR_mq_open, EPERM),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
 #undef DENY

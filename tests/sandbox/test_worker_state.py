@@ -179,6 +179,33 @@ def test_process_limit_is_whole_after_a_fork_bomb(one_worker):
         assert r.all_passed, (name, r.tests)
 
 
+SYSV = '''
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+KEY = 0x5eed
+'''
+
+
+def test_ipc_objects_do_not_reach_the_next_job(one_worker):
+    """SysV message queues outlive their process in the worker's IPC namespace; the jail refuses
+    them (and shared memory, semaphores, POSIX queues)."""
+    leave = SYSV + ("q = libc.msgget(KEY, 0o1600)\n"  # IPC_CREAT | 0600
+                    "print('created' if q >= 0 else 'refused')\n")
+    find = SYSV + "print('found' if libc.msgget(KEY, 0) >= 0 else 'absent')\n"
+    one_worker.run(Job(code=leave, kind="stdio", tests=[["", "created"]]))
+    r = one_worker.run(Job(code=find, kind="stdio", tests=[["", "absent"]]))
+    assert r.all_passed, r.tests
+    probes = SYSV + ("import os\nout = []\n"
+                     "for name, args in (('shmget', (KEY, 4096, 0o1600)), ('semget', (KEY, 1, 0o1600)),\n"
+                     "                   ('msgget', (KEY, 0o1600))):\n"
+                     "    out.append(name + (' refused' if getattr(libc, name)(*args) < 0 else ' allowed'))\n"
+                     "mq = libc.mq_open(b'/fastcrit-probe', os.O_CREAT | os.O_RDWR, 0o600, None)\n"
+                     "out.append('mq_open' + (' refused' if mq < 0 else ' allowed'))\nprint(' '.join(out))\n")
+    r = one_worker.run(Job(code=probes, kind="stdio",
+                           tests=[["", "shmget refused semget refused msgget refused mq_open refused"]]))
+    assert r.all_passed, r.tests
+
+
 def test_worker_that_cannot_be_restored_is_replaced(one_worker):
     """No program in the jail can leave something its worker cannot remove (they share a uid and
     the rest of the tmpfs is read-only), so this test makes one from the host, as root, through
