@@ -13,15 +13,21 @@
  *      parent dies, PR_SET_PDEATHSIG kills the child (and so the whole namespace).
  *   3. mounts: everything private; paths given with --expose made reachable for the dropped uid
  *      (see expose()); the whole tree read-only (mount_setattr AT_RECURSIVE), then a
- *      fresh size-limited tmpfs on the scratch directory (the only writable place) and a fresh
- *      /proc that shows only this namespace's processes.
+ *      fresh tmpfs on the scratch directory, limited in size and in files (64 per MiB), and a
+ *      fresh /proc that shows only this namespace's processes. The tmpfs holds one directory,
+ *      home/, owned by the worker's uid and bind-mounted on itself, then the tmpfs root is made
+ *      read-only: home/ is the only writable place, and as a mount point it cannot be removed,
+ *      renamed or replaced; the root beside it cannot be changed at all (the worker empties and
+ *      resets home/ after each execution; see workers.Scratch).
  *   4. privileges: as root, drop to the unprivileged uid/gid given by --uid (no supplementary
  *      groups); with a distinct uid per worker, RLIMIT_NPROC is enforced per worker.
  *      PR_SET_NO_NEW_PRIVS always.
  *   5. seccomp (raw BPF, no libseccomp): refuse socket(), process tracing (ptrace,
  *      process_vm_readv/writev), io_uring, bpf, perf_event_open, keyrings, mount/namespace changes,
  *      module loading, kexec; clone() with namespace flags; clone3 answers ENOSYS so libc falls back
- *      to clone(). Syscalls of a foreign architecture (x86 32-bit, x32) are refused too.
+ *      to clone(). SysV IPC objects and POSIX message queues are refused: they live in the worker's
+ *      IPC namespace, so they would outlive the execution that made them and reach the next one.
+ *      Syscalls of a foreign architecture (x86 32-bit, x32) are refused too.
  *   6. exec PROGRAM.
  * Exit status 111 means a required step failed; the message on stderr names it.
  */
@@ -144,6 +150,10 @@ static int install_seccomp(void) {
         DENY(__NR_fsmount, EPERM),
         DENY(__NR_move_mount, EPERM),
         DENY(__NR_open_tree, EPERM),
+        DENY(__NR_shmget, EPERM),
+        DENY(__NR_semget, EPERM),
+        DENY(__NR_msgget, EPERM),
+        DENY(__NR_mq_open, EPERM),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
 #undef DENY
@@ -298,10 +308,20 @@ int main(int argc, char **argv) {
 
     uid_t inner = rec.root ? (uid_t)uid : 1000;
     if (scratch) {
-        char opts[128];
-        snprintf(opts, sizeof opts, "size=%ldm,mode=0700,uid=%u,gid=%u", scratch_mb, (unsigned)inner, (unsigned)inner);
-        if (mount("fastcrit-scratch", scratch, "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0)
+        /* Files are limited as well as bytes: empty files and directories take no blocks, but
+         * each costs kernel memory and time to remove. noatime: reading leaves the times of
+         * home/ alone, so the worker resets them only after a program changed them. */
+        char opts[160], home[4200];
+        snprintf(opts, sizeof opts, "size=%ldm,nr_inodes=%ld,mode=0700,uid=%u,gid=%u", scratch_mb,
+                 scratch_mb * 64 + 16, (unsigned)inner, (unsigned)inner);
+        if (mount("fastcrit-scratch", scratch, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOATIME, opts) != 0)
             die("mount(tmpfs on the scratch directory)");
+        snprintf(home, sizeof home, "%s/home", scratch);
+        if (mkdir(home, 0700) != 0) die("mkdir(scratch/home)");
+        if (chown(home, inner, inner) != 0) die("chown(scratch/home)");
+        if (mount(home, home, NULL, MS_BIND, NULL) != 0) die("mount(bind scratch/home)");
+        if (mount(NULL, scratch, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME, NULL) != 0)
+            die("mount(scratch root read-only)");
         rec.scratch = 1;
     }
     if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) == 0) rec.proc = 1;

@@ -365,28 +365,58 @@ _NO_VALUE = object()
 
 
 def _decode(body: bytes) -> dict:
+    """One record's fields. A returned value ``vj`` stays JSON text: the worker only passes it on
+    to the pool (which decodes it), so a big value never becomes objects in the warm worker."""
     k, i, st, t, v, m = body.decode("utf-8", "replace").split("\x1f", 5)
     rec = {"k": k, "i": int(i), "s": st, "t": float(t), "m": m}
     if v:
-        rec["v"] = json.loads(v)
+        rec["vj"] = v
     return rec
 
 
-def verify_records(data: bytes, key: bytes):
-    """Parse signed records; stops at the first bad one. Returns (records, tampered)."""
-    out = []
-    for seq, line in enumerate(data.split(b"\n")):
-        if not line:
-            continue
-        body, sep, sig = line.rpartition(b"\t")
-        mac = _blake2b(b"%d:" % seq + body, key=key, digest_size=16).hexdigest().encode()
-        if not sep or not _compare_digest(mac, sig):
-            return out, True
-        try:
-            out.append(_decode(body))
-        except ValueError:
-            return out, True
-    return out, False
+class RecordReader:
+    """Checks the signed records of one execution as their bytes arrive, in any pieces.
+
+    ``feed`` returns the records completed by the new bytes. The first record that is malformed or
+    badly signed sets ``tampered`` and nothing after it is read. Bytes after the last newline wait
+    for the rest of their record; a record cut short because the execution ended is not a record.
+    ``total`` counts every byte received."""
+
+    def __init__(self, key: bytes):
+        self._key = key
+        self._seq = 0
+        self._partial = bytearray()
+        self.total = 0
+        self.tampered = False
+
+    def feed(self, data: bytes) -> list:
+        self.total += _len(data)
+        if self.tampered:
+            return []
+        end = data.rfind(b"\n")
+        if end < 0:
+            self._partial += data
+            return []
+        if self._partial:
+            self._partial += data[:end]
+            lines = bytes(self._partial).split(b"\n")
+        else:
+            lines = data[:end].split(b"\n")
+        self._partial = bytearray(data[end + 1:])
+        out = []
+        for line in lines:
+            body, sep, sig = line.rpartition(b"\t")
+            mac = _blake2b(b"%d:" % self._seq + body, key=self._key, digest_size=16).hexdigest().encode()
+            if not sep or not _compare_digest(mac, sig):
+                self.tampered = True
+                return out
+            try:
+                out.append(_decode(body))
+            except ValueError:
+                self.tampered = True
+                return out
+            self._seq += 1
+        return out
 
 
 def _describe(exc) -> str:

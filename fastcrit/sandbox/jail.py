@@ -45,7 +45,15 @@ def expose_paths() -> list[str]:
 
 
 def worker_argv(cfg_json: str) -> list[str]:
-    return [sys.executable, "-I", "-m", "fastcrit.sandbox.workers", cfg_json]
+    """The worker's command line. ``-I`` keeps the pool's environment out, PYTHONPATH included,
+    so the directory fastcrit was imported from is put first on the worker's path: the worker
+    runs the same code as the pool, not whatever copy is installed (an editable install of
+    another checkout, say)."""
+    import fastcrit
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fastcrit.__file__)))
+    boot = f"import sys; sys.path.insert(0, {root!r}); from fastcrit.sandbox.workers import main; sys.exit(main())"
+    return [sys.executable, "-I", "-c", boot, cfg_json]
 
 
 def jailed_argv(jail: str, uid: int, scratch: str, scratch_mb: int, inner: list[str]) -> list[str]:

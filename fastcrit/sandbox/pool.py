@@ -11,6 +11,8 @@
 Each worker is a Python interpreter with common modules imported, started inside the native jail
 (see jail.py) with its own unprivileged uid; it forks per execution. A job waits for a free worker;
 a worker that dies or stops answering is replaced and its job reported as an error (never a pass).
+A worker that a job left in a state it cannot restore answers that job (scored 0) and retires; it
+is replaced the same way, and the jobs queued behind it run again, never charged for it.
 """
 from __future__ import annotations
 
@@ -60,12 +62,17 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 class WorkerLost(RuntimeError):
-    """The worker died (or was restarted) before answering. ``ran`` is True for the job it was
-    running, False for jobs only queued behind it (those are run again elsewhere)."""
+    """The worker died (or was restarted, or retired) before answering. ``ran`` is True for the
+    job it was running, False for jobs only queued behind it (those are run again elsewhere)."""
 
     def __init__(self, message: str, ran: bool):
         super().__init__(message)
         self.ran = ran
+
+
+# How many times a job that never ran (queued behind a worker that was lost or retired, then
+# replaced) is sent again before it is reported as an error.
+_MAX_REQUEUES = 64
 
 
 class _WorkerProc:
@@ -126,7 +133,7 @@ class _WorkerProc:
         return json.loads(await cls._read_frame(proc))
 
     async def _read_loop(self, proc, pending):
-        why = "died"
+        why, first = "died", True
         try:
             while True:
                 body = await self._read_frame(proc)
@@ -139,22 +146,35 @@ class _WorkerProc:
                     out = {"undecodable": "nested too deeply to decode"}
                 if not fut.done():  # a caller that gave up (cancelled) leaves a done future
                     fut.set_result(out)
+                if out.get("retire"):
+                    # It answered the job that broke it and exits: the jobs behind it never ran.
+                    why, first = "retired", False
+                    asyncio.ensure_future(self._replace(self.generation))
+                    break
         except (asyncio.IncompleteReadError, ConnectionError, ValueError, IndexError) as exc:
             why = f"died ({type(exc).__name__})"
         except asyncio.CancelledError:
             why = "was restarted"
-        first = True
         while pending:
             fut = pending.popleft()
             if not fut.done():
                 fut.set_exception(WorkerLost(f"sandbox worker {self.index} {why}", ran=first))
             first = False
 
+    async def _replace(self, generation: int):
+        try:
+            await self.restart(generation)
+        except RuntimeError:
+            pass  # the next call finds it not running and tries again
+
     @property
     def alive(self) -> bool:
         return self.proc is not None and self._reader is not None and not self._reader.done()
 
     async def call(self, payload: dict, timeout_s: float) -> dict:
+        if not self.alive and self._lock is not None and self._lock.locked():
+            async with self._lock:  # a restart is under way (after a retirement): wait for it
+                pass
         if not self.alive:
             raise WorkerLost(f"sandbox worker {self.index} is not running", ran=False)
         fut = asyncio.get_running_loop().create_future()
@@ -313,7 +333,8 @@ class SandboxPool:
         uid_base = 200000 + ((os.getpid() * 8 + _POOLS_STARTED) % 200000) * 1024
         wcfg = {"max_output_bytes": cfg.max_output_bytes, "tail_bytes": cfg.tail_bytes,
                 "max_processes": cfg.max_processes, "max_open_files": cfg.max_open_files,
-                "max_file_mb": cfg.max_file_mb, "preimport": list(cfg.preimport)}
+                "max_file_mb": cfg.max_file_mb, "max_result_bytes": cfg.max_result_bytes,
+                "preimport": list(cfg.preimport), "jailed": cfg.isolation == "jail"}
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
         for i in range(n):
             scratch = os.path.join(self._root, f"w{i}")
@@ -436,24 +457,33 @@ class SandboxPool:
         if not job.tests:
             return error_result(job.id, 0, "the job has no tests")
         async with self._sem:
-            for attempt in range(3):
+            failures = [0]  # worker faults met; a lost worker that was replaced does not count
+            for _ in range(_MAX_REQUEUES):
                 worker = await self._slots.get()
                 try:
-                    result = await self._execute(worker, job, last_try=attempt == 2)
+                    result = await self._execute(worker, job, failures)
                 finally:
                     self._slots.put_nowait(worker)
                 if result is not None:
                     break
+            else:
+                result = error_result(job.id, len(job.tests), f"sandbox: the job was sent again {_MAX_REQUEUES} "
+                                      "times and never ran (its workers kept being replaced)")
         result.elapsed_s = time.perf_counter() - t0
         self.executed += 1
         if self.cache is not None:
             self.cache.put(key, result)
         return result
 
-    async def _call_worker(self, worker: _WorkerProc, job: Job, kind: str, tests: list, last_try: bool,
+    async def _call_worker(self, worker: _WorkerProc, job: Job, kind: str, tests: list, failures: list,
                            typed: bool = False):
         """Send one execution to ``worker``: its raw per-test answers and stdout/stderr tails, None
-        when the worker was lost before it started (run it again), or an error Result."""
+        when the worker was lost before it started (run it again), or an error Result.
+
+        A job queued behind a worker that was lost or retired never ran: it is sent again as long
+        as the worker could be replaced. When replacing failed, that counts as one of the job's
+        three tries. A job the worker reports as having damaged it (``damage``: the program
+        changed or broke the worker's state) is an error Result, all tests failed."""
         payload = {"kind": kind, "code": job.code, "tests": tests, "entry_point": job.entry_point,
                    "timeout_s": job.timeout_s, "memory_mb": job.memory_mb, "run_all_cases": job.run_all_cases}
         if typed:
@@ -470,34 +500,48 @@ class SandboxPool:
             detail = worker.stderr_tail.decode(errors="replace")[-300:]
             try:
                 await worker.restart(generation)
+                replaced = True
             except RuntimeError as e:  # the slot stays; the next job on it tries again
                 detail += f"; restart failed: {e}"
-            if not ran and not last_try:
-                return None  # it never started: run it again
+                replaced = False
+            if not ran:
+                if not replaced:
+                    failures[0] += 1
+                if failures[0] < 3:
+                    return None  # it never started: run it again
             return error_result(job.id, len(job.tests), f"{why}; {detail}".strip())
         if "undecodable" in out:
             return error_result(job.id, len(job.tests), f"sandbox could not read the worker's answer: {out['undecodable']}")
         if len(out.get("tests", ())) != len(tests):
             return error_result(job.id, len(job.tests), "sandbox worker returned a malformed result")
+        if out.get("damage"):
+            # Never cached (a job-level message): the verdict is about the worker, not the tests.
+            return error_result(job.id, len(job.tests), str(out["damage"]))
+        for t in out["tests"]:
+            if "value_json" in t:  # a returned value, left as JSON text by the worker
+                try:
+                    t["value"] = json.loads(t.pop("value_json"))
+                except (TypeError, ValueError, RecursionError):
+                    t["status"], t["message"] = ERROR, "the returned value could not be read"
         return out
 
-    async def _execute(self, worker: _WorkerProc, job: Job, last_try: bool = True) -> Result | None:
+    async def _execute(self, worker: _WorkerProc, job: Job, failures: list) -> Result | None:
         # Expected outputs stay here: workers fork executions, and an execution can read its own
         # memory (/proc/self/mem), so nothing it could compare against may be in the worker.
         if job.kind == "assert":
-            return await self._execute_assert(worker, job, last_try)
+            return await self._execute_assert(worker, job, failures)
         if job.kind == "stdio":
             tests = [{"input": t["input"]} for t in job.tests]
         else:
             tests = [{"args": t["args"], "kwargs": t["kwargs"]} for t in job.tests]
-        out = await self._call_worker(worker, job, job.kind, tests, last_try)
+        out = await self._call_worker(worker, job, job.kind, tests, failures)
         if not isinstance(out, dict):
             return out
         tests = judge(job, out["tests"])
         return summarise(job.id, tests, stdout=out.get("stdout", ""), stderr=out.get("stderr", ""),
                          judged_in="pool")
 
-    async def _execute_assert(self, worker: _WorkerProc, job: Job, last_try: bool) -> Result | None:
+    async def _execute_assert(self, worker: _WorkerProc, job: Job, failures: list) -> Result | None:
         """Assert tests that ``assert_split`` can rewrite become typed entry-point calls judged here;
         the others run in the process (two executions when a job has both)."""
         splits = [split_test(t, job.entry_point) if self.cfg.assert_in_pool else None for t in job.tests]
@@ -506,7 +550,7 @@ class SandboxPool:
         verdicts: list = [None] * len(job.tests)
         tails = {"stdout": "", "stderr": ""}
         if in_process:
-            out = await self._call_worker(worker, job, "assert", [job.tests[i] for i in in_process], last_try)
+            out = await self._call_worker(worker, job, "assert", [job.tests[i] for i in in_process], failures)
             if not isinstance(out, dict):
                 return out
             for i, r in zip(in_process, out["tests"]):
@@ -517,7 +561,7 @@ class SandboxPool:
             for i in in_pool:
                 spans.append((i, len(calls), len(calls) + len(splits[i].calls)))
                 calls += [{"args": a, "kwargs": k, "it": it, "g": j == 0} for j, (a, k, it) in enumerate(splits[i].calls)]
-            out = await self._call_worker(worker, job, "call", calls, last_try, typed=True)
+            out = await self._call_worker(worker, job, "call", calls, failures, typed=True)
             if not isinstance(out, dict):
                 return out
             for i, lo, hi in spans:

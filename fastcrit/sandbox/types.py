@@ -281,11 +281,14 @@ class SandboxConfig:
     timeout_s: float = 10.0  # default per-test limit for jobs that do not set one
     memory_mb: int = 1024  # default address-space limit
     max_output_bytes: int = 1 << 20  # stdout + stderr per run; more is "output_limit"
+    # Return values (call tests and split asserts) of one job together, as JSON; more is
+    # "output_limit" for the test whose value passes it.
+    max_result_bytes: int = 16 << 20
     tail_bytes: int = 2048  # how much of stdout/stderr a result keeps
     max_processes: int = 32  # RLIMIT_NPROC per execution (enforced when the jail drops root)
     max_open_files: int = 128  # RLIMIT_NOFILE
     max_file_mb: int = 64  # RLIMIT_FSIZE
-    scratch_mb: int = 256  # tmpfs size of each worker's scratch area (jail)
+    scratch_mb: int = 256  # tmpfs size of each worker's scratch area (jail); 64 files or directories per MiB
     # Imported by each warm worker before it forks: light modules that generated code often uses.
     # More modules make every fork dearer (the child copies the pages it touches), and some cost
     # at every fork whether used or not: `threading` and `random` run at-fork handlers (~0.3-0.6 ms
@@ -307,8 +310,9 @@ class SandboxConfig:
             raise ValueError(f"sandbox.backend must be 'local' or 'remote', got {self.backend!r}")
         if self.isolation not in ("jail", "none"):
             raise ValueError(f"sandbox.isolation must be 'jail' or 'none', got {self.isolation!r}")
-        for name in ("workers", "max_concurrency", "max_output_bytes", "tail_bytes", "max_processes",
-                     "max_open_files", "max_file_mb", "scratch_mb", "remote_concurrency", "remote_retries"):
+        for name in ("workers", "max_concurrency", "max_output_bytes", "max_result_bytes", "tail_bytes",
+                     "max_processes", "max_open_files", "max_file_mb", "scratch_mb", "remote_concurrency",
+                     "remote_retries"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"sandbox.{name} must be a non-negative integer, got {v!r}")

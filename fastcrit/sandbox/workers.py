@@ -1,15 +1,23 @@
 """The warm worker: a pre-started interpreter that forks once per execution.
 
-Started by the pool (inside ``fastcrit-jail`` unless isolation is "none") as
-``python -I -m fastcrit.sandbox.workers CONFIG_JSON``. It reads length-prefixed JSON jobs on fd 0 and
-answers length-prefixed JSON results on fd 1, one job at a time.
+Started by the pool (inside ``fastcrit-jail`` unless isolation is "none") with ``python -I``, by
+``jail.worker_argv``, with the config as JSON in argv. It reads length-prefixed JSON jobs on fd 0
+and answers length-prefixed JSON results on fd 1, one job at a time.
 
-Per execution the forked child gets: its own process group, a private scratch directory (removed
-afterwards), a scrubbed environment, rlimits (address space, CPU, processes, file size, open files,
-no core files), stdin from a file, stdout/stderr to pipes read here with a cap. The worker enforces
-the wall clock; on timeout, output overflow or when the child ends, the whole process group is
+Per execution the forked child gets: its own process group, the scratch directory as its current
+directory, HOME and TMPDIR (see Scratch), a scrubbed environment, rlimits (address space, CPU,
+processes, file size, open files, no core files), stdin from a memfd, stdout/stderr to pipes read
+here with a cap, and the result pipe (fd 3), read here as records arrive, with a cap. The worker
+enforces the wall clock; on timeout, a cap or when the child ends, the whole process group is
 killed and, when the worker is PID 1 of its own PID namespace (the jail), every other process in
 the namespace too (``kill(-1)``), which also catches children that escaped the group.
+
+Nothing of one execution may reach the next. After each one the worker waits until every process
+it left is reaped (RLIMIT_NPROC counts zombies and dying processes too) and resets the scratch
+directory. A program that changed what belongs to the worker (the scratch directory itself rather
+than its contents) has its job scored 0; a state the worker cannot restore (processes that do not
+die, space that stays used, file descriptors of its own that changed) scores the job 0 too, and
+the worker answers it with ``retire`` and exits, so that the pool replaces it.
 """
 from __future__ import annotations
 
@@ -20,7 +28,6 @@ import math
 import os
 import resource
 import select
-import shutil
 import signal
 import struct
 import sys
@@ -31,6 +38,15 @@ from . import harness
 _HDR = struct.Struct(">I")
 _GOOD = ("passed", "returned")  # statuses that do not stop a run_all_cases=False job here
 _SIGNAMES = {getattr(signal, n): n for n in dir(signal) if n.startswith("SIG") and not n.startswith("SIG_")}
+# How long processes left by an execution may take to die once killed (a process tearing down
+# gigabytes takes a while) before the worker gives up on them and asks to be replaced.
+REAP_S = 10.0
+# The result pipe is read as records arrive only once an execution has run this long. Most
+# executions end sooner, their records waiting in the pipe (64 KiB) until the exit: a wake-up per
+# record would run Python here while the child still shares this process's pages, and every page
+# written is copied. A value too big for the pipe blocks its writer for this long at most.
+RESULTS_AFTER_S = 0.02
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def read_frame(fd: int):
@@ -85,17 +101,159 @@ class Tail:
         return bytes(self.tail[-self.tail_max:]).decode("utf-8", "replace")
 
 
+class Unrestorable(Exception):
+    """The worker could not put its state back as it was; it must be replaced."""
+
+
+def empty_directory(top: int) -> int:
+    """Remove everything inside the directory open at ``top``, whatever the modes and the depth;
+    returns how many entries were removed. Only for a tree no process is using any more.
+
+    Iterative, holding two descriptors at most (a chain of directories can be as deep as the
+    tmpfs has files). Each directory is made 0700 before it is opened: a program may have left
+    some without read, write or search permission for their owner, which is also the worker."""
+    subdirs, removed = _remove_files(top)
+    pending = [subdirs]  # per level: subdirectories still to remove
+    path = []  # the name of each level below ``top`` in its parent
+    cur = top
+    try:
+        while True:
+            if pending[-1]:
+                name = pending[-1].pop()
+                os.chmod(name, 0o700, dir_fd=cur)  # a directory (d_type), not a link; nothing runs now
+                nxt = os.open(name, _DIR_FLAGS, dir_fd=cur)
+                if cur != top:
+                    os.close(cur)
+                cur = nxt
+                path.append(name)
+                subdirs, n = _remove_files(cur)
+                pending.append(subdirs)
+                removed += n
+                continue
+            pending.pop()
+            if not path:
+                return removed
+            up = os.open("..", _DIR_FLAGS, dir_fd=cur)
+            os.close(cur)
+            if len(path) == 1:
+                os.close(up)
+                up = top
+            cur = up
+            os.rmdir(path.pop(), dir_fd=cur)
+            removed += 1
+    finally:
+        if cur != top:
+            os.close(cur)
+
+
+def _remove_files(fd: int):
+    """Unlink every entry of the directory at ``fd`` that is not a directory. Returns the names of
+    its subdirectories and how many entries were unlinked."""
+    with os.scandir(fd) as it:
+        entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+    subdirs = []
+    for name, is_dir in entries:
+        if is_dir:
+            subdirs.append(name)
+        else:
+            os.unlink(name, dir_fd=fd)
+    return subdirs, len(entries) - len(subdirs)
+
+
+class Scratch:
+    """The scratch directory ``<root>/home``: every execution's current directory, HOME and TMPDIR.
+
+    With the jail, ``home`` is the only writable place of the worker's own tmpfs: a mount point,
+    so it cannot be removed, renamed or replaced, under a read-only root. Without the jail
+    (isolation "none") it is a plain directory in the pool's temporary directory.
+
+    ``reset`` runs after every execution and puts it back as the worker made it: empty, mode 0700,
+    its own extended attributes (ACLs are extended attributes) and times, and, on its own tmpfs,
+    every block and inode free again. What is inside belongs to the execution and is removed
+    whatever it is. The directory itself belongs to the worker: a change to it is undone and
+    reported (the job scores 0). A state that cannot be put back raises Unrestorable.
+    """
+
+    MODE = 0o700
+
+    def __init__(self, root: str, private: bool):
+        self.root = root
+        self.home = os.path.join(root, "home")
+        self.private = private  # the jail's tmpfs: a read-only root, home a mount point
+        if not private:
+            # A worker that replaces another finds its leftovers in this host directory.
+            fd = os.open(root, _DIR_FLAGS)
+            try:
+                empty_directory(fd)
+            finally:
+                os.close(fd)
+            os.mkdir(self.home, self.MODE)
+        self.fd = os.open(self.home, _DIR_FLAGS)
+        os.fchmod(self.fd, self.MODE)
+        self.time_ns = time.time_ns()
+        os.utime(self.fd, ns=(self.time_ns, self.time_ns))
+        st = os.fstat(self.fd)
+        self.owner = (st.st_uid, st.st_gid)
+        self.xattrs = sorted(os.listxattr(self.fd))
+        self.root_stat = self._root_signature()
+        self.free = self._free()
+        if os.listdir(self.fd):
+            raise Unrestorable("the scratch directory is not empty at start")
+
+    def _root_signature(self):
+        st = os.stat(self.root)
+        return st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns, st.st_ctime_ns
+
+    def _free(self):
+        if not self.private:
+            return None  # a host file system: its free space is not ours to check
+        v = os.fstatvfs(self.fd)
+        return v.f_bfree, v.f_ffree
+
+    def reset(self) -> list[str]:
+        """After an execution (all its processes reaped): returns what the program changed that
+        was the worker's, already undone."""
+        notes = []
+        st = os.fstat(self.fd)
+        if st.st_nlink == 0:
+            raise Unrestorable("its scratch directory was removed")
+        if (st.st_uid, st.st_gid) != self.owner:
+            raise Unrestorable("its scratch directory changed owner")
+        mode = st.st_mode & 0o7777
+        if mode != self.MODE:
+            notes.append(f"set its mode to {mode:04o}")
+            os.fchmod(self.fd, self.MODE)
+        xattrs = os.listxattr(self.fd)
+        if sorted(xattrs) != self.xattrs:
+            notes.append("set extended attributes or an ACL on it")
+            for name in xattrs:
+                if name not in self.xattrs:
+                    os.removexattr(self.fd, name)
+            if sorted(os.listxattr(self.fd)) != self.xattrs:
+                raise Unrestorable("extended attributes of its scratch directory could not be removed")
+        removed = empty_directory(self.fd)
+        if removed or st.st_mtime_ns != self.time_ns or st.st_atime_ns != self.time_ns:
+            # Times a program set (os.utime) would carry a few bytes to the next execution.
+            os.utime(self.fd, ns=(self.time_ns, self.time_ns))
+        if self._free() != self.free:
+            raise Unrestorable(f"its scratch space stays in use after cleanup (free blocks and inodes "
+                               f"{self._free()}, expected {self.free})")
+        if self._root_signature() != self.root_stat:
+            raise Unrestorable("the directory holding its scratch directory was changed")
+        return notes
+
+
 class Worker:
     def __init__(self, cfg: dict):
         self.cfg = cfg
-        self.scratch_root = cfg["scratch"]
         self.is_init = os.getpid() == 1
         self.counter = 0
-        self.pid_tag = os.getpid()
-        # A worker that replaces a dead one finds its predecessor's leftovers (isolation "none":
-        # the scratch area is a host directory, not a fresh tmpfs).
-        for name in os.listdir(self.scratch_root):
-            shutil.rmtree(os.path.join(self.scratch_root, name), ignore_errors=True)
+        self.scratch = Scratch(cfg["scratch"], private=bool(cfg.get("jailed")))
+        # What the current job did to the worker: changes undone (the job scores 0) and the first
+        # state that could not be restored (the job scores 0 and the worker is replaced).
+        self.damage: list[str] = []
+        self.broken: str | None = None
+        self.fd_count = None  # set by main once the worker's own descriptors are all open
         self.env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                     "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
         if not self.is_init:
@@ -107,6 +265,14 @@ class Worker:
                 pass
         try:  # no execution may read this process's memory (it holds other tests' data)
             ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+        except (OSError, AttributeError):
+            pass
+        try:
+            # Big buffers (a job's return values, its answer) are mapped and unmapped on their own
+            # rather than carved from the heap: glibc's default raises this threshold after the
+            # first big free, and the heap then keeps what a big result made it grow, which every
+            # later fork copies page tables for.
+            ctypes.CDLL(None).mallopt(-3, 128 << 10)  # M_MMAP_THRESHOLD, fixed
         except (OSError, AttributeError):
             pass
 
@@ -133,24 +299,27 @@ class Worker:
             except (ValueError, OSError):
                 pass
 
-    def _spawn(self, job, scratch, stdin_path, cpu_s, target):
-        """Fork one execution. ``target`` runs in the child and never returns."""
+    def _spawn(self, job, stdin_fd, cpu_s, target, results: bool):
+        """Fork one execution. ``target`` runs in the child and never returns. Its stdin is
+        ``stdin_fd`` (or /dev/null); fd 3 is the result pipe when ``results``."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        res_r, res_w = os.pipe()
+        res_r, res_w = os.pipe() if results else (None, None)
         key = os.urandom(32)
         reporter = harness.Reporter(3, key)  # made here: the child copies less
         pid = os.fork()
         if pid == 0:  # the execution
             try:
                 os.setpgid(0, 0)
-                fd_in = os.open(stdin_path or os.devnull, os.O_RDONLY)
-                os.dup2(fd_in, 0)
+                os.dup2(stdin_fd if stdin_fd is not None else os.open(os.devnull, os.O_RDONLY), 0)
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
-                os.dup2(res_w, 3)
-                os.closerange(4, 1 << 16)
-                os.chdir(scratch)
+                if res_w is not None:
+                    os.dup2(res_w, 3)
+                    os.closerange(4, 1 << 16)
+                else:
+                    os.closerange(3, 1 << 16)
+                os.chdir(self.scratch.home)
                 # The environment was scrubbed once at worker start (see main). `random` is not
                 # preloaded, so programs that use it seed it afresh when they import it.
                 self._limits(job, cpu_s)
@@ -160,18 +329,43 @@ class Worker:
                 pass
             os._exit(70)
         for fd in (out_w, err_w, res_w):
-            os.close(fd)
-        return pid, key, out_r, err_r, res_r
+            if fd is not None:
+                os.close(fd)
+        return pid, key, (out_r, err_r, res_r)
 
-    def _watch(self, pid, fds, stdout: Tail, stderr: Tail, results: bytearray, timeout_s: float,
-               progress) -> tuple[str | None, int]:
+    def _execute(self, job, stdin_fd, cpu_s, target, stdout: Tail, stderr: Tail, timeout_s: float,
+                 on_records=None, result_budget: int = 0):
+        """One execution, start to finish: fork it, watch it, kill and reap everything it left and
+        reset the scratch directory. ``on_records`` (assert/call) takes each batch of verified
+        records as they arrive and returns the time by which the running test must end.
+        Returns (kill reason or None, wait status, RecordReader or None)."""
+        pid, key, fds = self._spawn(job, stdin_fd, cpu_s, target, on_records is not None)
+        reader = harness.RecordReader(key) if on_records is not None else None
+        try:
+            reason, status = self._watch(pid, fds, stdout, stderr, reader, on_records, timeout_s, result_budget)
+        finally:
+            self._restore()
+        return reason, status, reader
+
+    def _restore(self):
+        """Put the scratch directory back after an execution; note what had to be undone."""
+        if self.broken is not None:
+            return  # the worker is being replaced: its scratch goes with it
+        try:
+            self.damage += self.scratch.reset()
+        except Unrestorable as exc:
+            self.broken = str(exc)
+        except OSError as exc:
+            self.broken = f"cleaning its scratch directory failed: {exc}"
+
+    def _watch(self, pid, fds, stdout: Tail, stderr: Tail, reader, on_records, timeout_s: float,
+               result_budget: int) -> tuple[str | None, int]:
         """Wait until the execution exits, its wall clock runs out or it writes too much.
 
-        Only the child's exit and its stdout/stderr wake the worker: each wake-up runs Python code
-        here while the child still shares this process's pages (every page written is copied).
-        The result pipe is read at the deadline: ``progress(results)`` returns the (monotonic)
-        time by which the current test must end, from the timestamp of the last valid record.
-        Returns (kill reason or None, wait status)."""
+        The child's exit and its stdout/stderr wake the worker, and its result pipe too once it
+        has run RESULTS_AFTER_S: from then on records are read as they arrive, so a big return
+        value never waits for a deadline to be read. Each batch of records moves the deadline on
+        to the running test's (``on_records``). Returns (kill reason or None, wait status)."""
         out_r, err_r, res_r = fds
         ep = select.epoll(4)
         try:
@@ -179,25 +373,43 @@ class Worker:
         except (AttributeError, OSError):
             pidfd = None
         for fd in fds:
-            os.set_blocking(fd, False)
+            if fd is not None:
+                os.set_blocking(fd, False)
         ep.register(out_r, select.EPOLLIN)
         ep.register(err_r, select.EPOLLIN)
         if pidfd is not None:
             ep.register(pidfd, select.EPOLLIN)
         cap = self.cfg["max_output_bytes"]
-        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        deadline = start + timeout_s
+        watch_results_at = start + RESULTS_AFTER_S if res_r is not None else math.inf
+
+        def take(b) -> bool:
+            """Feed result bytes unless they would pass the budget (then nothing of them counts)."""
+            nonlocal deadline
+            if reader.total + len(b) > result_budget:
+                return False
+            deadline = max(deadline, on_records(reader.feed(b)))
+            return True
+
         reason, status, done = None, None, False
         try:
             while not done:
                 now = time.monotonic()
                 if now >= deadline:
-                    self._drain(res_r, results)
-                    deadline = max(deadline, progress(results) or 0.0)
+                    if res_r is not None and not self._drain(res_r, take):
+                        reason = "result_limit"
+                        break
                     if now >= deadline:
                         reason = "timeout"
                         break
                     continue
-                wait = deadline - now if pidfd is not None else min(0.01, deadline - now)
+                if now >= watch_results_at:
+                    watch_results_at = math.inf
+                    ep.register(res_r, select.EPOLLIN)  # reports what is already waiting at once
+                wait = min(deadline, watch_results_at) - now
+                if pidfd is None:
+                    wait = min(0.01, wait)
                 for fd, _ in ep.poll(wait):
                     if fd == pidfd:
                         done = True
@@ -209,7 +421,13 @@ class Worker:
                     if not b:
                         ep.unregister(fd)
                         continue
-                    (stdout if fd == out_r else stderr).add(b)
+                    if fd == res_r:
+                        if not take(b):
+                            reason = "result_limit"
+                    else:
+                        (stdout if fd == out_r else stderr).add(b)
+                if reason is not None:
+                    break
                 if stdout.total + stderr.total > cap:
                     reason = "output_limit"
                     break
@@ -224,8 +442,11 @@ class Worker:
                 _, status = os.waitpid(pid, 0)
             # Kill whatever the execution left behind first, so that nobody writes any more; then
             # drain what was written before it ended.
-            self._sweep(pid)
-            for fd, sink in ((res_r, None), (out_r, stdout), (err_r, stderr)):
+            if not self._sweep(pid) and self.broken is None:
+                self.broken = f"processes it started were still alive {REAP_S:.0f} s after being killed"
+            if res_r is not None and reason != "result_limit" and not self._drain(res_r, take):
+                reason = "result_limit"
+            for fd, sink in ((out_r, stdout), (err_r, stderr)):
                 while True:
                     try:
                         b = os.read(fd, 1 << 16)
@@ -233,29 +454,28 @@ class Worker:
                         break
                     if not b:
                         break
-                    if sink is None:
-                        results += b
-                    elif sink.total <= cap:
+                    if sink.total <= cap:
                         sink.add(b)
-                if sink is None:
-                    progress(results)
             ep.close()
             for fd in fds:
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
             if pidfd is not None:
                 os.close(pidfd)
         return reason, status
 
     @staticmethod
-    def _drain(fd, buf: bytearray):
+    def _drain(fd, take) -> bool:
+        """Read what is in the pipe now; False when ``take`` refused a piece."""
         while True:
             try:
                 b = os.read(fd, 1 << 16)
             except (BlockingIOError, OSError):
-                return
+                return True
             if not b:
-                return
-            buf += b
+                return True
+            if not take(b):
+                return False
 
     def _kill_group(self, pid):
         try:
@@ -263,35 +483,37 @@ class Worker:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def _sweep(self, pid):
-        """Kill and reap everything the execution left behind."""
-        self._kill_group(pid)
-        if self.is_init:
-            # Every process of the namespace descends from PID 1 (orphans are re-parented here), so
-            # no child left means nothing left: skip kill(-1), which walks every task of the host.
-            if not self._reap_all():
-                return
-            for _ in range(1000):
+    def _sweep(self, pid) -> bool:
+        """Kill and reap everything the execution left behind; False if something is still there
+        after REAP_S. Until a process is reaped it counts against the uid's RLIMIT_NPROC, so the
+        next execution could not start its full share of processes: wait for every one.
+
+        Every process an execution leaves ends up a child of the worker (orphans are re-parented
+        to PID 1 of the namespace, or to the worker as subreaper without the jail), so no child
+        left means nothing left."""
+        if pid is not None:
+            self._kill_group(pid)
+        if not self._reap_all():
+            return True  # the usual case: kill(-1) walks every task of the host, skip it
+        deadline = time.monotonic() + REAP_S
+        while True:
+            if self.is_init:
                 try:
                     os.kill(-1, signal.SIGKILL)  # all processes of this namespace but PID 1
                 except ProcessLookupError:
                     pass
-                if not self._reap_all():
-                    break
-        else:
-            for _ in range(1000):
-                kids = self._children()
-                if not kids:
-                    break
-                for k in kids:
+            else:
+                for k in self._children():
                     for f in (os.killpg, os.kill):
                         try:
                             f(k, signal.SIGKILL)
                         except (ProcessLookupError, PermissionError):
                             pass
-                self._reap_all()
-                time.sleep(0.001)
-        self._reap_all()
+            if not self._reap_all():
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0005)
 
     def _children(self):
         kids = []
@@ -314,26 +536,42 @@ class Worker:
             if p == 0:
                 return True
 
+    def _fd_count(self) -> int:
+        return len(os.listdir("/proc/self/fd"))
+
     # -- one job ------------------------------------------------------------------------------
 
     def run_job(self, job: dict) -> dict:
+        """Run one job and check the worker afterwards. A job that left the worker changed scores
+        0 (every test an ``error`` saying what happened, and ``damage`` set for the pool); one
+        that left it in a state it cannot restore also sets ``retire``: main answers, then exits."""
         self.counter += 1
-        scratch = os.path.join(self.scratch_root, f"run{self.pid_tag}-{self.counter}")
-        os.mkdir(scratch, 0o700)
+        self.damage, self.broken = [], None
         try:
-            if job["kind"] == "stdio":
-                return self._run_stdio(job, scratch)
-            return self._run_in_process(job, scratch)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-            if os.path.exists(scratch):  # a program made its files read-only: undo and retry
-                for root, dirs, files in os.walk(scratch):
-                    for d in dirs:
-                        try:
-                            os.chmod(os.path.join(root, d), 0o700)
-                        except OSError:
-                            pass
-                shutil.rmtree(scratch, ignore_errors=True)
+            out = self._run_stdio(job) if job["kind"] == "stdio" else self._run_in_process(job)
+        except Exception as exc:  # a harness bug must not look like a pass: report it
+            out = {"tests": [{"status": "error", "message": f"sandbox worker error: {exc!r}"[:500]}
+                             for _ in job.get("tests", [])], "stdout": "", "stderr": ""}
+            # It may have stopped anywhere: kill what might be left and reset the scratch.
+            if not self._sweep(None):
+                self.broken = self.broken or "processes it started could not be killed"
+            self._restore()
+        problem = self.broken
+        if problem is None and self.fd_count is not None and self._fd_count() != self.fd_count:
+            problem = "the worker's own file descriptors changed"
+        if problem is not None:
+            msg = (f"the program left its sandbox worker in a state it could not restore ({problem}); "
+                   f"the worker was replaced and the job scores 0")
+        elif self.damage:
+            msg = (f"the program changed its scratch directory, which later jobs on this sandbox worker use "
+                   f"({'; '.join(dict.fromkeys(self.damage))}); the worker restored it and the job scores 0")
+        else:
+            return out
+        out = {"tests": [{"status": "error", "message": msg} for _ in job["tests"]], "damage": msg,
+               "stdout": out.get("stdout", ""), "stderr": out.get("stderr", "")}
+        if problem is not None:
+            out["retire"] = True
+        return out
 
     def _end_reason(self, reason, status, stderr_tail):
         """Status of the test that was running when the execution ended without a record."""
@@ -341,6 +579,8 @@ class Worker:
             return "timeout", "wall-clock timeout"
         if reason == "output_limit":
             return "output_limit", f"output over {self.cfg['max_output_bytes']} bytes"
+        if reason == "result_limit":
+            return "output_limit", f"return values over {self.cfg['max_result_bytes']} bytes in one job"
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             name = _SIGNAMES.get(sig, str(sig))
@@ -356,7 +596,7 @@ class Worker:
             return "memory", "MemoryError"
         return "error", f"exited (status {code}) before the test finished"
 
-    def _run_in_process(self, job: dict, scratch: str) -> dict:
+    def _run_in_process(self, job: dict) -> dict:
         n = len(job["tests"])
         kind = job["kind"]
         timeout = float(job["timeout_s"])
@@ -373,17 +613,14 @@ class Worker:
         statuses = [None] * n
         stdout = Tail(0, self.cfg["tail_bytes"])
         stderr = Tail(0, self.cfg["tail_bytes"])
+        # Return values of the whole job, together, up to this many bytes of records.
+        result_budget = self.cfg["max_result_bytes"]
         start = 0
         while start < n:
-            key_box = {}
-            parsed = {"count": 0, "next": start, "code": None, "tampered": False, "loaded": False, "group_end": 0.0}
+            parsed = {"next": start, "code": None, "tampered": False, "loaded": False, "group_end": 0.0}
 
-            def progress(buf, parsed=parsed, key_box=key_box):
+            def on_records(new, parsed=parsed):
                 """Take in new records; return the time by which the running test must end."""
-                recs, tampered = harness.verify_records(bytes(buf), key_box["key"])
-                parsed["tampered"] |= tampered
-                new = recs[parsed["count"]:]
-                parsed["count"] = len(recs)
                 ext = 0.0
                 for r in new:
                     if not job["run_all_cases"] and any(x is not None and x[0] not in _GOOD for x in statuses):
@@ -397,7 +634,7 @@ class Worker:
                         i = parsed["next"]
                         st, msg, val = r.get("s"), str(r.get("m", ""))[:500], None
                         if kind == "call" and st == "passed":  # the pool compares the value
-                            st, val = "returned", r.get("v")
+                            st, val = "returned", r.get("vj")
                         if st not in ("passed", "returned", "failed", "error", "memory", "output_limit"):
                             st, msg = "error", "bad record"
                         statuses[i] = (st, msg, val)
@@ -417,12 +654,11 @@ class Worker:
 
             # CPU budget: loading the code plus every remaining test.
             cpu_s = timeout * (n - start + 1) + 1
-            pid, key, out_r, err_r, res_r = self._spawn(job, scratch, None, cpu_s, target)
-            key_box["key"] = key
-            results = bytearray()
-            reason, status = self._watch(pid, (out_r, err_r, res_r), stdout, stderr, results, timeout, progress)
+            reason, status, reader = self._execute(job, None, cpu_s, target, stdout, stderr, timeout,
+                                                   on_records, result_budget)
+            result_budget -= reader.total
             nxt = parsed["next"]
-            if parsed["tampered"]:
+            if parsed["tampered"] or reader.tampered:
                 for i in range(start, n):
                     if statuses[i] is None or statuses[i][0] in _GOOD:
                         statuses[i] = ("error", "result channel tampered with")
@@ -459,31 +695,36 @@ class Worker:
             if s is None:
                 tests.append({"status": "skipped", "message": ""})
             elif s[0] == "returned":
-                tests.append({"status": "returned", "message": "", "value": s[2]})
+                # JSON text, decoded by the pool: big values never become objects here.
+                tests.append({"status": "returned", "message": "", "value_json": s[2]})
             else:
                 tests.append({"status": s[0], "message": s[1]})
         return {"tests": tests, "stdout": stdout.tail_text(), "stderr": stderr.tail_text()}
 
-    def _run_stdio(self, job: dict, scratch: str) -> dict:
+    def _run_stdio(self, job: dict) -> dict:
         tests, last_out, last_err = [], "", ""
         failed = False
         cap = self.cfg["max_output_bytes"]
-        stdin_path = os.path.join(scratch, ".stdin")
         for t in job["tests"]:
             if failed and not job["run_all_cases"]:
                 tests.append({"status": "skipped", "message": ""})
                 continue
-            with open(stdin_path, "w") as f:
-                f.write(t["input"])
-            stdout = Tail(cap, self.cfg["tail_bytes"])
-            stderr = Tail(0, self.cfg["tail_bytes"])
-            prep = harness.Prepared({"kind": "stdio", "code": job["code"], "tests": [None]}, 0)
-            pid, _, out_r, err_r, res_r = self._spawn(
-                job, scratch, stdin_path, float(job["timeout_s"]) + 1,
-                lambda reporter, prep=prep: harness.run_program(prep))
-            reason, status = self._watch(pid, (out_r, err_r, res_r), stdout, stderr, bytearray(),
-                                         float(job["timeout_s"]), lambda buf: 0.0)
-            os.unlink(stdin_path)
+            # The input lives in a memfd, outside the scratch directory: it takes none of its
+            # space and leaves nothing there.
+            stdin_fd = os.memfd_create("stdin")
+            try:
+                data = memoryview(t["input"].encode("utf-8", "surrogatepass"))
+                while data:
+                    data = data[os.write(stdin_fd, data):]
+                os.lseek(stdin_fd, 0, os.SEEK_SET)
+                stdout = Tail(cap, self.cfg["tail_bytes"])
+                stderr = Tail(0, self.cfg["tail_bytes"])
+                prep = harness.Prepared({"kind": "stdio", "code": job["code"], "tests": [None]}, 0)
+                reason, status, _ = self._execute(job, stdin_fd, float(job["timeout_s"]) + 1,
+                                                  lambda reporter, prep=prep: harness.run_program(prep),
+                                                  stdout, stderr, float(job["timeout_s"]))
+            finally:
+                os.close(stdin_fd)
             if reason is None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
                 # Judged by the pool, which alone holds the expected output.
                 tests.append({"status": "returned", "message": "",
@@ -524,10 +765,11 @@ def main(argv=None) -> int:
     worker = Worker(cfg)
     # Nothing of the pool's environment reaches executions (they inherit this one).
     os.environ.clear()
-    os.environ.update(worker.env, HOME=cfg["scratch"], TMPDIR=cfg["scratch"])
+    os.environ.update(worker.env, HOME=worker.scratch.home, TMPDIR=worker.scratch.home)
     failed = harness.prepare_worker(cfg.get("preimport", ()))
+    worker.fd_count = worker._fd_count()
     write_frame(fd_out, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "init": worker.is_init,
-                         "preimport_failed": failed})
+                         "preimport_failed": failed, "package": os.path.dirname(harness.__file__)})
     # The loop makes little cyclic garbage; automatic collections would walk (and, after each
     # fork, copy) pages for nothing. Collect explicitly now and then instead.
     gc.disable()
@@ -538,13 +780,11 @@ def main(argv=None) -> int:
         if job is None:
             return 0
         t0 = time.perf_counter()
-        try:
-            res = worker.run_job(job)
-        except Exception as exc:  # a harness bug must not look like a pass: report it
-            res = {"tests": [{"status": "error", "message": f"sandbox worker error: {exc!r}"[:500]}
-                             for _ in job.get("tests", [])], "stdout": "", "stderr": ""}
+        res = worker.run_job(job)
         res["elapsed_s"] = time.perf_counter() - t0
         write_frame(fd_out, res)
+        if res.get("retire"):
+            return 0  # answered; the pool replaces this worker, whose state could not be restored
 
 
 if __name__ == "__main__":

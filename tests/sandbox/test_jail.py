@@ -57,8 +57,12 @@ INSIDE_CHECKS = {
     "own pid namespace": "import os\npids = [int(p) for p in os.listdir('/proc') if p.isdigit()]\n"
                          "assert 1 in pids and len(pids) <= 3, pids",
     "scratch writable, rest read-only": "import os\nassert os.access('.', os.W_OK)\n"
-                                        "for d in ('/tmp', '/etc', '/usr', '/dev/shm', os.path.dirname(os.__file__)):\n"
+                                        "for d in ('/tmp', '/etc', '/usr', '/dev/shm', os.path.dirname(os.__file__),\n"
+                                        "          os.path.dirname(os.getcwd())):\n"
                                         "    assert not os.access(d, os.W_OK), d",
+    "HOME, TMPDIR and cwd are the scratch": "import os\n"
+                                            "assert os.environ['HOME'] == os.environ['TMPDIR'] == os.getcwd()\n"
+                                            "assert os.listdir('.') == [] and os.stat('.').st_mode & 0o777 == 0o700",
     "only loopback": "names = [l.split(':')[0].strip() for l in open('/proc/self/net/dev').read().splitlines()[2:]]\n"
                      "assert names == ['lo'], names",
     "no core dumps": "import resource\nassert resource.getrlimit(resource.RLIMIT_CORE)[0] == 0",
@@ -98,3 +102,13 @@ def f():
 '''
     r = pool.run(Job(code=code, kind="assert", tests=["n = f()\nassert 0 < n <= 31, n"], timeout_s=5))
     assert r.all_passed, r.tests
+
+
+def test_workers_run_the_pools_own_code(pool):
+    """Workers start with ``python -I`` (no PYTHONPATH); they must still import the fastcrit the
+    pool imported, not another copy installed on the path (an editable install of another
+    checkout, say)."""
+    import fastcrit.sandbox
+
+    here = os.path.dirname(os.path.abspath(fastcrit.sandbox.__file__))
+    assert [w.hello.get("package") for w in pool.pool._workers] == [here] * len(pool.pool._workers)
