@@ -230,10 +230,8 @@ def test_a_long_returned_string_is_compared(pool):
     assert ok.status == "passed" and wrong.status == "failed" and len(wrong.tests[0].message) < 500
 
 
-@pytest.mark.xfail(strict=True, reason="workers.py reads an execution's result pipe only at a test's deadline "
-                   "or when the execution ends: records past the pipe's 64 KiB block the execution until the "
-                   "deadline, then read as tampered (the workers' owner has it)")
 def test_return_values_past_the_result_pipe_buffer_are_compared(pool):
+    """Records past the pipe's 64 KiB: the worker reads the result channel as records arrive."""
     r = pool.run(Job(code="def f():\n    return list(range(20_000))\n", kind="call", entry_point="f",
                      tests=[{"args": [], "expected": list(range(20_000)), "kwargs": {}}], timeout_s=2))
     assert r.status == "passed", r.tests
