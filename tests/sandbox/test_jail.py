@@ -85,21 +85,8 @@ def test_process_limit_holds_for_root_too(pool, jail_probe):
     The uid's count includes the worker and the execution itself: 32 + 1 - 2 = 31 children."""
     if not jail_probe.ok:
         pytest.skip(f"no jail here: {jail_probe.describe()}")
-    code = '''
-import os, time
-def f():
-    n = 0
-    for _ in range(200):
-        try:
-            pid = os.fork()
-        except OSError:
-            break
-        if pid == 0:
-            time.sleep(30)
-            os._exit(0)
-        n += 1
-    return n
-'''
+    from test_worker_state import COUNT_FORKS as code  # forks until refused, returns how many
+
     r = pool.run(Job(code=code, kind="assert", tests=["n = f()\nassert 0 < n <= 31, n"], timeout_s=5))
     assert r.all_passed, r.tests
 
