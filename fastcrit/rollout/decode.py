@@ -41,9 +41,8 @@ import torch.nn.functional as F
 
 TYPES = ("qwen2", "qwen3", "llama", "mistral")
 _PACK_MIN_STEPS = 4  # decode steps left for which packing the projections for MKL pays (StaticDecoder._pack)
-# Models narrower than this decode on plain linears: per-op overhead, not the GEMMs, bounds their step.
-# Measured (A/B, same tokens): hidden 384 (13.4M parameters) 0.88-0.92x the time at one thread, 0.92x
-# at two; the 4-layer tiny model (hidden 128) 0.97-1.01x, at 9 MB more peak memory (4.7 -> 13.7 MB).
+# Models narrower than this decode on plain linears: per-op overhead, not the GEMMs, bounds their
+# step, so packing buys them nothing and costs memory (the A/B figures: docs/LOG.md).
 _PACK_MIN_HIDDEN = 256
 
 

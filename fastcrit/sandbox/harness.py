@@ -49,7 +49,6 @@ try:  # the built-in BLAKE2 module: hashlib would map OpenSSL into every warm wo
     from _blake2 import blake2b as _blake2b
 except ImportError:  # pragma: no cover
     from hashlib import blake2b as _blake2b
-from _operator import _compare_digest
 _FunctionType = types.FunctionType
 _thread_count = None
 try:
@@ -362,61 +361,6 @@ class Reporter:
 
 
 _NO_VALUE = object()
-
-
-def _decode(body: bytes) -> dict:
-    """One record's fields. A returned value ``vj`` stays JSON text: the worker only passes it on
-    to the pool (which decodes it), so a big value never becomes objects in the warm worker."""
-    k, i, st, t, v, m = body.decode("utf-8", "replace").split("\x1f", 5)
-    rec = {"k": k, "i": int(i), "s": st, "t": float(t), "m": m}
-    if v:
-        rec["vj"] = v
-    return rec
-
-
-class RecordReader:
-    """Checks the signed records of one execution as their bytes arrive, in any pieces.
-
-    ``feed`` returns the records completed by the new bytes. The first record that is malformed or
-    badly signed sets ``tampered`` and nothing after it is read. Bytes after the last newline wait
-    for the rest of their record; a record cut short because the execution ended is not a record.
-    ``total`` counts every byte received."""
-
-    def __init__(self, key: bytes):
-        self._key = key
-        self._seq = 0
-        self._partial = bytearray()
-        self.total = 0
-        self.tampered = False
-
-    def feed(self, data: bytes) -> list:
-        self.total += _len(data)
-        if self.tampered:
-            return []
-        end = data.rfind(b"\n")
-        if end < 0:
-            self._partial += data
-            return []
-        if self._partial:
-            self._partial += data[:end]
-            lines = bytes(self._partial).split(b"\n")
-        else:
-            lines = data[:end].split(b"\n")
-        self._partial = bytearray(data[end + 1:])
-        out = []
-        for line in lines:
-            body, sep, sig = line.rpartition(b"\t")
-            mac = _blake2b(b"%d:" % self._seq + body, key=self._key, digest_size=16).hexdigest().encode()
-            if not sep or not _compare_digest(mac, sig):
-                self.tampered = True
-                return out
-            try:
-                out.append(_decode(body))
-            except ValueError:
-                self.tampered = True
-                return out
-            self._seq += 1
-        return out
 
 
 def _describe(exc) -> str:

@@ -31,19 +31,14 @@ from typing import AsyncIterator, Iterable
 from . import jail as jail_mod
 from .assert_split import judge_split, split_test
 from .cache import ResultCache, job_key
-from .compare import stdout_difference, stdout_matches, values_equal
+from .compare import judge
 from .streaming import run_all, stream_results
 from .types import (
     ERROR,
-    FAILED,
-    PASSED,
-    SKIPPED,
-    STATUSES,
     Job,
     JobError,
     Result,
     SandboxConfig,
-    TestResult,
     error_result,
     summarise,
 )
@@ -220,56 +215,6 @@ class _WorkerProc:
             except (asyncio.TimeoutError, ConnectionError, BrokenPipeError):
                 pass
         await self.kill()
-
-
-def _shown(value, width: int = 200) -> str:
-    """A returned or expected value for a message; never raises (a value too deep or with too
-    many digits for JSON is named by its type)."""
-    try:
-        text = json.dumps(value)
-    except (ValueError, TypeError, RecursionError):
-        return f"<{type(value).__name__} that cannot be shown>"
-    return text if len(text) <= width else text[:width - 3] + "..."
-
-
-def _judge_one(kind: str, test: dict, st, msg: str, raw_t: dict) -> tuple[str, str]:
-    if st == "returned" and kind == "call":
-        v = raw_t.get("value")
-        if values_equal(v, test["expected"]):
-            return PASSED, ""
-        return FAILED, f"returned {_shown(v)}, expected {_shown(test['expected'])}"
-    if st == "returned" and kind == "stdio":
-        got = raw_t.get("value", "")
-        if stdout_matches(got, test["output"]):
-            return PASSED, ""
-        return FAILED, f"wrong answer: {stdout_difference(got, test['output'])}"
-    if st == PASSED and kind != "assert":
-        return ERROR, "sandbox worker sent an unjudged pass"
-    if st not in STATUSES:
-        return ERROR, f"sandbox worker sent status {st!r}"
-    return st, msg
-
-
-def judge(job: Job, raw: list) -> list[TestResult]:
-    """Final per-test verdicts from a worker's answer. ``stdio``/``call`` tests come back as
-    "returned" with the program's stdout / JSON value and are compared here; with
-    ``run_all_cases`` false everything after the first non-pass becomes "skipped" (the worker
-    only stops early on failures it can see itself: errors, timeouts, limits). Whatever a program
-    printed or returned gives a verdict here, never an exception."""
-    out = []
-    for t, raw_t in zip(job.tests, raw):
-        st, msg = raw_t.get("status"), str(raw_t.get("message", ""))
-        try:
-            st, msg = _judge_one(job.kind, t, st, msg, raw_t)
-        except Exception as exc:  # a comparison this module did not foresee: an error, never a pass
-            st, msg = ERROR, f"sandbox could not judge the output: {type(exc).__name__}: {exc}"[:500]
-        out.append(TestResult(st, msg))
-    if not job.run_all_cases:
-        for i, t in enumerate(out):
-            if t.status != PASSED:
-                out[i + 1:] = [TestResult(SKIPPED) for _ in out[i + 1:]]
-                break
-    return out
 
 
 class SandboxPool:

@@ -29,13 +29,13 @@ import os
 import resource
 import select
 import signal
-import struct
 import sys
 import time
 
 from . import harness
+from .channels import RecordReader, Tail, read_frame, write_frame
+from .scratch import Scratch, Unrestorable
 
-_HDR = struct.Struct(">I")
 _GOOD = ("passed", "returned")  # statuses that do not stop a run_all_cases=False job here
 _SIGNAMES = {getattr(signal, n): n for n in dir(signal) if n.startswith("SIG") and not n.startswith("SIG_")}
 # How long processes left by an execution may take to die once killed (a process tearing down
@@ -46,201 +46,6 @@ REAP_S = 10.0
 # record would run Python here while the child still shares this process's pages, and every page
 # written is copied. A value too big for the pipe blocks its writer for this long at most.
 RESULTS_AFTER_S = 0.02
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def read_frame(fd: int):
-    hdr = _read_exact(fd, 4)
-    if hdr is None:
-        return None
-    (n,) = _HDR.unpack(hdr)
-    body = _read_exact(fd, n)
-    if body is None:
-        return None
-    return json.loads(body)
-
-
-def _read_exact(fd: int, n: int):
-    chunks, got = [], 0
-    while got < n:
-        b = os.read(fd, n - got)
-        if not b:
-            return None
-        chunks.append(b)
-        got += len(b)
-    return b"".join(chunks)
-
-
-def write_frame(fd: int, obj) -> None:
-    body = json.dumps(obj, separators=(",", ":")).encode()
-    data = memoryview(_HDR.pack(len(body)) + body)
-    while data:
-        n = os.write(fd, data)
-        data = data[n:]
-
-
-class Tail:
-    """Keeps the total byte count, the first ``keep_all`` bytes (stdio answers) and a tail."""
-
-    def __init__(self, keep_all: int, tail: int):
-        self.total = 0
-        self.keep_all = keep_all
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.tail_max = tail
-
-    def add(self, b: bytes):
-        self.total += len(b)
-        if len(self.head) < self.keep_all:
-            self.head += b[: self.keep_all - len(self.head)]
-        self.tail += b
-        if len(self.tail) > 2 * self.tail_max:
-            del self.tail[: len(self.tail) - self.tail_max]
-
-    def tail_text(self) -> str:
-        return bytes(self.tail[-self.tail_max:]).decode("utf-8", "replace")
-
-
-class Unrestorable(Exception):
-    """The worker could not put its state back as it was; it must be replaced."""
-
-
-def empty_directory(top: int) -> int:
-    """Remove everything inside the directory open at ``top``, whatever the modes and the depth;
-    returns how many entries were removed. Only for a tree no process is using any more.
-
-    Iterative, holding two descriptors at most (a chain of directories can be as deep as the
-    tmpfs has files). Each directory is made 0700 before it is opened: a program may have left
-    some without read, write or search permission for their owner, which is also the worker."""
-    subdirs, removed = _remove_files(top)
-    pending = [subdirs]  # per level: subdirectories still to remove
-    path = []  # the name of each level below ``top`` in its parent
-    cur = top
-    try:
-        while True:
-            if pending[-1]:
-                name = pending[-1].pop()
-                os.chmod(name, 0o700, dir_fd=cur)  # a directory (d_type), not a link; nothing runs now
-                nxt = os.open(name, _DIR_FLAGS, dir_fd=cur)
-                if cur != top:
-                    os.close(cur)
-                cur = nxt
-                path.append(name)
-                subdirs, n = _remove_files(cur)
-                pending.append(subdirs)
-                removed += n
-                continue
-            pending.pop()
-            if not path:
-                return removed
-            up = os.open("..", _DIR_FLAGS, dir_fd=cur)
-            os.close(cur)
-            if len(path) == 1:
-                os.close(up)
-                up = top
-            cur = up
-            os.rmdir(path.pop(), dir_fd=cur)
-            removed += 1
-    finally:
-        if cur != top:
-            os.close(cur)
-
-
-def _remove_files(fd: int):
-    """Unlink every entry of the directory at ``fd`` that is not a directory. Returns the names of
-    its subdirectories and how many entries were unlinked."""
-    with os.scandir(fd) as it:
-        entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
-    subdirs = []
-    for name, is_dir in entries:
-        if is_dir:
-            subdirs.append(name)
-        else:
-            os.unlink(name, dir_fd=fd)
-    return subdirs, len(entries) - len(subdirs)
-
-
-class Scratch:
-    """The scratch directory ``<root>/home``: every execution's current directory, HOME and TMPDIR.
-
-    With the jail, ``home`` is the only writable place of the worker's own tmpfs: a mount point,
-    so it cannot be removed, renamed or replaced, under a read-only root. Without the jail
-    (isolation "none") it is a plain directory in the pool's temporary directory.
-
-    ``reset`` runs after every execution and puts it back as the worker made it: empty, mode 0700,
-    its own extended attributes (ACLs are extended attributes) and times, and, on its own tmpfs,
-    every block and inode free again. What is inside belongs to the execution and is removed
-    whatever it is. The directory itself belongs to the worker: a change to it is undone and
-    reported (the job scores 0). A state that cannot be put back raises Unrestorable.
-    """
-
-    MODE = 0o700
-
-    def __init__(self, root: str, private: bool):
-        self.root = root
-        self.home = os.path.join(root, "home")
-        self.private = private  # the jail's tmpfs: a read-only root, home a mount point
-        if not private:
-            # A worker that replaces another finds its leftovers in this host directory.
-            fd = os.open(root, _DIR_FLAGS)
-            try:
-                empty_directory(fd)
-            finally:
-                os.close(fd)
-            os.mkdir(self.home, self.MODE)
-        self.fd = os.open(self.home, _DIR_FLAGS)
-        os.fchmod(self.fd, self.MODE)
-        self.time_ns = time.time_ns()
-        os.utime(self.fd, ns=(self.time_ns, self.time_ns))
-        st = os.fstat(self.fd)
-        self.owner = (st.st_uid, st.st_gid)
-        self.xattrs = sorted(os.listxattr(self.fd))
-        self.root_stat = self._root_signature()
-        self.free = self._free()
-        if os.listdir(self.fd):
-            raise Unrestorable("the scratch directory is not empty at start")
-
-    def _root_signature(self):
-        st = os.stat(self.root)
-        return st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns, st.st_ctime_ns
-
-    def _free(self):
-        if not self.private:
-            return None  # a host file system: its free space is not ours to check
-        v = os.fstatvfs(self.fd)
-        return v.f_bfree, v.f_ffree
-
-    def reset(self) -> list[str]:
-        """After an execution (all its processes reaped): returns what the program changed that
-        was the worker's, already undone."""
-        notes = []
-        st = os.fstat(self.fd)
-        if st.st_nlink == 0:
-            raise Unrestorable("its scratch directory was removed")
-        if (st.st_uid, st.st_gid) != self.owner:
-            raise Unrestorable("its scratch directory changed owner")
-        mode = st.st_mode & 0o7777
-        if mode != self.MODE:
-            notes.append(f"set its mode to {mode:04o}")
-            os.fchmod(self.fd, self.MODE)
-        xattrs = os.listxattr(self.fd)
-        if sorted(xattrs) != self.xattrs:
-            notes.append("set extended attributes or an ACL on it")
-            for name in xattrs:
-                if name not in self.xattrs:
-                    os.removexattr(self.fd, name)
-            if sorted(os.listxattr(self.fd)) != self.xattrs:
-                raise Unrestorable("extended attributes of its scratch directory could not be removed")
-        removed = empty_directory(self.fd)
-        if removed or st.st_mtime_ns != self.time_ns or st.st_atime_ns != self.time_ns:
-            # Times a program set (os.utime) would carry a few bytes to the next execution.
-            os.utime(self.fd, ns=(self.time_ns, self.time_ns))
-        if self._free() != self.free:
-            raise Unrestorable(f"its scratch space stays in use after cleanup (free blocks and inodes "
-                               f"{self._free()}, expected {self.free})")
-        if self._root_signature() != self.root_stat:
-            raise Unrestorable("the directory holding its scratch directory was changed")
-        return notes
 
 
 class Worker:
@@ -340,7 +145,7 @@ class Worker:
         records as they arrive and returns the time by which the running test must end.
         Returns (kill reason or None, wait status, RecordReader or None)."""
         pid, key, fds = self._spawn(job, stdin_fd, cpu_s, target, on_records is not None)
-        reader = harness.RecordReader(key) if on_records is not None else None
+        reader = RecordReader(key) if on_records is not None else None
         try:
             reason, status = self._watch(pid, fds, stdout, stderr, reader, on_records, timeout_s, result_budget)
         finally:

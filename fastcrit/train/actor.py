@@ -136,11 +136,10 @@ def wrap_trainable(module: torch.nn.Module, *, dtype: str, device: torch.device,
             del full
     if not trainable:
         return Actor(module, None, None, device)
-    # AdamW is torch's fused kernel (one pass per parameter; on CPU the foreach path loops over ~8
-    # element-wise ops per parameter, each over the whole parameter list at once, with temporaries
-    # as large): measured on one CPU thread, 2.3 vs 8.6 ms per step for the tiny model, 21 vs 98 ms
-    # at 13.4M parameters, the same weights to 1.2e-7 after three steps. FSDP2's sharded (DTensor)
-    # parameters take it too (it steps each rank's local shard): 20.7 vs 88.2 ms at 13.4M.
+    # AdamW is torch's fused kernel: one pass per parameter, where the foreach path loops over ~8
+    # element-wise ops per parameter with temporaries as large (about 4x slower on CPU; the
+    # figures: docs/LOG.md), the same weights to rounding. FSDP2's sharded (DTensor) parameters
+    # take it too (it steps each rank's local shard).
     opt = torch.optim.AdamW(module.parameters(), lr=optim.lr, betas=(optim.beta1, optim.beta2),
                             eps=optim.eps, weight_decay=optim.weight_decay, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(optim, total_updates))

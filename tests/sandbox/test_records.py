@@ -3,7 +3,8 @@ import json
 import os
 import tempfile
 
-from fastcrit.sandbox.harness import RecordReader, Reporter
+from fastcrit.sandbox.channels import RecordReader
+from fastcrit.sandbox.harness import Reporter
 
 
 def _records(key, payloads):
