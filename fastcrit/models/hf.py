@@ -7,6 +7,7 @@ local Qwen2 model of tiny.py (built once and cached, e.g. ``tiny:hidden=64,layer
 from __future__ import annotations
 
 import importlib
+import dataclasses
 import os
 from typing import Mapping
 
@@ -50,6 +51,16 @@ def _parse_tiny_options(spec: str) -> dict:
             except ValueError:
                 raise ValueError(f"model spec {spec!r}: {key} must be an integer, got {value!r}") from None
     return opts
+
+
+def model_spec(model) -> str:
+    """A model config's spec (``fastcrit.config.ModelConfig``: ``path`` and ``tiny``): its path, or
+    the full ``tiny:...`` spec of its tiny settings when the path is ``tiny``."""
+    if model.path == "tiny":
+        opts = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                        for k, v in dataclasses.asdict(model.tiny).items())
+        return f"tiny:{opts}"
+    return model.path
 
 
 def resolve_model_path(spec: str | os.PathLike) -> str:

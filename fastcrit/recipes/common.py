@@ -1,14 +1,13 @@
 """Small pieces the recipes share: run directory, model resolution, data order, hardware checks."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 
 import torch
 
-from fastcrit.config import Config, ConfigError, ModelConfig, dump_yaml
-from fastcrit.models.hf import flash_attn_2_problem, resolve_model_path
+from fastcrit.config import Config, ConfigError, dump_yaml
+from fastcrit.models.hf import flash_attn_2_problem, model_spec, resolve_model_path
 from fastcrit.train.dist import DistContext, barrier
 
 
@@ -39,15 +38,6 @@ def cpu_twin(config_path: str | None) -> str:
         if os.path.isfile(twin):
             return os.path.relpath(twin) if not os.path.isabs(config_path) else twin
     return "configs/cpu/grpo.yaml"
-
-
-def model_spec(model: ModelConfig) -> str:
-    """``model.path``, or the full ``tiny:...`` spec of ``model.tiny`` when the path is ``tiny``."""
-    if model.path == "tiny":
-        opts = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-                        for k, v in dataclasses.asdict(model.tiny).items())
-        return f"tiny:{opts}"
-    return model.path
 
 
 def resolve_model(cfg: Config, ctx: DistContext) -> str:

@@ -11,8 +11,7 @@ from fastcrit.config import Config, ConfigError, ModelConfig
 from fastcrit.data.datasets import DatasetError, resolve_source
 from fastcrit.data.problem_files import load_problems
 from fastcrit.data.problems import Problem, ProblemError
-from fastcrit.models.hf import load_tokenizer, resolve_model_path
-from fastcrit.recipes.common import model_spec
+from fastcrit.models.hf import load_tokenizer, model_spec, resolve_model_path
 from fastcrit.recipes.critique import Attempt
 from fastcrit.rollout import make_engine
 from fastcrit.rollout.chat import HTTPChat, LocalChat

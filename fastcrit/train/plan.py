@@ -171,6 +171,8 @@ class Plan:
     notes: list[str]
     host_load_gib: float  # host memory while the models load (all ranks of the node together)
     fixes: dict[str, list[str]]  # phase -> keys that would lower it
+    train_tokens: int = 0  # tokens of a training micro-batch (its activation terms)
+    forward_tokens: int = 0  # tokens of a forward-only micro-batch
 
     def peak(self) -> Phase:
         return max(self.phases, key=lambda p: p.total)
@@ -260,11 +262,9 @@ def _resolve(model) -> str:
     """A ModelConfig's path, the tiny model's directory for ``tiny`` (built once, cached)."""
     if model.path != "tiny":
         return model.path
-    from fastcrit.models.hf import resolve_model_path
+    from fastcrit.models.hf import model_spec, resolve_model_path
 
-    opts = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-                    for k, v in dataclasses.asdict(model.tiny).items())
-    return resolve_model_path(f"tiny:{opts}")
+    return resolve_model_path(model_spec(model))
 
 
 def make_plan(cfg, capacity_gib: float) -> Plan:
@@ -369,7 +369,8 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
     # rank 0 alone reads the trained and frozen models (the fp32 policy is the largest); each native
     # engine reads its own copy in its rank (SGLang loads straight onto its device)
     host = 4.0 * policy.params + (world * c * policy.params if r.engine == "native" else 0.0)
-    plan = Plan(phases, capacity_gib, world, notes, host_load_gib=host / GIB, fixes={})
+    plan = Plan(phases, capacity_gib, world, notes, host_load_gib=host / GIB, fixes={},
+                train_tokens=train_tokens, forward_tokens=fwd_tokens)
     for p in plan.over():
         plan.fixes[p.name] = _fixes(cfg, p, plan)
     return plan
@@ -384,10 +385,8 @@ def _fixes(cfg, phase: Phase, plan: Plan) -> list[str]:
     if acts:
         if not t.gradient_checkpointing and any("activations" in k for k in acts):
             out.append("trainer.gradient_checkpointing=true (each layer keeps only its input)")
-        act, tokens = max(acts.values()), 0
-        for k, v in acts.items():
-            if v == act:
-                tokens = int(k.split(", ")[-1].split(" ")[0]) if ", " in k else 0
+        label, act = max(acts.items(), key=lambda kv: kv[1])
+        tokens = plan.train_tokens if "activations" in label else plan.forward_tokens
         if act > over and tokens:
             budget = int(tokens * (act - over) / act) // 1024 * 1024
             if budget >= 1024:

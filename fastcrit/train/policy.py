@@ -363,8 +363,9 @@ def gathered_buckets(module: nn.Module, dtype: torch.dtype | None, bucket_bytes:
         raise ValueError(f"gathered_buckets: bucket_bytes={bucket_bytes} must be >= 1")
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
+    out_size = None if dtype is None else dtype.itemsize
     for name, t in _named(module):
-        nbytes = t.numel() * (t.element_size() if dtype is None else torch.empty((), dtype=dtype).element_size())
+        nbytes = t.numel() * (out_size or t.element_size())
         if bucket and size + nbytes > bucket_bytes:
             yield _gather_bucket(bucket, dtype)
             bucket, size = [], 0
