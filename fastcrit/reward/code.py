@@ -131,7 +131,7 @@ class _Runner:
     the manager, so a manager that is dropped without close() is still cleaned up (weakref)."""
 
     def __init__(self, config: SandboxConfig, cache_path: str | None):
-        self.config = config  # part of every cache key: settings such as assert_in_pool change verdicts
+        self.config = config  # part of every cache key: settings such as the limits change verdicts
         self.tmpdir = None
         if cache_path is None:
             self.tmpdir = tempfile.mkdtemp(prefix="fastcrit-code-reward-")

@@ -9,7 +9,7 @@ The key (``job_key``) is a SHA-256 over
   ``timeout_s``, ``memory_mb``, ``run_all_cases``;
 - every pool setting that can change a result (all of ``SandboxConfig`` but ``_NOT_IN_KEY``, so a
   setting added later is in the key until someone decides otherwise): isolation, limits, preimported
-  modules, ``assert_in_pool``, the backend and its URL, the tail size;
+  modules, the backend and its URL, the tail size;
 - ``sandbox_version()``: a digest of the sandbox's own code (every ``.py`` file of this package and
   the jail binary) and of the Python version. Any change to how verdicts are reached gives new keys,
   with no version number to remember to bump; unchanged code keeps its entries across runs.

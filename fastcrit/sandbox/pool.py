@@ -29,9 +29,9 @@ import warnings
 from typing import AsyncIterator, Iterable
 
 from . import jail as jail_mod
-from .assert_split import judge_split, split_test
 from .cache import ResultCache, job_key
 from .compare import judge
+from .wire import unseal
 from .streaming import run_all, stream_results
 from .types import (
     ERROR,
@@ -166,7 +166,7 @@ class _WorkerProc:
     def alive(self) -> bool:
         return self.proc is not None and self._reader is not None and not self._reader.done()
 
-    async def call(self, payload: dict, timeout_s: float) -> dict:
+    async def call(self, payload: dict, timeout_s: float, secret: bytes = b"") -> dict:
         if not self.alive and self._lock is not None and self._lock.locked():
             async with self._lock:  # a restart is under way (after a retirement): wait for it
                 pass
@@ -176,7 +176,9 @@ class _WorkerProc:
         self.pending.append(fut)
         body = json.dumps(payload, separators=(",", ":")).encode()
         try:
-            self.proc.stdin.write(_HDR.pack(len(body)) + body)
+            # ``secret`` (an assert job's tests) follows the frame; the worker relays it to its
+            # judge without reading it (``len(secret)`` is in the payload).
+            self.proc.stdin.write(_HDR.pack(len(body)) + body + secret)
             await self.proc.stdin.drain()
         except (ConnectionError, BrokenPipeError, RuntimeError):
             pass  # the reader sees the worker go and fails the pending calls
@@ -342,17 +344,24 @@ class SandboxPool:
         return pids
 
     def worker_cpu_s(self) -> float:
-        """CPU seconds used so far by the workers and every execution they forked and reaped
-        (utime + stime + cutime + cstime from /proc). The pool process itself is not included."""
+        """CPU seconds used so far by the workers, every execution they forked and reaped
+        (utime + stime + cutime + cstime from /proc) and their live children (the judges). The
+        pool process itself is not included."""
         tick = os.sysconf("SC_CLK_TCK")
         total = 0
         for pid in self._worker_pids():
             try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                total += sum(int(x) for x in fields[11:15])
-            except (OSError, ValueError, IndexError):
-                pass
+                with open(f"/proc/{pid}/task/{pid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                kids = []
+            for p, fields_used in [(pid, slice(11, 15))] + [(k, slice(11, 13)) for k in kids]:
+                try:
+                    with open(f"/proc/{p}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    total += sum(int(x) for x in fields[fields_used])
+                except (OSError, ValueError, IndexError):
+                    pass
         return total / tick
 
     def worker_peak_rss_mb(self) -> list[float]:
@@ -420,25 +429,33 @@ class SandboxPool:
             self.cache.put(key, result)
         return result
 
-    async def _call_worker(self, worker: _WorkerProc, job: Job, kind: str, tests: list, failures: list,
-                           typed: bool = False):
-        """Send one execution to ``worker``: its raw per-test answers and stdout/stderr tails, None
-        when the worker was lost before it started (run it again), or an error Result.
+    async def _call_worker(self, worker: _WorkerProc, job: Job, failures: list):
+        """Send ``job`` to ``worker``: its raw per-test answers and stdout/stderr tails, None when
+        the worker was lost before it started (run it again), or an error Result.
 
         A job queued behind a worker that was lost or retired never ran: it is sent again as long
         as the worker could be replaced. When replacing failed, that counts as one of the job's
         three tries. A job the worker reports as having damaged it (``damage``: the program
         changed or broke the worker's state) is an error Result, all tests failed."""
-        payload = {"kind": kind, "code": job.code, "tests": tests, "entry_point": job.entry_point,
+        payload = {"kind": job.kind, "code": job.code, "entry_point": job.entry_point,
                    "timeout_s": job.timeout_s, "memory_mb": job.memory_mb, "run_all_cases": job.run_all_cases}
-        if typed:
-            payload["typed"] = True
+        secret = b""
+        seal_key = b""
+        if job.kind == "assert":  # the tests go to the judge only (judge.py), with the key of its messages
+            seal_key = os.urandom(16)
+            secret = json.dumps({"k": seal_key.hex(), "t": job.tests}, separators=(",", ":")).encode()
+            payload.update(n=len(job.tests), secret=len(secret))
+        elif job.kind == "stdio":  # expected outputs stay here
+            payload["tests"] = [{"input": t["input"]} for t in job.tests]
+        else:
+            payload["tests"] = [{"args": t["args"], "kwargs": t["kwargs"]} for t in job.tests]
+        n = len(job.tests)
         # The worker enforces per-test limits; this guard only catches a stuck worker (jobs queued
         # ahead of this one on the same worker get their share too).
-        guard = _WorkerProc.DEPTH * (len(tests) + 1) * (job.timeout_s + 2) + 30
+        guard = _WorkerProc.DEPTH * (n + 1) * (job.timeout_s + 2) + 30
         generation = worker.generation
         try:
-            out = await worker.call(payload, guard)
+            out = await worker.call(payload, guard, secret)
         except (WorkerLost, asyncio.TimeoutError) as exc:
             ran = isinstance(exc, asyncio.TimeoutError) or exc.ran
             why = "did not answer in time" if isinstance(exc, asyncio.TimeoutError) else str(exc)
@@ -454,15 +471,17 @@ class SandboxPool:
                     failures[0] += 1
                 if failures[0] < 3:
                     return None  # it never started: run it again
-            return error_result(job.id, len(job.tests), f"{why}; {detail}".strip())
+            return error_result(job.id, n, f"{why}; {detail}".strip())
         if "undecodable" in out:
-            return error_result(job.id, len(job.tests), f"sandbox could not read the worker's answer: {out['undecodable']}")
-        if len(out.get("tests", ())) != len(tests):
-            return error_result(job.id, len(job.tests), "sandbox worker returned a malformed result")
+            return error_result(job.id, n, f"sandbox could not read the worker's answer: {out['undecodable']}")
+        if len(out.get("tests", ())) != n:
+            return error_result(job.id, n, "sandbox worker returned a malformed result")
         if out.get("damage"):
             # Never cached (a job-level message): the verdict is about the worker, not the tests.
-            return error_result(job.id, len(job.tests), str(out["damage"]))
-        for t in out["tests"]:
+            return error_result(job.id, n, str(out["damage"]))
+        for i, t in enumerate(out["tests"]):
+            if seal_key:
+                t["message"] = unseal(seal_key, i, str(t.get("message", "")))[:500]
             if "value_json" in t:  # a returned value, left as JSON text by the worker
                 try:
                     t["value"] = json.loads(t.pop("value_json"))
@@ -471,56 +490,15 @@ class SandboxPool:
         return out
 
     async def _execute(self, worker: _WorkerProc, job: Job, failures: list) -> Result | None:
-        # Expected outputs stay here: workers fork executions, and an execution can read its own
-        # memory (/proc/self/mem), so nothing it could compare against may be in the worker.
-        if job.kind == "assert":
-            return await self._execute_assert(worker, job, failures)
-        if job.kind == "stdio":
-            tests = [{"input": t["input"]} for t in job.tests]
-        else:
-            tests = [{"args": t["args"], "kwargs": t["kwargs"]} for t in job.tests]
-        out = await self._call_worker(worker, job, job.kind, tests, failures)
+        # Expected outputs stay here, and assert tests go to the worker's judge only: workers fork
+        # executions, and an execution can read its own memory (/proc/self/mem), so nothing it
+        # could compare against may be in the worker.
+        out = await self._call_worker(worker, job, failures)
         if not isinstance(out, dict):
             return out
         tests = judge(job, out["tests"])
         return summarise(job.id, tests, stdout=out.get("stdout", ""), stderr=out.get("stderr", ""),
-                         judged_in="pool")
-
-    async def _execute_assert(self, worker: _WorkerProc, job: Job, failures: list) -> Result | None:
-        """Assert tests that ``assert_split`` can rewrite become typed entry-point calls judged here;
-        the others run in the process (two executions when a job has both)."""
-        splits = [split_test(t, job.entry_point) if self.cfg.assert_in_pool else None for t in job.tests]
-        in_process = [i for i, s in enumerate(splits) if s is None]
-        in_pool = [i for i, s in enumerate(splits) if s is not None]
-        verdicts: list = [None] * len(job.tests)
-        tails = {"stdout": "", "stderr": ""}
-        if in_process:
-            out = await self._call_worker(worker, job, "assert", [job.tests[i] for i in in_process], failures)
-            if not isinstance(out, dict):
-                return out
-            for i, r in zip(in_process, out["tests"]):
-                verdicts[i] = r
-            tails = out
-        if in_pool:
-            calls, spans = [], []
-            for i in in_pool:
-                spans.append((i, len(calls), len(calls) + len(splits[i].calls)))
-                calls += [{"args": a, "kwargs": k, "it": it, "g": j == 0} for j, (a, k, it) in enumerate(splits[i].calls)]
-            out = await self._call_worker(worker, job, "call", calls, failures, typed=True)
-            if not isinstance(out, dict):
-                return out
-            for i, lo, hi in spans:
-                try:
-                    st, msg = judge_split(splits[i], out["tests"][lo:hi])
-                except Exception as exc:  # as in judge(): an error, never a pass, never a raise
-                    st, msg = ERROR, f"sandbox could not judge the output: {type(exc).__name__}: {exc}"[:500]
-                verdicts[i] = {"status": st, "message": msg}
-            if not in_process:
-                tails = out
-        tests = judge(job, verdicts)
-        where = "process" if not in_pool else "pool" if not in_process else "mixed"
-        return summarise(job.id, tests, stdout=tails.get("stdout", ""), stderr=tails.get("stderr", ""),
-                         judged_in=where)
+                         judged_in="judge" if job.kind == "assert" else "pool")
 
     def stream(self, jobs: Iterable) -> AsyncIterator[tuple[int, Result]]:
         """Yield (index, result) as jobs finish (see streaming.stream_results)."""

@@ -281,8 +281,8 @@ class SandboxConfig:
     timeout_s: float = 10.0  # default per-test limit for jobs that do not set one
     memory_mb: int = 1024  # default address-space limit
     max_output_bytes: int = 1 << 20  # stdout + stderr per run; more is "output_limit"
-    # Return values (call tests and split asserts) of one job together, as JSON; more is
-    # "output_limit" for the test whose value passes it.
+    # Return values (call tests, and what the program answers its judge in assert tests) of one
+    # job together, as JSON; more is "output_limit" for the test whose value passes it.
     max_result_bytes: int = 16 << 20
     tail_bytes: int = 2048  # how much of stdout/stderr a result keeps
     max_processes: int = 32  # RLIMIT_NPROC per execution (enforced when the jail drops root)
@@ -297,9 +297,6 @@ class SandboxConfig:
         "math", "cmath", "re", "string", "itertools", "functools", "operator", "collections",
         "heapq", "bisect", "typing", "json", "copy", "time", "numbers",
     )
-    # Judge assert tests in the pool where they are data-only (assert_split.py; unforgeable from
-    # inside the execution); False runs every assert test in the process (the harness's verdict).
-    assert_in_pool: bool = True
     remote_url: str = "http://127.0.0.1:8080"
     remote_concurrency: int = 32
     remote_retries: int = 3
@@ -316,8 +313,6 @@ class SandboxConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"sandbox.{name} must be a non-negative integer, got {v!r}")
-        if not isinstance(self.assert_in_pool, bool):
-            raise ValueError(f"sandbox.assert_in_pool must be true or false, got {self.assert_in_pool!r}")
         self.preimport = tuple(self.preimport)
 
     def worker_count(self) -> int:

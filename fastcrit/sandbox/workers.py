@@ -22,6 +22,7 @@ the worker answers it with ``retire`` and exits, so that the pool replaces it.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import gc
 import json
 import math
@@ -33,6 +34,7 @@ import sys
 import time
 
 from . import harness
+from .judging import JudgedRuns
 from .channels import RecordReader, Tail, read_frame, write_frame
 from .scratch import Scratch, Unrestorable
 
@@ -48,7 +50,7 @@ REAP_S = 10.0
 RESULTS_AFTER_S = 0.02
 
 
-class Worker:
+class Worker(JudgedRuns):
     def __init__(self, cfg: dict):
         self.cfg = cfg
         self.is_init = os.getpid() == 1
@@ -94,8 +96,8 @@ class Worker:
             (resource.RLIMIT_CORE, 0),
         ]
         if os.getuid() != 0:  # root ignores RLIMIT_NPROC; the jail drops root so it holds there
-            # The worker itself runs under the same uid, hence the + 1.
-            lims.append((resource.RLIMIT_NPROC, cfg["max_processes"] + 1))
+            # The worker and its judge run under the same uid, hence the + 2.
+            lims.append((resource.RLIMIT_NPROC, cfg["max_processes"] + 2))
         for which, value in lims:
             try:
                 soft, hard = resource.getrlimit(which)
@@ -104,14 +106,16 @@ class Worker:
             except (ValueError, OSError):
                 pass
 
-    def _spawn(self, job, stdin_fd, cpu_s, target, results: bool):
+    def _spawn(self, job, stdin_fd, cpu_s, target, results: bool, pass_fds=()):
         """Fork one execution. ``target`` runs in the child and never returns. Its stdin is
-        ``stdin_fd`` (or /dev/null); fd 3 is the result pipe when ``results``."""
+        ``stdin_fd`` (or /dev/null); fd 3 is the result pipe when ``results``, else ``pass_fds``
+        become fds 3, 4, ..."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         res_r, res_w = os.pipe() if results else (None, None)
         key = os.urandom(32)
         reporter = harness.Reporter(3, key)  # made here: the child copies less
+        keep = [res_w] if res_w is not None else list(pass_fds)
         pid = os.fork()
         if pid == 0:  # the execution
             try:
@@ -119,11 +123,10 @@ class Worker:
                 os.dup2(stdin_fd if stdin_fd is not None else os.open(os.devnull, os.O_RDONLY), 0)
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
-                if res_w is not None:
-                    os.dup2(res_w, 3)
-                    os.closerange(4, 1 << 16)
-                else:
-                    os.closerange(3, 1 << 16)
+                high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in keep]  # out of the way of 3, 4, ... first
+                for k, fd in enumerate(high):
+                    os.dup2(fd, 3 + k)
+                os.closerange(3 + len(keep), 1 << 16)
                 os.chdir(self.scratch.home)
                 # The environment was scrubbed once at worker start (see main). `random` is not
                 # preloaded, so programs that use it seed it afresh when they import it.
@@ -295,25 +298,22 @@ class Worker:
 
         Every process an execution leaves ends up a child of the worker (orphans are re-parented
         to PID 1 of the namespace, or to the worker as subreaper without the jail), so no child
-        left means nothing left."""
+        left but the judge means nothing left. Each round kills the worker's children other than
+        the judge, whose own children then become the worker's."""
         if pid is not None:
             self._kill_group(pid)
         if not self._reap_all():
-            return True  # the usual case: kill(-1) walks every task of the host, skip it
+            return True
         deadline = time.monotonic() + REAP_S
         while True:
-            if self.is_init:
-                try:
-                    os.kill(-1, signal.SIGKILL)  # all processes of this namespace but PID 1
-                except ProcessLookupError:
-                    pass
-            else:
-                for k in self._children():
-                    for f in (os.killpg, os.kill):
-                        try:
-                            f(k, signal.SIGKILL)
-                        except (ProcessLookupError, PermissionError):
-                            pass
+            for k in self._children():
+                if k == self.judge_pid:
+                    continue
+                for f in (os.killpg, os.kill):
+                    try:
+                        f(k, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
             if not self._reap_all():
                 return True
             if time.monotonic() > deadline:
@@ -330,16 +330,21 @@ class Worker:
             pass
         return kids
 
-    @staticmethod
-    def _reap_all() -> bool:
-        """Reap exited children; True while some children remain."""
+    def _reap_all(self) -> bool:
+        """Reap exited children (the judge too, if it died); True while children other than the
+        judge remain."""
         while True:
             try:
                 p, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return False
             if p == 0:
-                return True
+                break
+            if p == self.judge_pid:
+                self._judge_gone()
+        if self.judge_pid is None:
+            return True
+        return any(k != self.judge_pid for k in self._children())
 
     def _fd_count(self) -> int:
         return len(os.listdir("/proc/self/fd"))
@@ -353,14 +358,19 @@ class Worker:
         self.counter += 1
         self.damage, self.broken = [], None
         try:
-            out = self._run_stdio(job) if job["kind"] == "stdio" else self._run_in_process(job)
+            kind = job["kind"]
+            out = (self._run_stdio(job) if kind == "stdio" else self.run_assert(job) if kind == "assert"
+                   else self._run_in_process(job))
         except Exception as exc:  # a harness bug must not look like a pass: report it
             out = {"tests": [{"status": "error", "message": f"sandbox worker error: {exc!r}"[:500]}
-                             for _ in job.get("tests", [])], "stdout": "", "stderr": ""}
+                             for _ in range(_n_tests(job))], "stdout": "", "stderr": ""}
+            self.drop_tests()
             # It may have stopped anywhere: kill what might be left and reset the scratch.
             if not self._sweep(None):
                 self.broken = self.broken or "processes it started could not be killed"
             self._restore()
+        if self.judge_pid is None:  # stopped at a deadline, or killed by the program: a fresh one
+            self.start_judge()
         problem = self.broken
         if problem is None and self.fd_count is not None and self._fd_count() != self.fd_count:
             problem = "the worker's own file descriptors changed"
@@ -372,7 +382,7 @@ class Worker:
                    f"({'; '.join(dict.fromkeys(self.damage))}); the worker restored it and the job scores 0")
         else:
             return out
-        out = {"tests": [{"status": "error", "message": msg} for _ in job["tests"]], "damage": msg,
+        out = {"tests": [{"status": "error", "message": msg} for _ in range(_n_tests(job))], "damage": msg,
                "stdout": out.get("stdout", ""), "stderr": out.get("stderr", "")}
         if problem is not None:
             out["retire"] = True
@@ -402,19 +412,13 @@ class Worker:
         return "error", f"exited (status {code}) before the test finished"
 
     def _run_in_process(self, job: dict) -> dict:
+        """``call`` jobs: the entry point's return values, passed on as JSON text for the pool to
+        compare (expected values never reach the worker, so a forked execution cannot find them
+        in its own memory either)."""
         n = len(job["tests"])
-        kind = job["kind"]
         timeout = float(job["timeout_s"])
-        # Expected values never reach the worker (the pool keeps them and judges "returned"
-        # values), so a forked execution cannot find them in its own memory either.
-        view = {"kind": kind, "code": job["code"], "entry_point": job.get("entry_point"),
-                "run_all_cases": job["run_all_cases"], "typed": bool(job.get("typed", False)),
-                "tests": job["tests"] if kind == "assert" else
-                [{"args": t["args"], "kwargs": t["kwargs"], "it": bool(t.get("it", False)), "g": bool(t.get("g", True))}
-                 for t in job["tests"]]}
-        # Split assert tests: the calls of one test share its time limit, as they would in the
-        # process; "g" marks the first call of each test (plain call jobs: every call is one).
-        starts = [kind != "call" or bool(t.get("g", True)) for t in job["tests"]]
+        view = {"code": job["code"], "entry_point": job.get("entry_point"), "run_all_cases": job["run_all_cases"],
+                "tests": [{"args": t["args"], "kwargs": t["kwargs"]} for t in job["tests"]]}
         statuses = [None] * n
         stdout = Tail(0, self.cfg["tail_bytes"])
         stderr = Tail(0, self.cfg["tail_bytes"])
@@ -422,7 +426,7 @@ class Worker:
         result_budget = self.cfg["max_result_bytes"]
         start = 0
         while start < n:
-            parsed = {"next": start, "code": None, "tampered": False, "loaded": False, "group_end": 0.0}
+            parsed = {"next": start, "code": None, "tampered": False, "loaded": False}
 
             def on_records(new, parsed=parsed):
                 """Take in new records; return the time by which the running test must end."""
@@ -434,20 +438,17 @@ class Worker:
                         parsed["code"] = r
                     elif r.get("k") == "loaded":
                         parsed["loaded"] = True
-                        ext = parsed["group_end"] = r["t"] + timeout
+                        ext = r["t"] + timeout
                     elif r.get("k") == "test" and r.get("i") == parsed["next"] and parsed["next"] < n:
                         i = parsed["next"]
                         st, msg, val = r.get("s"), str(r.get("m", ""))[:500], None
-                        if kind == "call" and st == "passed":  # the pool compares the value
+                        if st == "passed":  # the pool compares the value
                             st, val = "returned", r.get("vj")
                         if st not in ("passed", "returned", "failed", "error", "memory", "output_limit"):
                             st, msg = "error", "bad record"
                         statuses[i] = (st, msg, val)
                         parsed["next"] += 1
-                        if parsed["next"] >= n or starts[parsed["next"]]:
-                            ext = parsed["group_end"] = r["t"] + timeout
-                        else:
-                            ext = parsed["group_end"]
+                        ext = r["t"] + timeout
                     else:
                         parsed["tampered"] = True
                 return ext
@@ -491,10 +492,6 @@ class Worker:
             if not job["run_all_cases"]:
                 break
             start = nxt + 1
-            # A split assert test whose call did not return has its verdict: the rest of its calls
-            # are not run (a loop of calls that each time out would otherwise cost one limit each).
-            while start < n and not starts[start]:
-                start += 1
         tests = []
         for s in statuses:
             if s is None:
@@ -524,7 +521,7 @@ class Worker:
                 os.lseek(stdin_fd, 0, os.SEEK_SET)
                 stdout = Tail(cap, self.cfg["tail_bytes"])
                 stderr = Tail(0, self.cfg["tail_bytes"])
-                prep = harness.Prepared({"kind": "stdio", "code": job["code"], "tests": [None]}, 0)
+                prep = harness.Prepared({"code": job["code"]})
                 reason, status, _ = self._execute(job, stdin_fd, float(job["timeout_s"]) + 1,
                                                   lambda reporter, prep=prep: harness.run_program(prep),
                                                   stdout, stderr, float(job["timeout_s"]))
@@ -553,6 +550,10 @@ class Worker:
         return {"tests": tests, "stdout": last_out, "stderr": last_err}
 
 
+def _n_tests(job: dict) -> int:
+    return int(job["n"]) if job.get("kind") == "assert" else len(job.get("tests", ()))
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     cfg = json.loads(argv[0])
@@ -572,6 +573,8 @@ def main(argv=None) -> int:
     os.environ.clear()
     os.environ.update(worker.env, HOME=worker.scratch.home, TMPDIR=worker.scratch.home)
     failed = harness.prepare_worker(cfg.get("preimport", ()))
+    worker.fd_in = fd_in
+    worker.start_judge()
     worker.fd_count = worker._fd_count()
     write_frame(fd_out, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "init": worker.is_init,
                          "preimport_failed": failed, "package": os.path.dirname(harness.__file__)})

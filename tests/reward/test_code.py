@@ -27,7 +27,7 @@ ADD = Problem(id="add", question="Add two numbers.", test_kind="assert", entry_p
               tests=["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(10, 5) == 15",
                      "assert add(2, 2) == 4"])
 ADD_A = [1, -1, 10, 2]  # the first argument of each test
-# Tests the pool cannot split (a helper def, a comprehension) run in the process: both judges.
+# Tests with a helper def and a comprehension (the judge runs any test source).
 HELPERS = Problem(id="helpers", question="Add two numbers.", test_kind="assert", entry_point="add",
                   tests=["import math\nassert math.isclose(add(0.5, 0.25), 0.75)",
                          "def close(x, y):\n    return abs(x - y) < 1e-9\nassert close(add(1.5, 1.5), 3.0)",
@@ -352,8 +352,9 @@ HOSTILE = {
                            "def check(candidate):\n    return None\n" + CORE_ZERO, CORE_ZERO, 0.0),
     "rigged_eq": (ADD, RIGGED + "def add(a, b):\n    return E()\n", CORE_NONE, 0.0),
     "rigged_eq_helpers": (HELPERS, RIGGED + "def add(a, b):\n    return E()\n", CORE_NONE, 0.0),
+    # an int subclass crosses to the judge as the int it holds: it scores what returning 0 scores
     "rigged_int_eq": (ADD, "class I(int):\n    def __eq__(self, o): return True\n    __hash__ = int.__hash__\n"
-                      "def add(a, b):\n    return I(0)\n", CORE_NONE, 0.0),
+                      "def add(a, b):\n    return I(0)\n", "def add(a, b):\n    return 0\n", 0.25),
     "flood_stdout": (ADD, CORE_ADD + FLOOD_OUT, CORE_ADD, 0.5),
     "flood_stderr_in_function": (ADD, "import os\ndef add(a, b):\n    for _ in range(1 << 15):\n"
                                  "        os.write(2, b'y' * 65536)\n    return a + b\n", CORE_ADD, 0.5),
@@ -391,9 +392,9 @@ def hostile(reward):
     return {n: (out[i], out[len(names) + i]) for i, n in enumerate(names)}
 
 
-def test_hostile_suite_spans_both_assert_judges(reward):
+def test_assert_tests_are_judged_by_the_judge(reward):
     [r] = reward([item(CORE_ZERO, HELPERS)])
-    assert r.info["judged_in"] == "mixed"  # some tests judged in the pool, some in the process
+    assert r.info["judged_in"] == "judge"  # assert tests run in the judge process, outside the program
 
 
 @needs_jail
@@ -412,9 +413,9 @@ def test_hostile_statuses_say_why(hostile):
     assert set(hostile["flood_stdout"][0].info["statuses"]) == {"output_limit"}
     assert set(hostile["os_exit_at_import"][0].info["statuses"]) == {"error"}
     assert set(hostile["rigged_eq"][0].info["statuses"]) == {"error"}
-    assert hostile["rigged_eq"][0].info["judged_in"] == "pool"
-    # the pool and the process judge both refuse the rigged object; no test passed
-    assert hostile["rigged_eq_helpers"][0].info["judged_in"] == "mixed"
+    assert hostile["rigged_eq"][0].info["judged_in"] == "judge"
+    # the judge refuses to compare the rigged object; no test passed
+    assert set(hostile["rigged_eq_helpers"][0].info["statuses"]) <= {"error", "failed"}
 
 
 def test_submit_then_close_leaves_no_running_thread():

@@ -3,7 +3,7 @@ import warnings
 
 import pytest
 
-from fastcrit.sandbox import SandboxConfig, SyncSandboxPool, probe
+from fastcrit.sandbox import SyncSandboxPool, probe
 
 _PROBE = probe()
 JAIL_OK = _PROBE.ok
@@ -27,17 +27,5 @@ def pool():
     tests only; the hostile suite needs the jail)."""
     os.environ["FASTCRIT_TEST_SECRET"] = "hunter2-secret-token"  # must never reach a program
     p = _make_pool()
-    yield p
-    p.close()
-
-
-@pytest.fixture(scope="session")
-def process_pool():
-    """A pool that runs every assert test in the process (assert_in_pool off): the reference for
-    the split's semantics, and where the known in-process forgeries still work."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        cfg = SandboxConfig(workers=2, isolation="jail" if JAIL_OK else "none", assert_in_pool=False)
-        p = SyncSandboxPool(cfg).__enter__()
     yield p
     p.close()

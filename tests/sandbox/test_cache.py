@@ -56,7 +56,6 @@ def test_the_key_is_the_exact_job():
 
 
 @pytest.mark.parametrize("change", [
-    dict(assert_in_pool=False),  # verdicts of forgeable in-process asserts
     dict(isolation="none"),
     dict(max_output_bytes=1000),
     dict(max_processes=2),

@@ -235,7 +235,7 @@ def f(n):
 
 def test_large_return_values_pass(one_worker):
     """A correct program returning ~1 MiB of JSON (far past a pipe's 64 KiB) passes, as a call and
-    as a data-only assert judged in the pool."""
+    as an assert judged by the judge."""
     n = 150_000  # "0, 1, ..., 149999" is ~1 MiB of JSON
     # A generous limit: the value must be read as it is written, long before the deadline (a
     # worker that reads only at deadlines returns, if at all, after the whole 30 s).
@@ -244,7 +244,7 @@ def test_large_return_values_pass(one_worker):
     assert r.all_passed and r.elapsed_s < 15, (r.elapsed_s, r.tests)
     r = one_worker.run(Job(code=BIG, kind="assert", entry_point="f", timeout_s=30,
                            tests=[f"assert f({n}) == list(range({n}))", "assert f(2) == [0, 1]"]))
-    assert r.all_passed and r.judged_in == "pool" and r.elapsed_s < 15, (r.elapsed_s, r.judged_in, r.tests)
+    assert r.all_passed and r.judged_in == "judge" and r.elapsed_s < 15, (r.elapsed_s, r.judged_in, r.tests)
 
 
 def test_return_value_over_the_limit_is_output_limit(one_worker):

@@ -1,0 +1,306 @@
+"""The worker's side of ``assert`` jobs: its judge process and the executions the judge questions.
+
+The worker forks its judge (judge.py) once, before any program runs, and talks to it over a
+socket pair: per execution, a header and the two pipe ends of that execution's channel (passed as
+file descriptors), the job's tests the first time (relayed from the pool with ``os.splice``, so
+their bytes never enter the worker's memory, and so never a forked execution's), and back the
+judge's signed records. The execution (harness.serve) gets the other two pipe ends as fds 3 and 4.
+
+Limits: the judge gets the job's ``memory_mb`` on top of its own size as its address-space limit;
+its time is the test's: the worker's deadline for a test covers the program's work and the judge's
+together. At the deadline the worker kills the execution; a judge waiting on it notices at once
+and says ``stop``; a judge still busy after ``JUDGE_GRACE_S`` (its own evaluation ran away, e.g.
+``'apple' in range(10**18)`` on a program's return value) is killed and replaced, and the job's
+tests after that one are not run (the tests left with it): they are ``error``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import time
+
+from . import harness, judge
+from .channels import RecordReader, Tail
+
+JUDGE_GRACE_S = 0.5
+_VERDICTS = ("passed", "failed", "error", "memory", "output_limit")
+
+
+class JudgedRuns:
+    """Mixed into workers.Worker: everything about ``assert`` jobs."""
+
+    judge_pid: int | None = None
+    judge_sock: socket.socket | None = None
+    secret_left = 0  # bytes of the current job's tests still in the pool's channel
+    _relay = None  # the pipe the tests pass through on their way to the judge
+    fd_in = 0
+
+    # -- the judge process --------------------------------------------------------------------
+
+    def start_judge(self) -> None:
+        if self._relay is None:
+            self._relay = os.pipe()
+        a, b = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:  # the judge: a copy of the worker, which has never run a program
+            try:
+                os.setpgid(0, 0)
+                a.close()
+                fd = b.detach()
+                if fd != 3:
+                    os.dup2(fd, 3)
+                os.closerange(4, 1 << 16)
+                judge.main(3)
+            except BaseException:
+                pass
+            os._exit(70)
+        b.close()
+        self.judge_pid, self.judge_sock = pid, a
+
+    def _judge_gone(self) -> None:
+        if self.judge_sock is not None:
+            self.judge_sock.close()
+        self.judge_pid, self.judge_sock = None, None
+
+    def _kill_judge(self) -> None:
+        if self.judge_pid is not None:
+            try:
+                os.kill(self.judge_pid, signal.SIGKILL)
+                os.waitpid(self.judge_pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        self._judge_gone()
+
+    def _relay_tests(self, to_fd: int | None) -> None:
+        """Move the job's tests from the pool's channel to the judge (or drop them: ``to_fd``
+        None). ``splice`` needs a pipe on one side, and the pool's channel may be a socket (uvloop
+        makes socket pairs), so the bytes go through a pipe of the worker's own: kernel to kernel."""
+        pr, pw = self._relay
+        sink = to_fd if to_fd is not None else os.open(os.devnull, os.O_WRONLY)
+        try:
+            while self.secret_left > 0:
+                n = os.splice(self.fd_in, pw, min(self.secret_left, 1 << 16))
+                if n <= 0:
+                    raise OSError("the pool's channel closed in the middle of a job")
+                self.secret_left -= n
+                while n > 0:
+                    n -= os.splice(pr, sink, n)
+        finally:
+            if to_fd is None:
+                os.close(sink)
+
+    def drop_tests(self) -> None:
+        """Consume what is left of the job's tests (the job ended before the judge took them)."""
+        if self.secret_left > 0:
+            self._relay_tests(None)
+
+    # -- one job ------------------------------------------------------------------------------
+
+    def run_assert(self, job: dict) -> dict:
+        n = int(job["n"])
+        timeout = float(job["timeout_s"])
+        self.secret_left = int(job.get("secret", 0))
+        statuses: list = [None] * n
+        stdout = Tail(0, self.cfg["tail_bytes"])
+        stderr = Tail(0, self.cfg["tail_bytes"])
+        budget = self.cfg["max_result_bytes"]  # bytes the program's answers may take, whole job
+        prep = harness.Prepared({"code": job["code"]})
+        start = 0
+        while start < n:
+            if self.judge_pid is None:
+                if self.secret_left == 0:  # the judge holding this job's tests was stopped
+                    for i in range(start, n):
+                        statuses[i] = ("error", "not run: the judge was stopped at an earlier test that "
+                                                "ran out of time in the judge's own evaluation")
+                    break
+                self.start_judge()
+            parsed = {"next": start, "code": None, "loaded": False, "end": False, "stop": None, "bad": False}
+            key = os.urandom(32)
+
+            def on_records(new, parsed=parsed):
+                ext = 0.0
+                for r in new:
+                    k = r.get("k")
+                    if k == "code":
+                        parsed["code"] = (r.get("s") if r.get("s") in _VERDICTS else "error", r.get("m", ""))
+                    elif k == "loaded":
+                        parsed["loaded"] = True
+                        ext = r["t"] + timeout
+                    elif k == "test" and r.get("i") == parsed["next"] < n:
+                        st = r.get("s")
+                        # Sealed by the judge for the pool (wire.seal): passed on as it is.
+                        statuses[parsed["next"]] = (st, str(r.get("m", ""))[:4096]) if st in _VERDICTS else (
+                            "error", "sandbox judge sent a bad record")
+                        parsed["next"] += 1
+                        ext = r["t"] + timeout
+                    elif k == "stop":
+                        parsed["stop"] = str(r.get("m", ""))[:300]
+                    elif k == "end":
+                        parsed["end"] = True
+                    else:
+                        parsed["bad"] = True
+                return ext
+
+            req_r, req_w = os.pipe()
+            rep_r, rep_w = os.pipe()
+            hdr = json.dumps({"start": start, "key": key.hex(), "budget": budget, "memory_mb": job["memory_mb"],
+                              "run_all_cases": bool(job["run_all_cases"]), "secret": self.secret_left}).encode()
+            try:
+                try:
+                    socket.send_fds(self.judge_sock, [len(hdr).to_bytes(4, "big") + hdr], [req_w, rep_r])
+                    self._relay_tests(self.judge_sock.fileno())
+                except OSError:
+                    self._kill_judge()
+                    self.drop_tests()
+                    for i in range(start, n):
+                        statuses[i] = ("error", "sandbox judge could not be reached")
+                    break
+            finally:
+                os.close(req_w)
+                os.close(rep_r)
+            reader = RecordReader(key)
+            cpu_s = timeout * (n - start + 1) + 1
+            pid, _, fds = self._spawn(job, None, cpu_s, lambda rep: harness.serve(prep, 3, 4), False,
+                                      pass_fds=(req_r, rep_w))
+            os.close(req_r)
+            os.close(rep_w)
+            try:
+                reason, status = self._watch_judged(pid, fds[:2], stdout, stderr, reader, on_records, parsed, timeout)
+            finally:
+                self._restore()
+            budget -= reader.total
+            nxt = parsed["next"]
+            if self.judge_pid is None and reason == "timeout":
+                parsed["loaded"] = True  # a judge busy with a test had the program's names: it loaded
+            if parsed["bad"] or reader.tampered:
+                for i in range(start, n):
+                    if statuses[i] is None or statuses[i][0] == "passed":
+                        statuses[i] = ("error", "sandbox judge sent a bad record")
+                self._kill_judge()
+                break
+            if parsed["code"] is not None:  # the program did not load: every remaining test fails
+                for i in range(nxt, n):
+                    statuses[i] = parsed["code"]
+                break
+            if parsed["end"] or nxt >= n:
+                break
+            if reason == "judge":
+                end = ("error", "sandbox judge stopped (killed from outside)")
+            elif reason is not None:
+                end = self._end_reason(reason, status, stderr.tail_text())
+            elif status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 \
+                    and "MemoryError" not in stderr.tail_text():
+                end = ("error", "the program exited before the test finished")
+            elif status is not None:
+                end = self._end_reason(None, status, stderr.tail_text())
+            else:
+                end = ("error", parsed["stop"] or "the program stopped answering")
+            if not parsed["loaded"]:  # the code never finished loading: no test can run
+                for i in range(nxt, n):
+                    statuses[i] = end
+                break
+            statuses[nxt] = end
+            if not job["run_all_cases"]:
+                break
+            start = nxt + 1
+        self.drop_tests()
+        tests = [{"status": "skipped", "message": ""} if s is None else {"status": s[0], "message": s[1]}
+                 for s in statuses]
+        return {"tests": tests, "stdout": stdout.tail_text(), "stderr": stderr.tail_text()}
+
+    def _watch_judged(self, pid, fds, stdout: Tail, stderr: Tail, reader, on_records, parsed, timeout_s):
+        """Wait until the judge ends the segment (``end``/``stop``), its deadline passes, the
+        program writes too much or the judge dies. The execution's exit does not end it: the
+        worker kills what the execution left, and the judge, seeing its channel close, stops.
+        Returns (reason or None, the execution's wait status or None)."""
+        out_r, err_r = fds
+        sock = self.judge_sock.fileno()
+        ep = select.epoll(4)
+        pidfd = os.pidfd_open(pid)
+        for fd in (out_r, err_r, sock):
+            os.set_blocking(fd, False)
+            ep.register(fd, select.EPOLLIN)
+        ep.register(pidfd, select.EPOLLIN)
+        cap = self.cfg["max_output_bytes"]
+        deadline = time.monotonic() + timeout_s
+        reason, status, judge_eof, swept = None, None, False, None
+
+        def judge_bytes() -> bool:
+            nonlocal deadline, judge_eof
+            try:
+                b = os.read(sock, 1 << 16)
+            except BlockingIOError:
+                return True
+            if not b:
+                judge_eof = True
+                return False
+            deadline = max(deadline, on_records(reader.feed(b)))
+            return True
+
+        try:
+            while not (parsed["end"] or parsed["stop"] is not None or parsed["bad"]):
+                now = time.monotonic()
+                if now >= deadline:
+                    reason = "timeout"
+                    break
+                for fd, _ in ep.poll(deadline - now):
+                    if fd == pidfd:
+                        ep.unregister(pidfd)
+                        _, status = os.waitpid(pid, 0)
+                        # What it left would keep the channel open: the judge must see it close.
+                        swept = self._sweep(None)
+                    elif fd == sock:
+                        if not judge_bytes():
+                            reason = "judge"
+                            break
+                    else:
+                        try:
+                            b = os.read(fd, 1 << 16)
+                        except BlockingIOError:
+                            continue
+                        if not b:
+                            ep.unregister(fd)
+                            continue
+                        (stdout if fd == out_r else stderr).add(b)
+                if reason is not None:
+                    break
+                if stdout.total + stderr.total > cap:
+                    reason = "output_limit"
+                    break
+        finally:
+            if status is None:
+                self._kill_group(pid)
+                _, status = os.waitpid(pid, 0)
+            if swept is None:
+                swept = self._sweep(pid)
+            if not swept and self.broken is None:
+                self.broken = "processes it started were still alive 10 s after being killed"
+            if reason is not None and not judge_eof:
+                # The judge may be waiting on the execution just killed: it stops within moments.
+                # One that does not is busy with its own evaluation: it goes, with the tests.
+                end = time.monotonic() + JUDGE_GRACE_S
+                while not (parsed["end"] or parsed["stop"] is not None or parsed["bad"]):
+                    left = end - time.monotonic()
+                    if left <= 0 or not select.select([sock], [], [], left)[0] or not judge_bytes():
+                        self._kill_judge()
+                        break
+            if judge_eof:
+                self._kill_judge()
+            for fd, sink in ((out_r, stdout), (err_r, stderr)):
+                while True:
+                    try:
+                        b = os.read(fd, 1 << 16)
+                    except (BlockingIOError, OSError):
+                        break
+                    if not b:
+                        break
+                    if sink.total <= cap:
+                        sink.add(b)
+            ep.close()
+            os.close(pidfd)
+            for fd in fds:
+                os.close(fd)
+        return reason, status
