@@ -37,6 +37,7 @@ from . import wire
 from .harness import Reporter
 
 _BUILTINS = dict(builtins.__dict__)  # the worker never runs program code: these are the originals
+_BUILTIN_NAMES = frozenset(_BUILTINS)
 _EXCEPTIONS = {k: v for k, v in _BUILTINS.items() if isinstance(v, type) and issubclass(v, Exception)}
 # Standard-library modules the judge would rather not import on a program's word (side effects).
 _NO_IMPORT = frozenset({"antigravity", "this", "tkinter", "turtle", "turtledemo", "idlelib", "webbrowser"})
@@ -386,7 +387,7 @@ def _describe(exc) -> str:
 
 def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: bool, seal_key: bytes) -> None:
     compiled = [_compiled(i, t) for i, t in enumerate(tests)]
-    wanted = set().union(*(c[1] for c in compiled[start:])) - set(_BUILTINS)
+    wanted = set().union(*(c[1] for c in compiled[start:])) - _BUILTIN_NAMES
     try:
         r = chan.request({"op": "get", "names": sorted(n for n in wanted if n[:2] != "__")})
         if "load" in r:  # the program failed to load: every remaining test fails with it

@@ -54,6 +54,7 @@ class Worker(JudgedRuns):
     def __init__(self, cfg: dict):
         self.cfg = cfg
         self.is_init = os.getpid() == 1
+        self._children_path = f"/proc/self/task/{os.getpid()}/children"
         self.counter = 0
         self.scratch = Scratch(cfg["scratch"], private=bool(cfg.get("jailed")))
         # What the current job did to the worker: changes undone (the job scores 0) and the first
@@ -321,14 +322,12 @@ class Worker(JudgedRuns):
             time.sleep(0.0005)
 
     def _children(self):
-        kids = []
+        # The worker has one thread (its own pid), so one file lists every child.
         try:
-            for tid in os.listdir("/proc/self/task"):
-                with open(f"/proc/self/task/{tid}/children") as f:
-                    kids += [int(x) for x in f.read().split()]
+            with open(self._children_path, "rb", buffering=0) as f:
+                return [int(x) for x in f.read().split()]
         except OSError:
-            pass
-        return kids
+            return []
 
     def _reap_all(self) -> bool:
         """Reap exited children (the judge too, if it died); True while children other than the
