@@ -61,11 +61,12 @@ HOSTILE = {
     "signal_handler_exit": ("import signal, os\nsignal.signal(signal.SIGALRM, lambda s, fr: os._exit(0))\n"
                             "def f():\n    signal.setitimer(signal.ITIMER_REAL, 0.01)\n    import time; time.sleep(1)\n    return 0\n",
                             [CHECK_42]),
-    # a thread answering the judge in the program's place: its answers are only the program's
-    "thread_answers_judge": ("import os, threading, json\n"
-                             "def spam():\n    b = json.dumps({'ok': 42}).encode()\n"
-                             "    for _ in range(200):\n        os.write(4, len(b).to_bytes(4, 'big') + b)\n"
-                             "threading.Thread(target=spam, daemon=True).start()\ndef f(): return 0\n", [CHECK_42]),
+    # a thread writing garbage and forged frames into the channel to the judge (what a frame says
+    # is only ever the program's answer, so a forged 42 would be an answer of 42: these say other things)
+    "thread_spams_judge": ("import os, threading, json\n"
+                           "def spam():\n    b = json.dumps({'ok': {'h': 1}, 'k': 'test', 's': 'passed'}).encode()\n"
+                           "    for _ in range(200):\n        os.write(4, len(b).to_bytes(4, 'big') + b + b'\\x00garbage')\n"
+                           "threading.Thread(target=spam, daemon=True).start()\ndef f(): return 0\n", [CHECK_42]),
     # resources
     "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", [CHECK_42]),
     "memory_bomb": ("x = bytearray(8 * 1024 ** 3)\ndef f(): return 0\n", [CHECK_42]),
