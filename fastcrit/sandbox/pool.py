@@ -259,7 +259,7 @@ class SandboxPool:
             return self
         cfg = self.cfg
         if cfg.isolation == "jail":
-            self.probe = await asyncio.get_running_loop().run_in_executor(None, jail_mod.probe)
+            self.probe = await asyncio.get_running_loop().run_in_executor(None, lambda: jail_mod.probe(packages=cfg.packages))
             if not self.probe.ok:
                 raise jail_mod.IsolationUnavailable(
                     "fastcrit sandbox: ISOLATION UNAVAILABLE on this machine, refusing to run untrusted code. "
@@ -289,7 +289,7 @@ class SandboxPool:
             wc = dict(wcfg, scratch=scratch)
             inner = jail_mod.worker_argv(json.dumps(wc))
             if cfg.isolation == "jail":
-                argv = jail_mod.jailed_argv(self.probe.jail, uid_base + i % 1024, scratch, cfg.scratch_mb, inner)
+                argv = jail_mod.jailed_argv(self.probe.jail, uid_base + i % 1024, scratch, cfg.scratch_mb, inner, cfg.packages)
             else:
                 argv = inner
             self._workers.append(_WorkerProc(i, argv, scratch, env))

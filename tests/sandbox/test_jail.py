@@ -16,7 +16,7 @@ def test_native_jail_is_built():
 def test_probe_reports_every_feature(jail_probe):
     if not jail_probe.features:
         pytest.skip(f"the jail did not run here: {jail_probe.describe()}")
-    for key in ("netns", "mntns", "pidns", "rofs", "uid_drop", "seccomp", "no_new_privs"):
+    for key in ("netns", "mntns", "pidns", "newroot", "rofs", "uid_drop", "seccomp", "no_new_privs"):
         assert key in jail_probe.features
     if jail_probe.ok:
         assert jail_probe.features["socket_refused"] and jail_probe.features["unprivileged"]
