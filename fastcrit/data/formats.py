@@ -292,7 +292,7 @@ def from_mbppplus(row: dict, *, index: int | None = None) -> Problem:
     """MBPP+ in the HF ``evalplus/mbppplus`` layout: one assert test, the row's ``test`` program
     (its inputs, expected results and checker, ``test_imports`` prepended). The entry point is the
     function ``test_list`` calls (or the row's ``entry_point``). The whole program is one test, run
-    in the process (not judged in the pool), and its ``import numpy`` costs ~0.1 s per execution."""
+    by the sandbox's judge; its ``import numpy`` happens there, once per judge process."""
     _check_row(row)
     pid = _row_id(row, ("task_id",), "mbppplus", index)
     if "test" not in row and ("base_input" in row or "plus_input" in row):

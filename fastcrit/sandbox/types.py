@@ -207,9 +207,8 @@ class Result:
     cached: bool = False
     elapsed_s: float = 0.0
     message: str = ""  # job-level problem (worker died, refused, remote failure)
-    # Where the verdicts were decided: "pool" (stdio/call, and assert tests split into calls whose
-    # values the pool judges), "process" (assert tests run by the harness inside the execution),
-    # "mixed" (some of each), "remote" (a SandboxFusion server).
+    # Where the verdicts were decided: "pool" (stdio/call: compared in the pool process), "judge"
+    # (assert: the worker's judge process, outside the program's), "remote" (a SandboxFusion server).
     judged_in: str = ""
 
     @property

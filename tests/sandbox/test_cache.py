@@ -114,7 +114,7 @@ def test_programs_that_only_look_alike_do_not_share_verdicts(tmp_path, jail_prob
              (VARNAMES.format(v="x"), VARNAMES.format(v="y"), "assert f() == 'x'")]
     with _pool(str(tmp_path / "c.sqlite"), iso) as p:
         for right, lookalike, test in pairs:
-            for entry_point in ("f", None):  # judged in the pool, and in the process
+            for entry_point in ("f", None):  # with and without an entry point
                 first = p.run(Job(code=right, kind="assert", tests=[test], entry_point=entry_point))
                 second = p.run(Job(code=lookalike, kind="assert", tests=[test], entry_point=entry_point))
                 assert first.all_passed and not first.cached
