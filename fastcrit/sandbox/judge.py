@@ -33,7 +33,7 @@ import resource
 import sys
 import time
 
-from . import wire
+from . import callplan, wire
 from .harness import Reporter
 
 _BUILTINS = dict(builtins.__dict__)  # the worker never runs program code: these are the originals
@@ -59,6 +59,10 @@ class Refused(BaseException):
     is not data): the running test is an ``error`` even if the test catches it."""
 
 
+class Diverged(BaseException):
+    """The test did not make the calls its plan said (callplan.py): run it again without one."""
+
+
 class Verdict(BaseException):
     """The program's call ended in a limit (memory, file size): the test gets that status."""
 
@@ -72,11 +76,11 @@ class ProgramError(Exception):
 
 
 class Records:
-    """The judge's records to the worker, batched: each write wakes the worker. The worker sets
-    each test's deadline from the time a record carries, so a record held back costs nothing
-    until the judge is about to wait (on the program, or on a test's own work): then whatever
-    would move the worker's deadline on by more than HOLD_S goes out. Fast jobs thus cost the
-    worker one wake-up; a test never loses more than HOLD_S of its time limit."""
+    """The judge's records to the worker, batched. The worker reads them once the execution is
+    gone, or at a deadline, and sets each test's deadline from the time a record carries, so a
+    record held back costs nothing until the judge is about to wait (on the program, or on a
+    test's own work): then whatever would move the worker's deadline on by more than HOLD_S goes
+    out. A test never loses more than HOLD_S of its time limit."""
 
     HOLD_S = 0.01
 
@@ -85,17 +89,17 @@ class Records:
         self.lines: list = []
         self.sent_t = self.last_t = time.monotonic()  # the segment began about when the execution did
 
-    def send(self, payload: dict, flush: bool = False) -> None:
+    def send(self, payload: dict) -> None:
         self.lines.append(self.rep.line(payload))
         self.last_t = time.monotonic()
-        if flush:
-            self.flush()
 
     def maybe_flush(self) -> None:
         if self.lines and self.last_t - self.sent_t > self.HOLD_S:
             self.flush()
 
     def flush(self) -> None:
+        if not self.lines:
+            return
         view = memoryview(b"".join(self.lines))
         self.lines = []
         self.sent_t = self.last_t
@@ -112,6 +116,7 @@ class Channel:
         self.mine: dict = {}  # the judge's objects the program may call back
         self.buffers: dict = {}  # handle -> [items fetched ahead, pending exception, batch size]
         self.refusal: str | None = None
+        self.planned: list = []  # (callee id, arguments as sent, answer) made ahead, next last
         self.calls: list = []  # (line, offset, repr) of the program calls made from test code
         self.enc = wire.encoder(self._handle)
         self.dec = wire.decoder(self._remote, self._own, self._module)
@@ -152,6 +157,8 @@ class Channel:
 
     # -- requests
     def request(self, msg: dict, args=None) -> dict:
+        if self.planned:
+            raise Diverged  # the plan's answers are ahead of this request: the order would change
         try:
             wire.send(self.wr, msg)
         except OSError:
@@ -231,13 +238,35 @@ class Channel:
     def call(self, remote, args, kwargs):
         a = [self.enc(x) for x in args]
         k = [[name, self.enc(v)] for name, v in kwargs.items()]
-        value = self.value(self.request({"op": "call", "h": remote._h, "a": a, "k": k}, args))
+        if self.planned:  # made ahead: it must be this very call
+            cid, sent, reply = self.planned[-1]
+            if cid != remote._h or sent != wire.dumps([a, k]):
+                raise Diverged
+            self.planned.pop()
+            value = self.value(reply)
+        else:
+            value = self.value(self.request({"op": "call", "h": remote._h, "a": a, "k": k}, args))
         f = sys._getframe(2)
         while f is not None and not f.f_code.co_filename.startswith("<test "):
             f = f.f_back
         if f is not None:
             self.calls.append((f.f_lineno, f.f_lasti, value))
         return value
+
+    def fetch_plan(self, plan: list) -> None:
+        """Have the execution make the test's planned calls now, in one request."""
+        calls = [[name, [self.enc(x) for x in args], [[k, self.enc(v)] for k, v in kwargs.items()]]
+                 for name, args, kwargs in plan]
+        r = self.request({"op": "plan", "calls": calls})
+        replies = r.get("plan")
+        if type(replies) is not list or len(replies) > len(calls):
+            raise ProgramLost("the program broke the protocol", "error")
+        made = []
+        for (name, a, k), reply in zip(calls, replies):
+            if type(reply) is not dict or "missing" in reply:
+                break  # not the program's: the test will find out when it looks the name up
+            made.append((reply.get("id"), wire.dumps([a, k]), reply))
+        self.planned = made[::-1]
 
     def op(self, remote, op: str, **kw):
         return self.value(self.request(dict(op=op, h=remote._h, **kw)))
@@ -334,7 +363,7 @@ def _compiled(i: int, source: str):
     hit = _COMPILED.get(source)
     if hit is None:
         code = compile(source, "<test >", "exec", dont_inherit=True)
-        hit = (code, _names(code))
+        hit = (code, _names(code), callplan.plan(source))
         if len(_COMPILED) >= _MAX_COMPILED:
             _COMPILED.clear()
         _COMPILED[source] = hit
@@ -385,7 +414,8 @@ def _describe(exc) -> str:
         return type(exc).__name__
 
 
-def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: bool, seal_key: bytes) -> None:
+def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: bool, seal_key: bytes,
+                plain: bool = False) -> None:
     compiled = [_compiled(i, t) for i, t in enumerate(tests)]
     wanted = set().union(*(c[1] for c in compiled[start:])) - _BUILTIN_NAMES
     try:
@@ -394,31 +424,36 @@ def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: b
             st, msg = (r["load"] + ["error", ""])[:2] if type(r["load"]) is list else ("error", "")
             st = st if st in ("error", "memory", "output_limit") else "error"
             rep.send({"k": "code", "s": st, "m": str(msg)[:500]})
-            rep.send({"k": "end"}, flush=True)
+            rep.send({"k": "end"})
             return
         found = chan.value(r)
         if type(found) is not list or not all(type(x) is list and len(x) == 2 and type(x[0]) is str for x in found):
             chan.refuse("malformed")
     except ProgramLost as exc:
-        rep.send({"k": "stop", "m": str(exc)}, flush=True)
+        rep.send({"k": "stop", "m": str(exc)})
         return
     except Refused:
         rep.send({"k": "code", "s": "error", "m": "the program's names could not be read"})
-        rep.send({"k": "end"}, flush=True)
+        rep.send({"k": "end"})
         return
     rep.send({"k": "loaded"})
     g = {"__builtins__": dict(_BUILTINS), "__name__": "__main__"}
     g.update(found)
     for i in range(start, len(tests)):
         rep.maybe_flush()
-        chan.refusal, chan.calls = None, []
+        chan.refusal, chan.calls, chan.planned = None, [], []
         status, msg = "passed", ""
         try:
+            if compiled[i][2] and not plain:
+                chan.fetch_plan(compiled[i][2])
             exec(compiled[i][0], g)  # noqa: S102 - the test's own source, run by the judge
+        except Diverged:
+            rep.send({"k": "fresh", "s": "plain"})  # this test again, in a fresh execution, no plan
+            return
         except ProgramLost as exc:
             if exc.status is not None:
                 rep.send({"k": "test", "i": i, "s": exc.status, "m": wire.seal(seal_key, i, str(exc)[:500])})
-            rep.send({"k": "stop", "m": str(exc)[:500]}, flush=True)
+            rep.send({"k": "stop", "m": str(exc)[:500]})
             return
         except AssertionError as exc:
             status, msg = "failed", _assert_message(exc, tests[i], chan)
@@ -435,7 +470,12 @@ def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: b
         rep.send({"k": "test", "i": i, "s": status, "m": wire.seal(seal_key, i, msg) if msg else ""})
         if status != "passed" and not run_all:
             break
-    rep.send({"k": "end"}, flush=True)
+        if chan.planned and i + 1 < len(tests):
+            # Calls made ahead that the test never took: the program's state is not what the
+            # next test would find after this one. It starts in a fresh execution.
+            rep.send({"k": "fresh", "s": ""})
+            return
+    rep.send({"k": "end"})
 
 
 def main(sock_fd: int) -> None:
@@ -474,12 +514,15 @@ def main(sock_fd: int) -> None:
         rep = Records(Reporter(sock_fd, bytes.fromhex(hdr["key"])), sock_fd)
         chan = Channel(fds[0], fds[1], int(hdr["budget"]), rep)
         try:
-            run_segment(rep, chan, tests, int(hdr["start"]), bool(hdr["run_all_cases"]), seal_key)
-        except (OSError, MemoryError):
-            os._exit(70)  # the worker sees the judge go and replaces it
-        finally:
+            run_segment(rep, chan, tests, int(hdr["start"]), bool(hdr["run_all_cases"]), seal_key,
+                        bool(hdr.get("plain")))
+            # Closing the channel first ends the execution, which is what the worker waits for;
+            # then the records it reads once the execution is gone.
             for fd in fds:
                 os.close(fd)
+            rep.flush()
+        except (OSError, MemoryError):
+            os._exit(70)  # the worker sees the judge go and replaces it
         del chan, rep
         resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 

@@ -108,7 +108,7 @@ class JudgedRuns:
         stderr = Tail(0, self.cfg["tail_bytes"])
         budget = self.cfg["max_result_bytes"]  # bytes the program's answers may take, whole job
         prep = harness.Prepared({"code": job["code"]})
-        start = 0
+        start, plain = 0, False
         while start < n:
             if self.judge_pid is None:
                 if self.secret_left == 0:  # the judge holding this job's tests was stopped
@@ -117,7 +117,8 @@ class JudgedRuns:
                                                 "ran out of time in the judge's own evaluation")
                     break
                 self.start_judge()
-            parsed = {"next": start, "code": None, "loaded": False, "end": False, "stop": None, "bad": False}
+            parsed = {"next": start, "code": None, "loaded": False, "end": False, "stop": None, "bad": False,
+                      "fresh": None}
             key = os.urandom(32)
 
             def on_records(new, parsed=parsed):
@@ -140,6 +141,8 @@ class JudgedRuns:
                         parsed["stop"] = str(r.get("m", ""))[:300]
                     elif k == "end":
                         parsed["end"] = True
+                    elif k == "fresh":  # go on from the next test in a fresh execution
+                        parsed["fresh"] = r.get("s") == "plain"  # and without a plan
                     else:
                         parsed["bad"] = True
                 return ext
@@ -147,7 +150,8 @@ class JudgedRuns:
             req_r, req_w = os.pipe()
             rep_r, rep_w = os.pipe()
             hdr = json.dumps({"start": start, "key": key.hex(), "budget": budget, "memory_mb": job["memory_mb"],
-                              "run_all_cases": bool(job["run_all_cases"]), "secret": self.secret_left}).encode()
+                              "run_all_cases": bool(job["run_all_cases"]), "secret": self.secret_left,
+                              "plain": plain}).encode()
             try:
                 try:
                     socket.send_fds(self.judge_sock, [len(hdr).to_bytes(4, "big") + hdr], [req_w, rep_r])
@@ -187,6 +191,9 @@ class JudgedRuns:
                 break
             if parsed["end"] or nxt >= n:
                 break
+            if parsed["fresh"] is not None and reason is None:
+                start, plain = nxt, plain or parsed["fresh"]
+                continue
             if reason == "judge":
                 end = ("error", "sandbox judge stopped (killed from outside)")
             elif reason is not None:
@@ -213,42 +220,63 @@ class JudgedRuns:
 
     def _watch_judged(self, pid, fds, stdout: Tail, stderr: Tail, reader, on_records, parsed, timeout_s):
         """Wait until the judge ends the segment (``end``/``stop``), its deadline passes, the
-        program writes too much or the judge dies. The execution's exit does not end it: the
-        worker kills what the execution left, and the judge, seeing its channel close, stops.
-        Returns (reason or None, the execution's wait status or None)."""
+        program writes too much or the judge dies. Returns (reason or None, the execution's wait
+        status or None).
+
+        While the execution lives the worker does not read the judge's records: each wake-up would
+        run Python here while the execution still shares this process's pages (every page written
+        is copied). The judge closes the execution's channel when it is done, so the execution
+        exits; only then, or at a deadline (held records may move it on), are the records read."""
         out_r, err_r = fds
         sock = self.judge_sock.fileno()
         # poll, not epoll: one system call per wait, none to set up. Every fd is read only once
         # poll says it is readable, so none needs to be non-blocking.
         ep = select.poll()
         pidfd = os.pidfd_open(pid)
-        for fd in (out_r, err_r, sock, pidfd):
+        for fd in (out_r, err_r, pidfd):
             ep.register(fd, select.POLLIN)
         cap = self.cfg["max_output_bytes"]
         deadline = time.monotonic() + timeout_s
         reason, status, judge_eof, swept = None, None, False, None
 
-        def judge_bytes() -> bool:
+        def judge_bytes(wait: bool = True) -> bool:
+            """Take in what the judge sent; False when it is gone."""
             nonlocal deadline, judge_eof
-            b = os.read(sock, 1 << 16)
+            try:
+                b = self.judge_sock.recv(1 << 16, 0 if wait else socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
             if not b:
                 judge_eof = True
                 return False
             deadline = max(deadline, on_records(reader.feed(b)))
             return True
 
+        def finished() -> bool:
+            return parsed["end"] or parsed["stop"] is not None or parsed["bad"] or parsed["fresh"] is not None
+
         try:
-            while not (parsed["end"] or parsed["stop"] is not None or parsed["bad"]):
+            while not finished():
                 now = time.monotonic()
                 if now >= deadline:
-                    reason = "timeout"
-                    break
+                    # Records the judge held back may move the deadline on.
+                    while judge_bytes(wait=False) and not finished() and select.select([sock], [], [], 0)[0]:
+                        pass
+                    if judge_eof:
+                        reason = "judge"
+                    elif not finished() and time.monotonic() >= deadline:
+                        reason = "timeout"
+                    if reason is not None:
+                        break
+                    continue
                 for fd, _ in ep.poll(max(1, int((deadline - now) * 1000 + 1))):
                     if fd == pidfd:
                         ep.unregister(pidfd)
                         _, status = os.waitpid(pid, 0)
-                        # What it left would keep the channel open: the judge must see it close.
+                        # What it left would keep the judge's channel open: the judge must see it
+                        # close (if it still waits on the program) and say so.
                         swept = self._sweep(None)
+                        ep.register(sock, select.POLLIN)
                     elif fd == sock:
                         if not judge_bytes():
                             reason = "judge"
@@ -276,7 +304,7 @@ class JudgedRuns:
                 # The judge may be waiting on the execution just killed: it stops within moments.
                 # One that does not is busy with its own evaluation: it goes, with the tests.
                 end = time.monotonic() + JUDGE_GRACE_S
-                while not (parsed["end"] or parsed["stop"] is not None or parsed["bad"]):
+                while not finished():
                     left = end - time.monotonic()
                     if left <= 0 or not select.select([sock], [], [], left)[0] or not judge_bytes():
                         self._kill_judge()

@@ -95,6 +95,41 @@ def test_verdicts_are_plain_pythons(pool):
     assert 0 < got.count("passed") < len(got)
 
 
+PLANS = [  # (test source, the calls planned ahead)
+    ("assert f(1) == 2\nassert f([1, 2], k=3) == 4\nx = f(2)\nassert f(3)", [("f", [1], {}), ("f", [[1, 2]], {"k": 3})]),
+    ("def check(c):\n    assert c(1) == 2\n    assert abs(c(2.5) - 1) < 1e-6\n    for i in range(3):\n        assert c(i)\ncheck(g)",
+     [("g", [1], {}), ("g", [2.5], {})]),
+    ("assert f(1) == 1 and f(2) == 2", []),  # `and` may skip the second call
+    ("assert 0 < f(1) < f(2)", []),  # so may a chained comparison
+    ("import math\nassert math.isclose(f(0.1), 0.1)\nassert f(2) == 2", [("f", [0.1], {}), ("f", [2], {})]),
+    ("assert f(1).real == 1", []),  # a request on the value (maybe a handle) would come between
+    ("x = 3\nassert f(x) == 3", []),  # only literal arguments
+    ("def close(a, b):\n    return abs(a - b) < 1e-9\nassert close(f(1), 1)", []),  # the test's own function
+    ("assert sorted(f([3, 1])) == [1, 3]\nassert {f(1): f(2)} == {1: 2}", [("f", [[3, 1]], {}), ("f", [1], {}), ("f", [2], {})]),
+]
+
+
+@pytest.mark.parametrize("source, calls", PLANS)
+def test_calls_planned_ahead(source, calls):
+    from fastcrit.sandbox.callplan import plan
+
+    assert plan(source) == calls
+
+
+def test_a_plan_the_test_does_not_follow_reruns_it_plainly(pool):
+    """A generator's items are requests of their own: the planned call after it would have run
+    first, so the judge runs the test again without a plan. A test that stops early leaves the
+    program state of planned calls it never made: the next test starts in a fresh execution."""
+    gen = "def f(x):\n    return (i for i in range(x))\n"
+    r = pool.run(Job(code=gen, kind="assert", tests=["assert list(f(3)) == [0, 1, 2]\nassert list(f(2)) == [0, 1]"]))
+    assert r.all_passed, r.tests
+    count = "calls = []\ndef f(x):\n    calls.append(x)\n    return len(calls)\n"
+    r = pool.run(Job(code=count, kind="assert", tests=["assert f(0) == 1\nassert f(0) == 2", "assert f(0) == 3"]))
+    assert r.all_passed, r.tests
+    r = pool.run(Job(code=count, kind="assert", tests=["assert f(0) == 5\nassert f(0) == 2", "assert f(0) == 1"]))
+    assert [t.status for t in r.tests] == ["failed", "passed"], r.tests
+
+
 def test_failure_messages_quote_the_assert_and_the_values():
     from fastcrit.sandbox import SyncSandboxPool
 
