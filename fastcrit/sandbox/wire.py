@@ -29,7 +29,18 @@ _HDR = struct.Struct(">I")
 MAX_DEPTH = 100
 _type, _len = type, len
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
-_loads = json.loads
+_scan = json.JSONDecoder().scan_once  # the C scanner, without loads' encoding and whitespace checks
+
+
+def _loads(body: bytes):
+    text = body.decode("utf-8")
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration as exc:
+        raise ValueError(f"not JSON at character {exc.value}") from None
+    if end != _len(text):
+        raise ValueError("extra data after the value")
+    return value
 
 
 class WireError(Exception):
