@@ -117,6 +117,7 @@ class Channel:
         self.buffers: dict = {}  # handle -> [items fetched ahead, pending exception, batch size]
         self.refusal: str | None = None
         self.planned: list = []  # (callee id, arguments as sent, answer) made ahead, next last
+        self.names_phase = False
         self.calls: list = []  # (line, offset, repr) of the program calls made from test code
         self.enc = wire.encoder(self._handle)
         self.dec = wire.decoder(self._remote, self._own, self._module)
@@ -142,8 +143,10 @@ class Channel:
             raise wire.WireError("the program named an object the judge never sent") from None
 
     def _module(self, name, h):
+        # Only for the names the test reads from the program ("get"): elsewhere a module the
+        # program returns stays a handle, so a program cannot make the judge import things.
         top = name.partition(".")[0]
-        if name in sys.modules or (top in sys.stdlib_module_names and top not in _NO_IMPORT):
+        if self.names_phase and (name in sys.modules or (top in sys.stdlib_module_names and top not in _NO_IMPORT)):
             try:
                 return importlib.import_module(name)
             except Exception:  # noqa: BLE001 - not importable here: the program's own
@@ -426,7 +429,11 @@ def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: b
             rep.send({"k": "code", "s": st, "m": str(msg)[:500]})
             rep.send({"k": "end"})
             return
-        found = chan.value(r)
+        chan.names_phase = True
+        try:
+            found = chan.value(r)
+        finally:
+            chan.names_phase = False
         if type(found) is not list or not all(type(x) is list and len(x) == 2 and type(x[0]) is str for x in found):
             chan.refuse("malformed")
     except ProgramLost as exc:

@@ -59,6 +59,8 @@ EDGE = [  # (code, test): the verdict must be what plain Python says
     ("import math\ndef f(x):\n    return math.sqrt(x)\n", "assert math.isclose(f(2), 2 ** 0.5)"),  # math of the program's
     ("def helper(x):\n    return x + 1\ndef f(x):\n    return helper(x)\n", "assert f(1) == helper(1) == 2"),
     ("def f(x):\n    return 10 ** 30\n", "assert f(1) == 10 ** 30 and isinstance(f(1), int)"),
+    ("import math\ndef f(n):\n    return math.factorial(n)\n", "import math\nassert f(2000) == math.factorial(2000)"),  # 5736 digits
+    ("def f(n):\n    return -(7 ** n)\n", "assert f(6000) == -(7 ** 6000) and f(6000) != -(7 ** 6000) + 1"),
     ("def f(x):\n    return b'ab' + bytes([x])\n", "assert f(0) == b'ab\\x00'"),
     ("def f():\n    return {'b': 1, 'a': 2}\n", "assert list(f()) == ['b', 'a']"),
     ("import sys\ndef f():\n    return 1\nsys.exit(0)\n", "assert f() == 1"),  # exits while loading
