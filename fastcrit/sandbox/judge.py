@@ -160,12 +160,19 @@ class Channel:
 
     # -- requests
     def request(self, msg: dict, args=None) -> dict:
+        self.post(msg)
+        return self.receive(args)
+
+    def post(self, msg: dict) -> None:
+        """Send a request; its answer comes, in order, from ``receive``."""
         if self.planned:
             raise Diverged  # the plan's answers are ahead of this request: the order would change
         try:
             wire.send(self.wr, msg)
         except OSError:
             raise ProgramLost("the program's process ended") from None
+
+    def receive(self, args=None) -> dict:
         self.records.maybe_flush()  # about to wait: the worker must see deadlines move on
         while True:
             try:
@@ -256,11 +263,16 @@ class Channel:
             self.calls.append((f.f_lineno, f.f_lasti, value))
         return value
 
-    def fetch_plan(self, plan: list) -> None:
-        """Have the execution make the test's planned calls now, in one request."""
+    def post_plan(self, plan: list) -> list:
+        """Ask the execution to make the test's planned calls now, in one request; returns what
+        ``take_plan`` needs once the answer is in."""
         calls = [[name, [self.enc(x) for x in args], [[k, self.enc(v)] for k, v in kwargs.items()]]
                  for name, args, kwargs in plan]
-        r = self.request({"op": "plan", "calls": calls})
+        self.post({"op": "plan", "calls": calls})
+        return calls
+
+    def take_plan(self, calls: list) -> None:
+        r = self.receive()
         replies = r.get("plan")
         if type(replies) is not list or len(replies) > len(calls):
             raise ProgramLost("the program broke the protocol", "error")
@@ -421,8 +433,13 @@ def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: b
                 plain: bool = False) -> None:
     compiled = [_compiled(i, t) for i, t in enumerate(tests)]
     wanted = set().union(*(c[1] for c in compiled[start:])) - _BUILTIN_NAMES
+    # The first test's plan goes out with the request for the names: the execution reads both at
+    # once when the program has loaded, and answers one after the other.
+    first = compiled[start][2] if start < len(tests) and not plain else ()
     try:
-        r = chan.request({"op": "get", "names": sorted(n for n in wanted if n[:2] != "__")})
+        chan.post({"op": "get", "names": sorted(n for n in wanted if n[:2] != "__")})
+        first_calls = chan.post_plan(first) if first else None
+        r = chan.receive()
         if "load" in r:  # the program failed to load: every remaining test fails with it
             st, msg = (r["load"] + ["error", ""])[:2] if type(r["load"]) is list else ("error", "")
             st = st if st in ("error", "memory", "output_limit") else "error"
@@ -451,8 +468,10 @@ def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: b
         chan.refusal, chan.calls, chan.planned = None, [], []
         status, msg = "passed", ""
         try:
-            if compiled[i][2] and not plain:
-                chan.fetch_plan(compiled[i][2])
+            if i == start and first_calls is not None:
+                chan.take_plan(first_calls)
+            elif compiled[i][2] and not plain:
+                chan.take_plan(chan.post_plan(compiled[i][2]))
             exec(compiled[i][0], g)  # noqa: S102 - the test's own source, run by the judge
         except Diverged:
             rep.send({"k": "fresh", "s": "plain"})  # this test again, in a fresh execution, no plan
