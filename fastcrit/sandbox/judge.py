@@ -33,7 +33,7 @@ import resource
 import sys
 import time
 
-from . import callplan, wire
+from . import wire
 from .harness import Reporter
 
 _BUILTINS = dict(builtins.__dict__)  # the worker never runs program code: these are the originals
@@ -69,6 +69,10 @@ class Verdict(BaseException):
     def __init__(self, status: str, message: str):
         super().__init__(message)
         self.status = status
+
+
+class _TestBroken(Exception):
+    """The test's own source does not compile."""
 
 
 class ProgramError(Exception):
@@ -374,11 +378,20 @@ class Remote:
 # Running tests
 
 
-def _compiled(i: int, source: str):
+def _compiled(source: str):
+    """(code or None, names it reads, its plan, why it did not compile), cached by source."""
     hit = _COMPILED.get(source)
     if hit is None:
-        code = compile(source, "<test >", "exec", dont_inherit=True)
-        hit = (code, _names(code), callplan.plan(source))
+        import ast  # here, not at the worker's start: only the judge needs them
+
+        from . import callplan
+
+        try:
+            tree = ast.parse(source, "<test >")  # parsed once, for the code and for the plan
+            code = compile(tree, "<test >", "exec", dont_inherit=True)
+            hit = (code, _names(code), callplan.plan_tree(tree), "")
+        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as exc:
+            hit = (None, set(), [], f"the test does not compile: {_describe(exc)}")
         if len(_COMPILED) >= _MAX_COMPILED:
             _COMPILED.clear()
         _COMPILED[source] = hit
@@ -431,7 +444,7 @@ def _describe(exc) -> str:
 
 def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: bool, seal_key: bytes,
                 plain: bool = False) -> None:
-    compiled = [_compiled(i, t) for i, t in enumerate(tests)]
+    compiled = [_compiled(t) for t in tests]
     wanted = set().union(*(c[1] for c in compiled[start:])) - _BUILTIN_NAMES
     # The first test's plan goes out with the request for the names: the execution reads both at
     # once when the program has loaded, and answers one after the other.
@@ -468,6 +481,8 @@ def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: b
         chan.refusal, chan.calls, chan.planned = None, [], []
         status, msg = "passed", ""
         try:
+            if compiled[i][0] is None:
+                raise _TestBroken(compiled[i][3])
             if i == start and first_calls is not None:
                 chan.take_plan(first_calls)
             elif compiled[i][2] and not plain:
@@ -487,7 +502,7 @@ def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: b
             status, msg = exc.status, str(exc)
         except MemoryError as exc:
             status, msg = "memory", f"the test's own evaluation ran out of memory: {_describe(exc)}"
-        except Refused as exc:
+        except (Refused, _TestBroken) as exc:
             status, msg = "error", str(exc)
         except BaseException as exc:  # noqa: BLE001 - the test raised (as the program made it)
             status, msg = "error", _describe(exc)
