@@ -107,7 +107,9 @@ class Reporter:
         # ``v`` is JSON (which escapes control characters); ``m`` is flattened to one line.
         v = payload.get("v", _NO_VALUE)
         m = _str(payload.get("m", "")).replace("\x1f", " ").replace("\n", " ").replace("\t", " ")
-        body = "\x1f".join((payload["k"], _str(payload.get("i", -1)), payload.get("s", ""), _repr(_monotonic()),
+        t = payload.get("t")
+        body = "\x1f".join((payload["k"], _str(payload.get("i", -1)), payload.get("s", ""),
+                             _repr(_monotonic() if t is None else t),
                              "" if v is _NO_VALUE else _json_dumps(v), m)).encode("utf-8", "replace")
         mac = _blake2b(b"%d:" % self._seq + body, key=self._key, digest_size=16).hexdigest().encode()
         self._seq += 1
@@ -386,16 +388,21 @@ def serve(prep: Prepared, rd: int, wr: int) -> None:
     """``assert`` kind: load the code, then answer the judge until it hangs up. Never returns."""
     g = _main_namespace(prep.builtins)
     failed = _load(prep, g)
+    loaded = _monotonic()
     server = _Server(g, rd, wr)
     if failed is not None:
         if server.read() is not None:
             server.send({"load": list(failed)})
         _os_exit(0)
+    first = True
     while True:
         m = server.read()
         if _type(m) is not dict:
             _os_exit(0)
-        server.send(server.answer(m))
+        reply = server.answer(m)
+        if first:  # when the program finished loading: the judge's "loaded" (clamped there)
+            reply["t"], first = loaded, False
+        server.send(reply)
 
 
 def run_program(prep: Prepared) -> None:

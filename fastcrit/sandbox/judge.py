@@ -473,7 +473,9 @@ def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: b
         rep.send({"k": "code", "s": "error", "m": "the program's names could not be read"})
         rep.send({"k": "end"})
         return
-    rep.send({"k": "loaded"})
+    now = time.monotonic()
+    t = r.get("t")  # when the program finished loading, by the execution's clock (= ours)
+    rep.send({"k": "loaded", "t": min(max(t, rep.sent_t), now) if type(t) is float else now})
     g = {"__builtins__": dict(_BUILTINS), "__name__": "__main__"}
     g.update(found)
     for i in range(start, len(tests)):

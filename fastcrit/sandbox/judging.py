@@ -129,14 +129,14 @@ class JudgedRuns:
                         parsed["code"] = (r.get("s") if r.get("s") in _VERDICTS else "error", r.get("m", ""))
                     elif k == "loaded":
                         parsed["loaded"] = True
-                        ext = r["t"] + timeout
+                        ext = min(r["t"], time.monotonic()) + timeout
                     elif k == "test" and r.get("i") == parsed["next"] < n:
                         st = r.get("s")
                         # Sealed by the judge for the pool (wire.seal): passed on as it is.
                         statuses[parsed["next"]] = (st, str(r.get("m", ""))[:4096]) if st in _VERDICTS else (
                             "error", "sandbox judge sent a bad record")
                         parsed["next"] += 1
-                        ext = r["t"] + timeout
+                        ext = min(r["t"], time.monotonic()) + timeout
                     elif k == "stop":
                         parsed["stop"] = str(r.get("m", ""))[:300]
                     elif k == "end":

@@ -428,7 +428,9 @@ class Worker(JudgedRuns):
             parsed = {"next": start, "code": None, "tampered": False, "loaded": False}
 
             def on_records(new, parsed=parsed):
-                """Take in new records; return the time by which the running test must end."""
+                """Take in new records; return the time by which the running test must end. A
+                record's time is the execution's word (a program that reaches the key can sign
+                records): never later than now, so it cannot put its deadline off."""
                 ext = 0.0
                 for r in new:
                     if not job["run_all_cases"] and any(x is not None and x[0] not in _GOOD for x in statuses):
@@ -437,7 +439,7 @@ class Worker(JudgedRuns):
                         parsed["code"] = r
                     elif r.get("k") == "loaded":
                         parsed["loaded"] = True
-                        ext = r["t"] + timeout
+                        ext = min(r["t"], time.monotonic()) + timeout
                     elif r.get("k") == "test" and r.get("i") == parsed["next"] and parsed["next"] < n:
                         i = parsed["next"]
                         st, msg, val = r.get("s"), str(r.get("m", ""))[:500], None
@@ -447,7 +449,7 @@ class Worker(JudgedRuns):
                             st, msg = "error", "bad record"
                         statuses[i] = (st, msg, val)
                         parsed["next"] += 1
-                        ext = r["t"] + timeout
+                        ext = min(r["t"], time.monotonic()) + timeout
                     else:
                         parsed["tampered"] = True
                 return ext

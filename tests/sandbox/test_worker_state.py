@@ -274,3 +274,20 @@ def test_big_results_do_not_leave_the_worker_bigger(one_worker):
         r = one_worker.run(Job(code=BIG, kind="call", tests=[[[n], list(range(n))]], entry_point="f", timeout_s=30))
         assert r.all_passed, r.tests
     assert rss_mb() < before + 32, (before, rss_mb())
+
+
+def test_a_forged_record_time_cannot_put_off_the_deadline(one_worker):
+    """A `call` execution holds the key of its records: a program can find it and sign records
+    dated far in the future. The worker never takes a record's time past now."""
+    code = ("import gc, os, time, hashlib\n"
+            "def f(x):\n"
+            "    for o in gc.get_objects():\n"
+            "        if type(o).__name__ == 'Reporter':\n"
+            "            body = '\\x1f'.join(('loaded', '-1', '', repr(time.monotonic() + 1e9), '', '')).encode()\n"
+            "            mac = hashlib.blake2b(b'%d:' % o._seq + body, key=o._key, digest_size=16).hexdigest().encode()\n"
+            "            os.write(o._fd, body + b'\\t' + mac + b'\\n')\n"
+            "            o._seq += 1\n"
+            "    time.sleep(60)\n")
+    t0 = time.monotonic()
+    r = one_worker.run(Job(code=code, kind="call", tests=[[[1], 1]], entry_point="f", timeout_s=1.0))
+    assert r.tests[0].status == "timeout" and time.monotonic() - t0 < 10, (r.tests, time.monotonic() - t0)
