@@ -559,11 +559,11 @@ def main(sock_fd: int) -> None:
         try:
             run_segment(rep, chan, tests, int(hdr["start"]), bool(hdr["run_all_cases"]), seal_key,
                         bool(hdr.get("plain")))
-            # Closing the channel first ends the execution, which is what the worker waits for;
-            # then the records it reads once the execution is gone.
+            # The records first: the worker reads them once the execution is gone, which closing
+            # the channel brings about, so they are there when it wakes.
+            rep.flush()
             for fd in fds:
                 os.close(fd)
-            rep.flush()
         except (OSError, MemoryError):
             os._exit(70)  # the worker sees the judge go and replaces it
         del chan, rep
