@@ -120,7 +120,9 @@ class Channel:
         self.mine: dict = {}  # the judge's objects the program may call back
         self.buffers: dict = {}  # handle -> [items fetched ahead, pending exception, batch size]
         self.refusal: str | None = None
-        self.planned: list = []  # (callee id, arguments as sent, answer) made ahead, next last
+        # Calls made ahead: (callee id, repr of the encoded arguments (repr tells 1, 1.0 and True
+        # apart), answer), the next one last.
+        self.planned: list = []
         self.names_phase = False
         self.calls: list = []  # (line, offset, repr) of the program calls made from test code
         self.enc = wire.encoder(self._handle)
@@ -254,7 +256,7 @@ class Channel:
         k = [[name, self.enc(v)] for name, v in kwargs.items()]
         if self.planned:  # made ahead: it must be this very call
             cid, sent, reply = self.planned[-1]
-            if cid != remote._h or sent != wire.dumps([a, k]):
+            if cid != remote._h or sent != repr([a, k]):
                 raise Diverged
             self.planned.pop()
             value = self.value(reply)
@@ -284,7 +286,7 @@ class Channel:
         for (name, a, k), reply in zip(calls, replies):
             if type(reply) is not dict or "missing" in reply:
                 break  # not the program's: the test will find out when it looks the name up
-            made.append((reply.get("id"), wire.dumps([a, k]), reply))
+            made.append((reply.get("id"), repr([a, k]), reply))
         self.planned = made[::-1]
 
     def op(self, remote, op: str, **kw):
