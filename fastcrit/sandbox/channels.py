@@ -47,6 +47,22 @@ def write_frame(fd: int, obj) -> None:
         data = data[n:]
 
 
+def drain_tails(pairs, cap: int) -> None:
+    """Read what each (pipe, Tail) pair still holds once its writers are gone; a Tail past
+    ``cap`` bytes takes no more."""
+    for fd, sink in pairs:
+        os.set_blocking(fd, False)
+        while True:
+            try:
+                b = os.read(fd, 1 << 16)
+            except OSError:  # BlockingIOError included: nothing more
+                break
+            if not b:
+                break
+            if sink.total <= cap:
+                sink.add(b)
+
+
 class Tail:
     """Keeps the total byte count, the first ``keep_all`` bytes (stdio answers) and a tail."""
 

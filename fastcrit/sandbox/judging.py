@@ -23,7 +23,7 @@ import socket
 import time
 
 from . import harness, judge
-from .channels import RecordReader, Tail
+from .channels import RecordReader, Tail, drain_tails
 
 JUDGE_GRACE_S = 0.5
 _VERDICTS = ("passed", "failed", "error", "memory", "output_limit")
@@ -96,6 +96,16 @@ class JudgedRuns:
         """Consume what is left of the job's tests (the job ended before the judge took them)."""
         if self.secret_left > 0:
             self._relay_tests(None)
+
+    @staticmethod
+    def _charge(statuses: list, nxt: int, end: tuple, loaded: bool, run_all: bool):
+        """Give the test that was running when an execution ended its end reason (every test
+        left, when the code never finished loading). Returns the test to go on from, or None."""
+        if not loaded:
+            statuses[nxt:] = [end] * (len(statuses) - nxt)
+            return None
+        statuses[nxt] = end
+        return nxt + 1 if run_all else None
 
     # -- one job ------------------------------------------------------------------------------
 
@@ -205,14 +215,9 @@ class JudgedRuns:
                 end = self._end_reason(None, status, stderr.tail_text())
             else:
                 end = ("error", parsed["stop"] or "the program stopped answering")
-            if not parsed["loaded"]:  # the code never finished loading: no test can run
-                for i in range(nxt, n):
-                    statuses[i] = end
+            start = self._charge(statuses, nxt, end, parsed["loaded"], job["run_all_cases"])
+            if start is None:
                 break
-            statuses[nxt] = end
-            if not job["run_all_cases"]:
-                break
-            start = nxt + 1
         self.drop_tests()
         tests = [{"status": "skipped", "message": ""} if s is None else {"status": s[0], "message": s[1]}
                  for s in statuses]
@@ -311,17 +316,7 @@ class JudgedRuns:
                         break
             if judge_eof:
                 self._kill_judge()
-            for fd, sink in ((out_r, stdout), (err_r, stderr)):
-                os.set_blocking(fd, False)  # every writer is gone, but a pipe may still hold bytes
-                while True:
-                    try:
-                        b = os.read(fd, 1 << 16)
-                    except (BlockingIOError, OSError):
-                        break
-                    if not b:
-                        break
-                    if sink.total <= cap:
-                        sink.add(b)
+            drain_tails(((out_r, stdout), (err_r, stderr)), cap)
             os.close(pidfd)
             for fd in fds:
                 os.close(fd)

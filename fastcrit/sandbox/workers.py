@@ -35,7 +35,7 @@ import time
 
 from . import harness
 from .judging import JudgedRuns
-from .channels import RecordReader, Tail, read_frame, write_frame
+from .channels import RecordReader, Tail, drain_tails, read_frame, write_frame
 from .scratch import Scratch, Unrestorable
 
 _GOOD = ("passed", "returned")  # statuses that do not stop a run_all_cases=False job here
@@ -255,16 +255,7 @@ class Worker(JudgedRuns):
                 self.broken = f"processes it started were still alive {REAP_S:.0f} s after being killed"
             if res_r is not None and reason != "result_limit" and not self._drain(res_r, take):
                 reason = "result_limit"
-            for fd, sink in ((out_r, stdout), (err_r, stderr)):
-                while True:
-                    try:
-                        b = os.read(fd, 1 << 16)
-                    except (BlockingIOError, OSError):
-                        break
-                    if not b:
-                        break
-                    if sink.total <= cap:
-                        sink.add(b)
+            drain_tails(((out_r, stdout), (err_r, stderr)), cap)
             ep.close()
             for fd in fds:
                 if fd is not None:
@@ -485,14 +476,9 @@ class Worker(JudgedRuns):
                 end = ("error", "the program exited before the test finished")
             else:
                 end = self._end_reason(reason, status, stderr.tail_text())
-            if not parsed["loaded"]:  # the code never finished loading: no test can run
-                for i in range(nxt, n):
-                    statuses[i] = end
+            start = self._charge(statuses, nxt, end, parsed["loaded"], job["run_all_cases"])
+            if start is None:
                 break
-            statuses[nxt] = end
-            if not job["run_all_cases"]:
-                break
-            start = nxt + 1
         tests = []
         for s in statuses:
             if s is None:
