@@ -453,7 +453,12 @@ def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: b
     first = compiled[start][2] if start < len(tests) and not plain else ()
     try:
         chan.post({"op": "get", "names": sorted(n for n in wanted if n[:2] != "__")})
-        first_calls = chan.post_plan(first) if first else None
+        try:
+            first_calls = chan.post_plan(first) if first else None
+        except ProgramLost:
+            # Gone already: a program that did not load answers the first request and leaves,
+            # and that answer is still to be read.
+            first_calls = None
         r = chan.receive()
         if "load" in r:  # the program failed to load: every remaining test fails with it
             st, msg = (r["load"] + ["error", ""])[:2] if type(r["load"]) is list else ("error", "")

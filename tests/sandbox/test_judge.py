@@ -354,3 +354,13 @@ def test_a_value_too_big_to_judge_runs_out_of_the_judges_memory(pool):
                      tests=["assert list(reversed(f())) == [1]"]))
     assert r.tests[0].status == "memory", r.tests
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024  # KiB: this process did not grow
+
+
+def test_a_program_that_does_not_load_always_says_why(pool):
+    """It answers the judge's first request with its error and leaves; the judge may still be
+    sending its second (the plan of the first test, slow to encode here): the answer must be read
+    all the same."""
+    big = "assert f(%r) == 1\n" % list(range(5000))
+    jobs = [Job(code="  x = 1\n", kind="assert", tests=[big * 5, "assert f(2) == 2"], id=i) for i in range(100)]
+    msgs = {t.message for r in pool.run_many(jobs) for t in r.tests}
+    assert msgs == {"IndentationError: unexpected indent (<solution>, line 1)"}, msgs
