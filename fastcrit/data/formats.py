@@ -384,7 +384,7 @@ def from_taco(row: dict, *, index: int | None = None, prelude: bool = True) -> P
     """TACO (BAAI/TACO): as APPS. Its rows carry no id, so the id is ``taco/<row index in the file>``
     (the split's index when the file is a whole split in order)."""
     return _apps_like(row, "taco", index, prelude,
-                      ("difficulty", "url", "name", "source", "tags", "skill_types", "time_limit", "memory_limit",
+                      ("difficulty", "url", "name", "source", "tags", "skill_types", "time_limit", "memory_limit", "picture_num",
                        "Expected Time Complexity", "Expected Auxiliary Space", "date"))
 
 
