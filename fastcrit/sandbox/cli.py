@@ -48,26 +48,33 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def read_jobs(path: str, defaults: dict, errors: list) -> list[Job]:
-    """Valid jobs of a JSONL file; each bad line is recorded as (line number, message) and skipped."""
-    jobs = []
+def _json_lines(path: str):
+    """(line number, value, None) per non-empty line of a JSONL file, or (line number, None, why)."""
     with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                d = json.loads(line)
+                yield lineno, json.loads(line), None
             except ValueError as exc:
-                errors.append((lineno, f"not valid JSON ({exc})"))
-                continue
-            try:
-                job = Job.from_dict(d, defaults=defaults)
-            except (JobError, TypeError) as exc:
-                errors.append((lineno, str(exc)))
-                continue
-            if job.id is None:
-                job.id = lineno
-            jobs.append(job)
+                yield lineno, None, f"not valid JSON ({exc})"
+
+
+def read_jobs(path: str, defaults: dict, errors: list) -> list[Job]:
+    """Valid jobs of a JSONL file; each bad line is recorded as (line number, message) and skipped."""
+    jobs = []
+    for lineno, d, why in _json_lines(path):
+        if why is not None:
+            errors.append((lineno, why))
+            continue
+        try:
+            job = Job.from_dict(d, defaults=defaults)
+        except (JobError, TypeError) as exc:
+            errors.append((lineno, str(exc)))
+            continue
+        if job.id is None:
+            job.id = lineno
+        jobs.append(job)
     return jobs
 
 
@@ -113,26 +120,21 @@ def problem_jobs(path: str, solutions: str | None, defaults: dict, errors: list)
             programs += [(p, code) for code in p.solutions]
     else:
         by_id = {p.id: p for p in ps.problems}
-        with open(solutions, encoding="utf-8", errors="replace") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    d = json.loads(line)
-                except ValueError as exc:
-                    errors.append(f"{solutions}:{lineno}: not valid JSON ({exc})")
-                    continue
-                pid = d.get("id", d.get("task_id")) if isinstance(d, dict) else None
-                p = by_id.get(pid) if isinstance(pid, str) else None
-                code, completion = (d.get("code"), d.get("completion")) if isinstance(d, dict) else (None, None)
-                if p is None:
-                    errors.append(f"{solutions}:{lineno}: no problem {pid!r} in {path}")
-                elif isinstance(code, str):
-                    programs.append((p, code))
-                elif isinstance(completion, str):
-                    programs.append((p, p.starter_code + completion))
-                else:
-                    errors.append(f"{solutions}:{lineno}: needs a string 'code' or 'completion'")
+        for lineno, d, why in _json_lines(solutions):
+            if why is not None:
+                errors.append(f"{solutions}:{lineno}: {why}")
+                continue
+            pid = d.get("id", d.get("task_id")) if isinstance(d, dict) else None
+            p = by_id.get(pid) if isinstance(pid, str) else None
+            code, completion = (d.get("code"), d.get("completion")) if isinstance(d, dict) else (None, None)
+            if p is None:
+                errors.append(f"{solutions}:{lineno}: no problem {pid!r} in {path}")
+            elif isinstance(code, str):
+                programs.append((p, code))
+            elif isinstance(completion, str):
+                programs.append((p, p.starter_code + completion))
+            else:
+                errors.append(f"{solutions}:{lineno}: needs a string 'code' or 'completion'")
     count: dict = {}
     for p, _ in programs:
         count[p.id] = count.get(p.id, 0) + 1
