@@ -255,6 +255,7 @@ class CTRLConfig:
     # over them: the expected pass@1 and judgment accuracy of one sampled critique). The revisions
     # stay greedy (the paper's proxy). Sampled, the evaluation reports the greedy round beside it.
     critique_temperature: float = 0.0
+    critique_top_p: float = 1.0  # sampled critiques: nucleus sampling (the paper's critic: T 0.7, top-p 0.8)
     critique_samples: int = 1
     critic: str = ""  # test time: critic model dir; "" = newest checkpoint of trainer.output_dir
     critic_endpoint: str = ""  # test time: an OpenAI-compatible critic instead of a local one

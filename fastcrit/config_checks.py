@@ -102,6 +102,7 @@ def validate(cfg: Config) -> None:
     need(cfg.ctrl.rounds >= 1, f"ctrl.rounds: must be >= 1, got {cfg.ctrl.rounds}")
     need(cfg.ctrl.critique_temperature >= 0,
          f"ctrl.critique_temperature: must be >= 0, got {cfg.ctrl.critique_temperature}")
+    need(0 < cfg.ctrl.critique_top_p <= 1, f"ctrl.critique_top_p: must be in (0, 1], got {cfg.ctrl.critique_top_p}")
     need(cfg.ctrl.critique_samples >= 1, f"ctrl.critique_samples: must be >= 1, got {cfg.ctrl.critique_samples}")
     if cfg.ctrl.critique_samples != 1:
         from fastcrit.types import is_greedy  # the one greedy rule; it loads torch, so only here

@@ -123,15 +123,15 @@ def revise(generator: ChatModel, attempts: list[Attempt], critiques: list[str], 
 
 def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: list[Attempt], *,
                    critic_tokens: int, generator_tokens: int, round_no: int = 1,
-                   temperature: float = 0.0, seed: int = 0
+                   temperature: float = 0.0, seed: int = 0, top_p: float = 1.0
                    ) -> tuple[list[Attempt], RoundReport, list[dict]]:
-    """One critique -> revision round over every attempt: the critic writes at ``temperature``
-    (greedy by default; sampled, attempt i draws with ``seed`` and its place i, so a list of
+    """One critique -> revision round over every attempt: the critic writes at ``temperature`` and
+    ``top_p`` (greedy by default; sampled, attempt i draws with ``seed`` and its place i, so a list of
     repeated attempts gets independent critiques), the generator revises greedily. Returns the new
     attempts, the report and one record per problem (texts and verdicts, for the JSONL file)."""
     crits = critic.chat([critique_messages(a.problem.question, a.solution) for a in attempts],
                         max_new_tokens=critic_tokens, temperature=temperature,
-                        seed=None if is_greedy(temperature) else seed)
+                        seed=None if is_greedy(temperature) else seed, top_p=top_p)
     texts = ["" if c.finish_reason == "prompt_too_long" else c.text for c in crits]
     judged, sent = revise(generator, attempts, texts, max_new_tokens=generator_tokens)
     raw = dict(sent)  # the revisions as written (prose and all); attempts carry their programs
@@ -169,7 +169,7 @@ def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: li
 
 def critique_rounds(critic: ChatModel, generator: ChatModel, reward, attempts: list[Attempt], *,
                     rounds: int, critic_tokens: int, generator_tokens: int, temperature: float = 0.0,
-                    samples: int = 1, seed: int = 0) -> tuple[list[RoundReport], list[dict]]:
+                    samples: int = 1, seed: int = 0, top_p: float = 1.0) -> tuple[list[RoundReport], list[dict]]:
     """Round 0 (the generator alone) and ``rounds`` critique -> revision rounds. With ``samples`` >
     1 (sampled critiques), each attempt starts that many chains; the reports are over all of them
     and each record names its ``sample``."""
@@ -179,7 +179,7 @@ def critique_rounds(critic: ChatModel, generator: ChatModel, reward, attempts: l
     for r in range(1, rounds + 1):
         attempts, rep, recs = critique_round(critic, generator, reward, attempts, round_no=r,
                                              critic_tokens=critic_tokens, generator_tokens=generator_tokens,
-                                             temperature=temperature, seed=round_seed(seed, r))
+                                             temperature=temperature, seed=round_seed(seed, r), top_p=top_p)
         reports.append(rep)
         records += [dict(rec, sample=i % samples) for i, rec in enumerate(recs)]
     return reports, records
@@ -196,11 +196,12 @@ def round_seed(seed: int, round_no: int) -> int:
     return seed + 1_000_003 * round_no
 
 
-def critique_protocol(temperature: float, samples: int) -> str:
+def critique_protocol(temperature: float, samples: int, top_p: float = 1.0) -> str:
     """How the critiques of a report were written, in words."""
     if is_greedy(temperature):
         return "greedy critiques"
-    return f"{samples} critique(s) per solution at temperature {temperature:g}"
+    return f"{samples} critique(s) per solution at temperature {temperature:g}" + (
+        f", top-p {top_p:g}" if top_p < 1 else "")
 
 
 def format_reports(reports: list[RoundReport]) -> list[str]:
@@ -246,7 +247,8 @@ def run_critique(cfg: Config) -> dict:
                                            critic_tokens=cfg.rollout.max_new_tokens,
                                            generator_tokens=cfg.proxy.rollout.max_new_tokens,
                                            temperature=cfg.ctrl.critique_temperature,
-                                           samples=cfg.ctrl.critique_samples, seed=cfg.trainer.seed)
+                                           samples=cfg.ctrl.critique_samples, seed=cfg.trainer.seed,
+                                           top_p=cfg.ctrl.critique_top_p)
     finally:
         reward.close()
         generator.close()
@@ -257,11 +259,12 @@ def run_critique(cfg: Config) -> dict:
             f.write(json.dumps(rec) + "\n")
     summary = {"problems": len(problems), "source": cfg.data.val, "critic": critic_name,
                "generator": generator_name, "critique_temperature": cfg.ctrl.critique_temperature,
+               "critique_top_p": cfg.ctrl.critique_top_p,
                "critique_samples": cfg.ctrl.critique_samples, "rounds": [asdict(r) for r in reports],
                "records": path}
     with open(os.path.splitext(path)[0] + "_summary.json", "w") as f:
         json.dump(summary, f, indent=1)
-    how = critique_protocol(cfg.ctrl.critique_temperature, cfg.ctrl.critique_samples)
+    how = critique_protocol(cfg.ctrl.critique_temperature, cfg.ctrl.critique_samples, cfg.ctrl.critique_top_p)
     print("\n".join([f"critique: {len(problems)} problems from {cfg.data.val}, critic {critic_name}, {how}",
                      *format_reports(reports), f"  every round's texts and verdicts: {path}"]), flush=True)
     return summary

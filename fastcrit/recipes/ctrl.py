@@ -161,7 +161,8 @@ class CTRL:
         temperature, k = c.ctrl.critique_temperature, c.ctrl.critique_samples
         self._wake_proxy()
         _, rep, _ = critique_round(self.critic, self.proxy, self.reward, repeat_attempts(share, k),
-                                   temperature=temperature, seed=round_seed(c.trainer.seed, 1), **tokens)
+                                   temperature=temperature, seed=round_seed(c.trainer.seed, 1),
+                                   top_p=c.ctrl.critique_top_p, **tokens)
         out = {**RoundReport(0, sum(a.passed for a in share) / len(share)).metrics("val/generator_"),
                **rep.metrics("val/")}
         if not is_greedy(temperature):
@@ -197,6 +198,7 @@ class CTRL:
             "rl_critic_review_agrees": last.get("val/review_agrees"),
             # how the critiques above were written (greedy: temperature 0, one per solution)
             "critique_temperature": self.run.cfg.ctrl.critique_temperature,
+            "critique_top_p": self.run.cfg.ctrl.critique_top_p,
             "critique_samples": self.run.cfg.ctrl.critique_samples,
             **({} if "val/greedy_pass@1" not in first else {
                 "sft_critic_greedy": first["val/greedy_pass@1"], "rl_critic_greedy": last["val/greedy_pass@1"],
@@ -208,7 +210,7 @@ class CTRL:
         if not e:
             return []
         kept = lambda v: "  -" if v is None else f"{v:.3f}"  # noqa: E731
-        how = critique_protocol(e["critique_temperature"], e["critique_samples"])
+        how = critique_protocol(e["critique_temperature"], e["critique_samples"], e.get("critique_top_p", 1.0))
         greedy = [] if "sft_critic_greedy" not in e else [
             f"    greedy critiques: SFT critic {e['sft_critic_greedy']:.3f} / "
             f"{e['sft_critic_greedy_judgment_acc']:.3f}, RL critic {e['rl_critic_greedy']:.3f} / "

@@ -40,9 +40,9 @@ class OwnedChat:
     def __init__(self, chat_model, engine, name: str):
         self.chat_model, self.engine, self.name = chat_model, engine, name
 
-    def chat(self, conversations, *, max_new_tokens, temperature=0.0, seed=None):
+    def chat(self, conversations, *, max_new_tokens, temperature=0.0, seed=None, top_p=1.0):
         return self.chat_model.chat(conversations, max_new_tokens=max_new_tokens,
-                                    temperature=temperature, seed=seed)
+                                    temperature=temperature, seed=seed, top_p=top_p)
 
     def sleep(self) -> None:
         """Release the engine's device memory while the trainer works (an engine that keeps a host

@@ -60,8 +60,9 @@ class ChatOutput:
 @runtime_checkable
 class ChatModel(Protocol):
     def chat(self, conversations: list[list[dict]], *, max_new_tokens: int, temperature: float = 0.0,
-             seed: int | None = None) -> list[ChatOutput]:
-        """Answer every conversation once (n=1); outputs in input order. temperature 0 is greedy."""
+             seed: int | None = None, top_p: float = 1.0) -> list[ChatOutput]:
+        """Answer every conversation once (n=1); outputs in input order. temperature 0 is greedy;
+        ``top_p`` < 1 samples from the smallest set of tokens holding that much probability."""
         ...
 
     def close(self) -> None:
@@ -117,13 +118,15 @@ def render_conversation(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _check_settings(max_new_tokens: int, temperature: float, seed) -> None:
+def _check_settings(max_new_tokens: int, temperature: float, seed, top_p: float = 1.0) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise ValueError(f"temperature={temperature!r} must be a number")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"seed={seed!r} must be an integer or None")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p!r} must be a number in (0, 1]")
 
 
 def _check_all(conversations) -> None:
@@ -156,10 +159,10 @@ class LocalChat:
         self.max_prompt_len = max_prompt_len
 
     def chat(self, conversations: list[list[dict]], *, max_new_tokens: int, temperature: float = 0.0,
-             seed: int | None = None) -> list[ChatOutput]:
+             seed: int | None = None, top_p: float = 1.0) -> list[ChatOutput]:
         from fastcrit.types import SamplingParams, is_greedy
 
-        _check_settings(max_new_tokens, temperature, seed)
+        _check_settings(max_new_tokens, temperature, seed, top_p)
         if temperature < 0:
             raise ValueError(f"temperature={temperature} must be >= 0")
         _check_all(conversations)
@@ -187,7 +190,7 @@ class LocalChat:
         rollouts = []
         for run in runs:
             params = SamplingParams(n=1, max_new_tokens=max_new_tokens, temperature=float(temperature),
-                                    seed=None if seed is None else seed + run[0])
+                                    top_p=float(top_p), seed=None if seed is None else seed + run[0])
             rollouts += self.engine.generate([prompts[i] for i in run], params)
         if len(rollouts) != len(fits):
             raise RuntimeError(f"LocalChat: the engine returned {len(rollouts)} rollouts for {len(fits)} prompts (n=1)")
@@ -293,10 +296,10 @@ class HTTPChat:
         self._closed = threading.Event()
 
     def chat(self, conversations: list[list[dict]], *, max_new_tokens: int, temperature: float = 0.0,
-             seed: int | None = None) -> list[ChatOutput]:
+             seed: int | None = None, top_p: float = 1.0) -> list[ChatOutput]:
         if self._closed.is_set():
             raise RuntimeError("HTTPChat.chat: the client is closed")
-        _check_settings(max_new_tokens, temperature, seed)
+        _check_settings(max_new_tokens, temperature, seed, top_p)
         _check_all(conversations)
         if not conversations:
             return []
@@ -306,6 +309,8 @@ class HTTPChat:
                        "max_tokens": max_new_tokens, "temperature": float(temperature), "n": 1}
             if seed is not None:  # one seed for all would give k samples of one prompt the same draw
                 payload["seed"] = seed + k
+            if top_p < 1:  # left out otherwise: a server's default is 1
+                payload["top_p"] = float(top_p)
             bodies.append(json.dumps(payload).encode("utf-8"))
         pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(bodies)), thread_name_prefix="httpchat")
         try:

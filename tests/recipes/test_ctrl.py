@@ -342,6 +342,11 @@ def test_sampled_critiques_need_a_temperature_and_a_positive_count():
         load_config(CPU_CONFIG, ["ctrl.critique_temperature=-0.5"])
     cfg = load_config(CPU_CONFIG, ["ctrl.critique_samples=3", "ctrl.critique_temperature=0.5"])
     assert (cfg.ctrl.critique_samples, cfg.ctrl.critique_temperature) == (3, 0.5)
+    with pytest.raises(ConfigError, match=r"ctrl.critique_top_p: must be in \(0, 1\]"):
+        load_config(CPU_CONFIG, ["ctrl.critique_top_p=0"])
+    # the GPU config samples as the paper's critic does
+    gpu = load_config(os.path.join(ROOT, "configs", "ctrl.yaml"))
+    assert (gpu.ctrl.critique_temperature, gpu.ctrl.critique_top_p) == (0.7, 0.8)
 
 
 def test_sampled_test_time_starts_a_chain_per_sample_and_reports_over_them(workdir, tmp_path):

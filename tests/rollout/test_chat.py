@@ -353,3 +353,23 @@ def test_endpoint_urls():
     assert chat_completions_url("https://h/api/v1") == "https://h/api/v1/chat/completions"
     with pytest.raises(ValueError, match="endpoint 'h:8000'"):
         HTTPChat("h:8000", "m")
+
+
+def test_top_p_reaches_the_engine_and_the_server(engine, tok):
+    """Nucleus sampling (the paper's critic samples at temperature 0.7, top-p 0.8)."""
+    seen = []
+    real_generate = engine.generate
+    engine.generate = lambda prompts, params: seen.append(params.top_p) or real_generate(prompts, params)
+    try:
+        LocalChat(engine, tok, max_prompt_len=4096).chat(CONVERSATIONS[:2], max_new_tokens=MAX_NEW, temperature=0.7,
+                                                        seed=3, top_p=0.8)
+    finally:
+        del engine.generate
+    assert seen and set(seen) == {0.8}
+    with ScriptedServer([(200, answer("s"))]) as fake:
+        HTTPChat(fake.url, "gen", concurrency=1).chat(CONVERSATIONS[:2], max_new_tokens=4, temperature=0.7, top_p=0.8)
+        HTTPChat(fake.url, "gen", concurrency=1).chat(CONVERSATIONS[:1], max_new_tokens=4, temperature=0.7)
+        assert [body.get("top_p") for _, _, body in fake.requests] == [0.8, 0.8, None]  # 1 is left to the server
+    for bad in (0, 1.5, True, "0.8"):
+        with pytest.raises(ValueError, match="top_p="):
+            HTTPChat("http://127.0.0.1:1", "gen").chat(CONVERSATIONS[:1], max_new_tokens=4, top_p=bad)
