@@ -62,6 +62,9 @@ class RoundReport:
             out.update({f"{prefix}judgment_acc": self.judgment_acc, f"{prefix}valid_rate": self.valid_rate,
                         f"{prefix}fixed": self.fixed / max(self.failing_before, 1),
                         f"{prefix}broken": self.broken / max(self.passing_before, 1),
+                        # the paper's Δ↑ and Δ↓: fixed and broken as shares of all problems
+                        f"{prefix}delta_up": self.fixed / max(self.failing_before + self.passing_before, 1),
+                        f"{prefix}delta_down": self.broken / max(self.failing_before + self.passing_before, 1),
                         f"{prefix}kept_when_correct": self.kept / max(self.judged_correct, 1),
                         f"{prefix}review_agrees": self.true_to_review / max(self.reviewed, 1)})
         return out
@@ -206,14 +209,16 @@ def critique_protocol(temperature: float, samples: int, top_p: float = 1.0) -> s
 
 def format_reports(reports: list[RoundReport]) -> list[str]:
     lines = ["  round  pass@1  judgment_acc  valid  fixed (fail->pass)  broken (pass->fail)"
-             "  kept when judged correct"]
+             "  delta_up  delta_down  kept when judged correct"]
     for r in reports:
         if r.round == 0:
             lines.append(f"  {0:5d}  {r.pass_at_1:6.3f}  (generator alone)")
         else:
+            m = r.metrics("")
             lines.append(f"  {r.round:5d}  {r.pass_at_1:6.3f}  {r.judgment_acc:12.3f}  {r.valid_rate:5.3f}"
                          f"  {r.fixed:5d} / {r.failing_before:<5d}       {r.broken:5d} / {r.passing_before:<5d}"
-                         f"        {r.kept:5d} / {r.judged_correct}")
+                         f"        {m['delta_up']:8.3f}  {m['delta_down']:10.3f}"
+                         f"  {r.kept:5d} / {r.judged_correct}")
     return lines
 
 

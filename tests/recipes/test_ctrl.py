@@ -375,3 +375,13 @@ def test_sampled_test_time_starts_a_chain_per_sample_and_reports_over_them(workd
         r["judgment"] is not None and (r["judgment"] == "Correct") == r["passed_before"] for r in recs[:18]) / 18)
     # the three chains of a problem drew their own critiques (a tiny model at temperature 1)
     assert len({r["critique"] for r in recs[:18]}) > 6
+
+
+def test_round_reports_give_the_papers_deltas_as_shares_of_all_problems():
+    from fastcrit.recipes.critique import RoundReport, format_reports
+
+    r = RoundReport(1, 0.6, 0.7, 0.9, fixed=2, broken=1, failing_before=4, passing_before=6, judged_correct=5, kept=4)
+    m = r.metrics("val/")
+    assert (m["val/fixed"], m["val/broken"]) == (0.5, 1 / 6)  # of the failing / of the passing
+    assert (m["val/delta_up"], m["val/delta_down"]) == (0.2, 0.1)  # Δ↑ and Δ↓: of all 10 problems
+    assert "0.200       0.100" in format_reports([RoundReport(0, 0.6), r])[2]
