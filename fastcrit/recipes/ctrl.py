@@ -190,6 +190,9 @@ class CTRL:
             "rl_critic_judgment_acc": last["val/judgment_acc"],
             "sft_critic_fixed": first["val/fixed"], "rl_critic_fixed": last["val/fixed"],
             "sft_critic_broken": first["val/broken"], "rl_critic_broken": last["val/broken"],
+            # the paper's Δ↑ / Δ↓: fixed / broken as shares of all held-out problems
+            "sft_critic_delta_up": first.get("val/delta_up"), "rl_critic_delta_up": last.get("val/delta_up"),
+            "sft_critic_delta_down": first.get("val/delta_down"), "rl_critic_delta_down": last.get("val/delta_down"),
             # how often the proxy left the code alone when told it was correct (its literalness)
             "sft_critic_kept_when_correct": first.get("val/kept_when_correct"),
             "rl_critic_kept_when_correct": last.get("val/kept_when_correct"),

@@ -166,7 +166,8 @@ def test_train_runs_synthesis_sft_and_rl_with_metrics_and_overlap(workdir, tmp_p
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert set(summary["eval"]) >= {"generator", "sft_critic", "rl_critic", "sft_critic_judgment_acc",
                                     "rl_critic_judgment_acc", "rl_critic_kept_when_correct",
-                                    "sft_critic_review_agrees", "rl_critic_review_agrees"}
+                                    "sft_critic_review_agrees", "rl_critic_review_agrees",
+                                    "sft_critic_delta_up", "rl_critic_delta_down"}
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_1", "step_2"]
 
 
