@@ -364,8 +364,14 @@ def build_parser() -> argparse.ArgumentParser:
     register_bench(sub)
     register_data(sub)
     register_serve(sub)
-    register_sandbox(sub)
+    register_sandbox(sub, problem_jobs=_problem_jobs)
     return p
+
+
+def _problem_jobs(*args):
+    from fastcrit.data.problem_jobs import problem_jobs
+
+    return problem_jobs(*args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,10 @@
 """``fastcrit sandbox run FILE [--solutions SOLUTIONS.jsonl] [--out RESULTS.jsonl] [--workers N]`` and
 ``fastcrit sandbox bench``.
 
-FILE is a jobs file (JSONL, one job per line) or a problem file (fastcrit's layout or any public
-format ``fastcrit data convert`` reads, or ``humaneval``): then each problem's reference solutions
-run against its tests, or the programs of ``--solutions``. Results come out in input order.
+FILE is a jobs file (JSONL, one job per line) or, through the full CLI (``fastcrit sandbox run``),
+a problem file (fastcrit's layout or any public format ``fastcrit data convert`` reads, or
+``humaneval``): then each problem's reference solutions run against its tests, or the programs of
+``--solutions`` (``fastcrit.data.problem_jobs``). Results come out in input order.
 
 The trainer's CLI calls ``register(subparsers)``; ``python -m fastcrit.sandbox.cli ...`` works alone.
 """
@@ -18,7 +19,9 @@ import time
 from .types import Job, JobError, SandboxConfig
 
 
-def register(subparsers) -> argparse.ArgumentParser:
+def register(subparsers, problem_jobs=None) -> argparse.ArgumentParser:
+    """``problem_jobs(path, solutions, defaults, errors) -> jobs`` reads problem files: the full
+    CLI passes ``fastcrit.data.problem_jobs``'s (the sandbox imports nothing else of fastcrit)."""
     p = subparsers.add_parser("sandbox", help="run untrusted code against tests (see docs/sandbox.md)")
     sub = p.add_subparsers(dest="sandbox_cmd", required=True)
 
@@ -38,7 +41,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--memory-mb", type=int, default=None, help="default memory limit for jobs without one")
     r.add_argument("--max-concurrency", type=int, default=256)
     r.add_argument("--remote", default=None, help="URL of a SandboxFusion server to use instead of local workers")
-    r.set_defaults(func=cmd_run)
+    r.set_defaults(func=cmd_run, problem_jobs=problem_jobs)
 
     b = sub.add_parser("bench", help="executions per second on HumanEval's canonical solutions")
     b.add_argument("--workers", type=int, default=0)
@@ -48,7 +51,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _json_lines(path: str):
+def json_lines(path: str):
     """(line number, value, None) per non-empty line of a JSONL file, or (line number, None, why)."""
     with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
@@ -63,7 +66,7 @@ def _json_lines(path: str):
 def read_jobs(path: str, defaults: dict, errors: list) -> list[Job]:
     """Valid jobs of a JSONL file; each bad line is recorded as (line number, message) and skipped."""
     jobs = []
-    for lineno, d, why in _json_lines(path):
+    for lineno, d, why in json_lines(path):
         if why is not None:
             errors.append((lineno, why))
             continue
@@ -99,53 +102,6 @@ def _is_problem_file(path: str) -> bool:
     return False
 
 
-def problem_jobs(path: str, solutions: str | None, defaults: dict, errors: list) -> list[Job]:
-    """Jobs running each problem's reference solutions (or the programs of ``solutions``) against
-    its tests; what cannot be used is recorded in ``errors`` and skipped."""
-    from fastcrit.data.datasets import DatasetError
-    from fastcrit.data.problem_files import load_problems
-
-    try:
-        ps = load_problems(path, "auto")
-    except (DatasetError, ValueError) as exc:
-        errors.append(f"{path}: {exc}")
-        return []
-    errors += [f"{line}" for line in ps.skipped]
-    limits = {"timeout_s": defaults["timeout_s"], "memory_mb": defaults["memory_mb"]}
-    programs: list = []  # (problem, code)
-    if solutions is None:
-        for p in ps.problems:
-            if not p.solutions:
-                errors.append(f"{path}: {p.id}: no reference solutions (give --solutions)")
-            programs += [(p, code) for code in p.solutions]
-    else:
-        by_id = {p.id: p for p in ps.problems}
-        for lineno, d, why in _json_lines(solutions):
-            if why is not None:
-                errors.append(f"{solutions}:{lineno}: {why}")
-                continue
-            pid = d.get("id", d.get("task_id")) if isinstance(d, dict) else None
-            p = by_id.get(pid) if isinstance(pid, str) else None
-            code, completion = (d.get("code"), d.get("completion")) if isinstance(d, dict) else (None, None)
-            if p is None:
-                errors.append(f"{solutions}:{lineno}: no problem {pid!r} in {path}")
-            elif isinstance(code, str):
-                programs.append((p, code))
-            elif isinstance(completion, str):
-                programs.append((p, p.starter_code + completion))
-            else:
-                errors.append(f"{solutions}:{lineno}: needs a string 'code' or 'completion'")
-    count: dict = {}
-    for p, _ in programs:
-        count[p.id] = count.get(p.id, 0) + 1
-    seen: dict = {}
-    jobs = []
-    for p, code in programs:
-        k = seen[p.id] = seen.get(p.id, -1) + 1
-        jobs.append(p.job(code, job_id=p.id if count[p.id] == 1 else f"{p.id}#{k}", **limits))
-    return jobs
-
-
 def cmd_run(args) -> int:
     cfg = SandboxConfig(workers=args.workers, isolation=args.isolation, cache_path=args.cache,
                         max_concurrency=args.max_concurrency,
@@ -160,7 +116,11 @@ def cmd_run(args) -> int:
         return 2
     errors: list = []
     if _is_problem_file(args.jobs):
-        jobs = problem_jobs(args.jobs, args.solutions, defaults, errors)
+        if args.problem_jobs is None:
+            print("fastcrit sandbox run: a problem file needs the full CLI (`fastcrit sandbox run`), which "
+                  "reads problem formats", file=sys.stderr)
+            return 2
+        jobs = args.problem_jobs(args.jobs, args.solutions, defaults, errors)
         for msg in errors:
             print(f"skipped: {msg}", file=sys.stderr)
     else:
