@@ -41,7 +41,6 @@ except ImportError:  # pragma: no cover
     from hashlib import blake2b as _blake2b
 _FunctionType = types.FunctionType
 _ModuleType = types.ModuleType
-_FASTCRIT_MODULES: list = []
 
 
 def prepare_worker(preimport) -> list[str]:
@@ -52,7 +51,6 @@ def prepare_worker(preimport) -> list[str]:
             __import__(name)
         except Exception:
             failed.append(name)
-    _FASTCRIT_MODULES[:] = [m for m in sys.modules if m == "fastcrit" or m.startswith("fastcrit.")]
     # Objects alive now are never collected: a forked execution's garbage collector then leaves
     # their pages alone instead of touching (and copying) them all.
     import gc
@@ -132,8 +130,6 @@ def _main_namespace(builtins_dict: dict) -> dict:
     mod = types.ModuleType("__main__")
     g = mod.__dict__
     g["__builtins__"] = builtins_dict
-    for name in _FASTCRIT_MODULES:
-        sys.modules.pop(name, None)
     sys.modules["__main__"] = mod
     return g
 

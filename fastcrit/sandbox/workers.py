@@ -114,8 +114,10 @@ class Worker(JudgedRuns):
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         res_r, res_w = os.pipe() if results else (None, None)
-        key = os.urandom(32)
-        reporter = harness.Reporter(3, key)  # made here: the child copies less
+        # The result channel's key and writer, made here (the child copies less); only executions
+        # that write records (call tests) need them.
+        key = os.urandom(32) if results else None
+        reporter = harness.Reporter(3, key) if results else None
         keep = [res_w] if res_w is not None else list(pass_fds)
         pid = os.fork()
         if pid == 0:  # the execution
