@@ -217,6 +217,10 @@ class CTRLConfig:
     """Critique RL (CTRL): stage 1 synthesis, stage 2 RL, and test-time critique rounds."""
 
     synth_dir: str = ""  # stage 1 output (solutions, SFT critiques); "" = <trainer.output_dir>/synth
+    # The prompts of generator, critic, stage-1 writer and reviser (fastcrit.data.ctrl_prompts):
+    # "paper" = the CTRL paper's layout and instructions; "compact" = the same parts in a few words
+    # (the tiny CPU models, whose contexts cannot take the paper's instructions).
+    prompts: Literal["paper", "compact"] = "paper"
     # Stage 1 cuts each split's problems into chunks of this many, dealt over the ranks: the unit of
     # work and of resume (a killed run loses at most the chunk each rank had in hand). Solutions are
     # seeded per problem, so it changes no sample beyond the last float bits of differently shaped
@@ -226,6 +230,16 @@ class CTRLConfig:
     # "" = the proxy, which then both answers and revises (the paper's setup).
     generator: str = ""
     solutions_per_problem: int = 1  # initial solutions sampled from the generator per problem
+    # Who writes stage 1's critiques (fastcrit.recipes.ctrl_writer): "model" = a writer model given
+    # the execution feedback as a hint it must not reveal (the paper's; critiques that leak the
+    # hint, lack a verdict or whose verdict disagrees with execution are dropped and counted);
+    # "template" = a fixed text filled from the feedback and the reference solution (no model).
+    synth_writer: Literal["model", "template"] = "model"
+    synth_writer_model: str = ""  # local model dir; "" = the critic's base model (model.path)
+    synth_writer_endpoint: str = ""  # an OpenAI-compatible writer instead of a local one
+    synth_writer_api_model: str = ""  # the model name that endpoint serves
+    synth_writer_temperature: float = 0.0  # 0 = greedy; attempt j of a split then draws from its seed + j
+    synth_writer_top_p: float = 1.0
     solution_temperature: float = 1.0  # sampling temperature of the initial solutions
     sft_balance: bool = True  # repeat the rarer judgment's critiques until both are as many
     # Seeds the held-out problems' initial solutions (stage 1's val split) apart from trainer.seed,

@@ -111,6 +111,10 @@ def validate(cfg: Config) -> None:
              f"ctrl.critique_samples: {cfg.ctrl.critique_samples} greedy critiques of one solution are one "
              f"critique; sample them (ctrl.critique_temperature > 0) or set 1")
     need(cfg.ctrl.solutions_per_problem >= 1, "ctrl.solutions_per_problem: must be >= 1")
+    need(cfg.ctrl.synth_writer_temperature >= 0,
+         f"ctrl.synth_writer_temperature: must be >= 0, got {cfg.ctrl.synth_writer_temperature}")
+    need(0 < cfg.ctrl.synth_writer_top_p <= 1,
+         f"ctrl.synth_writer_top_p: must be in (0, 1], got {cfg.ctrl.synth_writer_top_p}")
     need(cfg.ctrl.synth_chunk >= 1, f"ctrl.synth_chunk: must be >= 1, got {cfg.ctrl.synth_chunk}")
     need(cfg.trainer.stage_wait_s > 0, f"trainer.stage_wait_s: must be > 0 seconds, got {cfg.trainer.stage_wait_s}")
     need(cfg.rm.chunk_prompts >= 1, f"rm.chunk_prompts: must be >= 1, got {cfg.rm.chunk_prompts}")

@@ -1,40 +1,22 @@
-"""CTRL's texts: the critique prompt, the revision conversation, the judgment parser, and the
-synthetic critiques written from execution feedback (stage 1).
+"""CTRL's critiques: the judgment parser, the reviews a critique may carry, and the synthetic
+critiques the template writer builds from execution feedback (stage 1, ``ctrl.synth_writer:
+template``). The prompts themselves are in ``fastcrit.data.ctrl_prompts``.
 
-The critique has three parts, as in the CTRL paper: "Analysis:", "Improvement suggestions:" and a
-last line "Overall judgment: Correct" or "Overall judgment: Incorrect". The revision conversation
-is the original one [user: problem, assistant: solution] plus a user turn holding the critique and
-the request to finalise the answer in the same format. All texts go through the tokenizer's chat
-template (``fastcrit.data.prompts.render_chat``); these functions only build the messages.
+A critique has three parts, as in the CTRL paper: "Analysis:", "Improvement suggestions:" and a
+last line "Overall judgment: Correct" or "Overall judgment: Incorrect".
 """
 from __future__ import annotations
 
 import re
 
-CRITIQUE_INSTRUCTIONS = (
-    "Review the solution to the programming problem below. Write \"Analysis:\" with what the code "
-    "does and where it goes wrong, then \"Improvement suggestions:\" with how to fix it, and end with "
-    "the line \"Overall judgment: Correct\" or \"Overall judgment: Incorrect\".")
-FINALIZE = "Please finalize your answer accordingly using the same format."
+from fastcrit.data.ctrl_prompts import COMPACT_CRITIC, FINALIZE
+
 JUDGMENT_RE = re.compile(r"Overall judgment:\s*\**\s*(Correct|Incorrect)\b")
 NO_SUGGESTION = "none."
 
 # Texts the tiny tokenizer should know as whole words (fastcrit.models.tokenizer adds them).
-TEMPLATE_TEXTS = (CRITIQUE_INSTRUCTIONS, FINALIZE, "Problem:\n", "Solution:\n", "Analysis:",
+TEMPLATE_TEXTS = (COMPACT_CRITIC, FINALIZE, "Problem:\n", "Solution:\n", "Analysis:",
                   "Improvement suggestions:", "Overall judgment: Correct", "Overall judgment: Incorrect")
-
-
-def critique_messages(question: str, solution: str) -> list[dict]:
-    """The critic's prompt: the problem and the answer to review."""
-    return [{"role": "user",
-             "content": f"{CRITIQUE_INSTRUCTIONS}\n\nProblem:\n{question}\n\nSolution:\n{solution}"}]
-
-
-def revision_messages(question: str, solution: str, critique: str) -> list[dict]:
-    """The proxy generator's prompt: its own answer, then the critique and the request to revise."""
-    return [{"role": "user", "content": question},
-            {"role": "assistant", "content": solution},
-            {"role": "user", "content": f"{critique.strip()}\n\n{FINALIZE}"}]
 
 
 def parse_judgment(critique: str) -> bool | None:

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from fastcrit.config import Config
-from fastcrit.data.critique import critique_messages, parse_judgment, review_agrees, revision_messages
+from fastcrit.data.critique import parse_judgment, review_agrees
+from fastcrit.data.ctrl_prompts import critique_messages, generation_messages, revision_messages
 from fastcrit.data.problems import Problem
 from fastcrit.reward import RewardItem, make_reward
 from fastcrit.reward.code import extract_program
@@ -38,6 +39,7 @@ class Attempt:
     passed: bool  # every test passes
     pass_rate: float
     failures: list[str]  # messages of the tests that did not pass (execution feedback)
+    failed_tests: list[int] = field(default_factory=list)  # their indices in problem.tests
 
 
 @dataclass
@@ -97,20 +99,22 @@ def execute(reward, problems: list[Problem], texts: list[str]) -> list[Attempt]:
     for p, t, r in zip(problems, texts, results):
         total = r.info.get("total", 0)
         passed = total > 0 and r.info.get("passed", 0) == total
-        out.append(Attempt(p, t, passed, float(r.info.get("pass_rate", 0.0)), list(r.info["failures"])))
+        failed = [i for i, s in enumerate(r.info.get("statuses", [])) if s != "passed"]
+        out.append(Attempt(p, t, passed, float(r.info.get("pass_rate", 0.0)), list(r.info["failures"]), failed))
     return out
 
 
 def sample_solutions(generator: ChatModel, problems: list[Problem], *, k: int, temperature: float,
-                     max_new_tokens: int, seed: int) -> list[tuple[Problem, str]]:
-    """``k`` answers per problem from the generator (problem-major order)."""
-    convs = [[{"role": "user", "content": p.question}] for p in problems for _ in range(k)]
+                     max_new_tokens: int, seed: int, style: str = "paper") -> list[tuple[Problem, str]]:
+    """``k`` answers per problem from the generator (problem-major order), asked in the prompts
+    of ``style`` (``ctrl.prompts``)."""
+    convs = [generation_messages(p, style) for p in problems for _ in range(k)]
     outs = generator.chat(convs, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     return [(problems[i // k], o.text) for i, o in enumerate(outs)]
 
 
 def revise(generator: ChatModel, attempts: list[Attempt], critiques: list[str], *,
-           max_new_tokens: int, temperature: float = 0.0, skip: set[int] = frozenset()
+           max_new_tokens: int, temperature: float = 0.0, skip: set[int] = frozenset(), style: str = "paper"
            ) -> tuple[list[bool | None], list[tuple[int, str]]]:
     """The generator revises each solution after its critique. A critique with no overall
     judgment is not sent, nor one in ``skip`` (judged invalid by the caller), nor a revision prompt
@@ -118,25 +122,25 @@ def revise(generator: ChatModel, attempts: list[Attempt], critiques: list[str], 
     text) pairs to execute."""
     judged = [parse_judgment(t) for t in critiques]
     valid = [i for i, j in enumerate(judged) if j is not None and i not in skip]
-    outs = generator.chat([revision_messages(attempts[i].problem.question, attempts[i].solution,
-                                             critiques[i]) for i in valid],
+    outs = generator.chat([revision_messages(attempts[i].problem, attempts[i].solution, critiques[i], style)
+                           for i in valid],
                           max_new_tokens=max_new_tokens, temperature=temperature)
     return judged, [(i, o.text) for i, o in zip(valid, outs) if o.finish_reason != "prompt_too_long"]
 
 
 def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: list[Attempt], *,
                    critic_tokens: int, generator_tokens: int, round_no: int = 1,
-                   temperature: float = 0.0, seed: int = 0, top_p: float = 1.0
+                   temperature: float = 0.0, seed: int = 0, top_p: float = 1.0, style: str = "paper"
                    ) -> tuple[list[Attempt], RoundReport, list[dict]]:
     """One critique -> revision round over every attempt: the critic writes at ``temperature`` and
     ``top_p`` (greedy by default; sampled, attempt i draws with ``seed`` and its place i, so a list of
     repeated attempts gets independent critiques), the generator revises greedily. Returns the new
     attempts, the report and one record per problem (texts and verdicts, for the JSONL file)."""
-    crits = critic.chat([critique_messages(a.problem.question, a.solution) for a in attempts],
+    crits = critic.chat([critique_messages(a.problem, a.solution, style) for a in attempts],
                         max_new_tokens=critic_tokens, temperature=temperature,
                         seed=None if is_greedy(temperature) else seed, top_p=top_p)
     texts = ["" if c.finish_reason == "prompt_too_long" else c.text for c in crits]
-    judged, sent = revise(generator, attempts, texts, max_new_tokens=generator_tokens)
+    judged, sent = revise(generator, attempts, texts, max_new_tokens=generator_tokens, style=style)
     raw = dict(sent)  # the revisions as written (prose and all); attempts carry their programs
     ran = {i: replace(b, solution=answer_of(t)) for (i, t), b in
            zip(sent, execute(reward, [attempts[i].problem for i, _ in sent], [t for _, t in sent]))}
@@ -172,7 +176,8 @@ def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: li
 
 def critique_rounds(critic: ChatModel, generator: ChatModel, reward, attempts: list[Attempt], *,
                     rounds: int, critic_tokens: int, generator_tokens: int, temperature: float = 0.0,
-                    samples: int = 1, seed: int = 0, top_p: float = 1.0) -> tuple[list[RoundReport], list[dict]]:
+                    samples: int = 1, seed: int = 0, top_p: float = 1.0, style: str = "paper"
+                    ) -> tuple[list[RoundReport], list[dict]]:
     """Round 0 (the generator alone) and ``rounds`` critique -> revision rounds. With ``samples`` >
     1 (sampled critiques), each attempt starts that many chains; the reports are over all of them
     and each record names its ``sample``."""
@@ -182,7 +187,8 @@ def critique_rounds(critic: ChatModel, generator: ChatModel, reward, attempts: l
     for r in range(1, rounds + 1):
         attempts, rep, recs = critique_round(critic, generator, reward, attempts, round_no=r,
                                              critic_tokens=critic_tokens, generator_tokens=generator_tokens,
-                                             temperature=temperature, seed=round_seed(seed, r), top_p=top_p)
+                                             temperature=temperature, seed=round_seed(seed, r), top_p=top_p,
+                                             style=style)
         reports.append(rep)
         records += [dict(rec, sample=i % samples) for i, rec in enumerate(recs)]
     return reports, records
@@ -244,7 +250,8 @@ def run_critique(cfg: Config) -> dict:
     reward = make_reward(cfg, out_dir)
     try:
         sols = sample_solutions(writer or generator, problems, k=1, temperature=cfg.ctrl.solution_temperature,
-                                max_new_tokens=cfg.proxy.rollout.max_new_tokens, seed=cfg.trainer.seed)
+                                max_new_tokens=cfg.proxy.rollout.max_new_tokens, seed=cfg.trainer.seed,
+                                style=cfg.ctrl.prompts)
         if writer is not None:
             writer.close()
         attempts = execute(reward, [p for p, _ in sols], [t for _, t in sols])
@@ -253,7 +260,7 @@ def run_critique(cfg: Config) -> dict:
                                            generator_tokens=cfg.proxy.rollout.max_new_tokens,
                                            temperature=cfg.ctrl.critique_temperature,
                                            samples=cfg.ctrl.critique_samples, seed=cfg.trainer.seed,
-                                           top_p=cfg.ctrl.critique_top_p)
+                                           top_p=cfg.ctrl.critique_top_p, style=cfg.ctrl.prompts)
     finally:
         reward.close()
         generator.close()

@@ -19,7 +19,8 @@ import time
 import torch
 
 from fastcrit.algos.advantages import outcome_advantages
-from fastcrit.data.critique import critique_messages, review_agrees
+from fastcrit.data.critique import review_agrees
+from fastcrit.data.ctrl_prompts import critique_messages
 from fastcrit.data.prompts import render_chat
 from fastcrit.recipes.critique import (Attempt, RoundReport, critique_protocol, critique_round, kept_when_correct,
                                       repeat_attempts, revise, round_seed)
@@ -64,7 +65,7 @@ class CTRL:
     def _encode(self, attempts: list[Attempt]) -> list[tuple[list[int], Attempt]]:
         tok, limit, out, skipped = self.run.tok, self.run.cfg.data.max_prompt_len, [], 0
         for a in attempts:
-            ids = tok.encode(render_chat(tok, critique_messages(a.problem.question, a.solution)),
+            ids = tok.encode(render_chat(tok, critique_messages(a.problem, a.solution, self.run.cfg.ctrl.prompts)),
                              add_special_tokens=False)
             if len(ids) > limit:
                 skipped += 1
@@ -89,7 +90,7 @@ class CTRL:
             self._wake_proxy()
             judged, sent = revise(self.proxy, attempts, critiques,
                                   max_new_tokens=c.proxy.rollout.max_new_tokens,
-                                  temperature=c.proxy.rollout.temperature, skip=skip)
+                                  temperature=c.proxy.rollout.temperature, skip=skip, style=c.ctrl.prompts)
             self.proxy.sleep()
         t0, finished = time.perf_counter(), []
         pending = self.reward.submit([RewardItem(attempts[i].problem.question, text, "",
@@ -157,7 +158,8 @@ class CTRL:
             return {}
         run, c = self.run, self.run.cfg
         share = self.val[run.ctx.rank::run.ctx.world_size]
-        tokens = dict(critic_tokens=c.rollout.max_new_tokens, generator_tokens=c.proxy.rollout.max_new_tokens)
+        tokens = dict(critic_tokens=c.rollout.max_new_tokens, generator_tokens=c.proxy.rollout.max_new_tokens,
+                      style=c.ctrl.prompts)
         temperature, k = c.ctrl.critique_temperature, c.ctrl.critique_samples
         self._wake_proxy()
         _, rep, _ = critique_round(self.critic, self.proxy, self.reward, repeat_attempts(share, k),

@@ -169,7 +169,7 @@ def solutions_path(directory: str, split: str) -> str:
 
 def attempt_row(a: Attempt) -> dict:
     return {"problem": a.problem.to_dict(), "solution": a.solution, "passed": a.passed,
-            "pass_rate": a.pass_rate, "failures": a.failures}
+            "pass_rate": a.pass_rate, "failures": a.failures, "failed_tests": a.failed_tests}
 
 
 def load_attempts(directory: str, split: str) -> list[Attempt]:
@@ -186,7 +186,8 @@ def load_attempts(directory: str, split: str) -> list[Attempt]:
             try:
                 r = json.loads(line)
                 out.append(Attempt(Problem.from_dict(r["problem"]), r["solution"], bool(r["passed"]),
-                                   float(r["pass_rate"]), list(r["failures"])))
+                                   float(r["pass_rate"]), list(r["failures"]),
+                                   [int(i) for i in r.get("failed_tests", [])]))
             except (json.JSONDecodeError, KeyError, TypeError, ValueError, ProblemError) as e:
                 raise DatasetError(f"{path}:{i}: not a solutions row written by ctrl-synth ({e})") from None
     return out

@@ -2,15 +2,18 @@
 start of `fastcrit train` / `fastcrit sft` for CTRL when the directory is not complete).
 
 The generator samples ``ctrl.solutions_per_problem`` solutions per training problem (and one per
-held-out problem, for evaluation); the sandbox runs them; each training solution gets a critique
-written from what the execution showed (the failing test with expected and actual values, or the
-error) whose judgment is the real outcome. ``synthesise`` is that unit of work: problems in, rows
-out. Writes to ``ctrl.synth_dir``:
+held-out problem, for evaluation), asked in the prompts of ``ctrl.prompts``; the sandbox runs them;
+each training solution gets a critique written from what the execution showed (the failing test
+with expected and actual values, or the error): by a writer model told it as a hint it must not
+reveal, or by a template (``ctrl.synth_writer``; fastcrit.recipes.ctrl_writer, which drops and
+counts the model's critiques that leak the hint, lack a verdict or judge against the execution).
+``synthesise`` is that unit of work: problems in, rows out. Writes to ``ctrl.synth_dir``:
 
 - ``solutions_train.jsonl`` / ``solutions_val.jsonl``: problem, solution, outcome, failures, in
   problem order (stage 2's (problem, initial solution) pairs and the evaluation's starting point);
 - ``critic_sft.jsonl``: chat rows [critique prompt -> synthetic critique] for `fastcrit sft`;
-- ``synth_summary.json`` and ``COMPLETE``, written last (a directory with it is kept as it is).
+- ``synth_summary.json`` (with the writer's kept and filtered counts, and one dropped critique per
+  reason) and ``COMPLETE``, written last (a directory with it is kept as it is).
 
 Across ranks (fastcrit.train.shards): each split's problems are cut into chunks of
 ``ctrl.synth_chunk``, dealt round robin over the ranks. Every rank samples its chunks on its own
@@ -50,13 +53,12 @@ import time
 from dataclasses import dataclass
 
 from fastcrit.config import Config, ConfigError
-from fastcrit.data.critique import critique_messages, synthetic_critique
 from fastcrit.data.problems import Problem
 from fastcrit.recipes.critique import Attempt, execute, sample_solutions
 from fastcrit.recipes.ctrl_common import (attempt_row, critic_sft_path, generator_name, load_problem_set,
                                           make_generator, solutions_path, synth_complete, synth_dir)
+from fastcrit.recipes.ctrl_writer import FILTERS, Written, make_writer, write_critiques, writer_name
 from fastcrit.reward import make_reward
-from fastcrit.reward.code import extract_program
 from fastcrit.sandbox.types import SandboxConfig
 from fastcrit.train.dist import DistContext, barrier, local_world_size
 from fastcrit.train.shards import (Chunk, ChunkFiles, ShardError, cut, dealt, missing_message, wait_for,
@@ -68,29 +70,20 @@ class Synthesis:
     """What stage 1 makes of some problems."""
 
     attempts: list[Attempt]  # k per problem, problem-major, with their outcomes
-    critiques: list[dict]  # critic SFT chat rows (critique_row), one per attempt; none for held-out problems
+    # the critic SFT chat rows (ctrl_writer.critique_row) the writer kept, and what it dropped;
+    # None for held-out problems
+    critiques: Written | None
 
 
 def synthesise(generator, reward, problems: list[Problem], *, k: int, temperature: float,
-               max_new_tokens: int, seed: int, critiques: bool) -> Synthesis:
+               max_new_tokens: int, seed: int, write=None, style: str = "paper") -> Synthesis:
     """Stage 1's unit of work: ``k`` sampled solutions per problem, run in the sandbox, and (with
-    ``critiques``) a critique of each from its execution. Solution j (problem-major) draws from
-    ``seed + j``."""
+    ``write``: attempts -> ``Written``) a critique of each from its execution. Solution j
+    (problem-major) draws from ``seed + j``."""
     sols = sample_solutions(generator, problems, k=k, temperature=temperature, max_new_tokens=max_new_tokens,
-                            seed=seed)
+                            seed=seed, style=style)
     attempts = execute(reward, [p for p, _ in sols], [t for _, t in sols])
-    return Synthesis(attempts, [critique_row(a) for a in attempts] if critiques else [])
-
-
-def critique_row(a: Attempt) -> dict:
-    """The chat row [critique prompt -> synthetic critique] of one attempt."""
-    code, _ = extract_program(a.solution)
-    refs = a.problem.solutions
-    reference = extract_program(refs[0])[0] if refs else None
-    critique = synthetic_critique(a.passed, a.failures, code, reference)
-    return {"messages": critique_messages(a.problem.question, a.solution)
-            + [{"role": "assistant", "content": critique}],
-            "problem_id": a.problem.id, "passed": a.passed}
+    return Synthesis(attempts, write(attempts) if write is not None else None)
 
 
 def solution_seed(cfg: Config, split: str) -> int:
@@ -123,7 +116,7 @@ def run_synth(ctx: DistContext, cfg: Config) -> str:
     directory once it is complete."""
     out = synth_dir(cfg)
     if synth_complete(out):
-        return out
+        return _checked(cfg, out)
     splits = _problem_sets(cfg, log=print if ctx.is_main else _quiet)
     files = ChunkFiles(os.path.join(out, "parts"))
     plan = _plan(cfg, splits)
@@ -155,6 +148,24 @@ def run_synth(ctx: DistContext, cfg: Config) -> str:
     barrier()  # every rank has seen COMPLETE (so no rank reads the chunks any more): one wait of a poll
     if ctx.is_main:
         shutil.rmtree(files.directory, ignore_errors=True)
+    return _checked(cfg, out)
+
+
+def _checked(cfg: Config, out: str) -> str:
+    """``out``, unless the critic's SFT needs its critiques and the writer kept none (every rank
+    stops with the same error, naming what the filters dropped)."""
+    path = os.path.join(out, "synth_summary.json")
+    if cfg.sft.steps <= 0 or cfg.sft.data or not os.path.exists(path):
+        return out
+    with open(path) as f:
+        writer = json.load(f).get("writer", {})
+    if writer and not writer.get("kept"):
+        raise ConfigError(
+            f"ctrl.synth_writer: {writer.get('name')} wrote no critique the filters kept "
+            f"(dropped: {writer.get('filtered')}; examples in {path}), so the critic's SFT has no data. "
+            "Use a stronger writer (ctrl.synth_writer_model / ctrl.synth_writer_endpoint), longer critiques "
+            "(rollout.max_new_tokens), ctrl.synth_writer=template, or sft.steps=0; then delete "
+            f"{out} to write them again")
     return out
 
 
@@ -185,7 +196,9 @@ def _plan(cfg: Config, splits: dict[str, list[Problem]]) -> dict:
             "dtype": cfg.proxy.model.dtype if cfg.ctrl.generator or cfg.proxy.model.path else cfg.model.dtype,
             "max_prompt_len": cfg.proxy.max_prompt_len,
             "solution_temperature": cfg.ctrl.solution_temperature,
-            "max_new_tokens": cfg.proxy.rollout.max_new_tokens,
+            "max_new_tokens": cfg.proxy.rollout.max_new_tokens, "prompts": cfg.ctrl.prompts,
+            "writer": {"name": writer_name(cfg), "temperature": cfg.ctrl.synth_writer_temperature,
+                       "top_p": cfg.ctrl.synth_writer_top_p, "max_new_tokens": cfg.rollout.max_new_tokens},
             "sandbox": {"timeout_s": cfg.sandbox.timeout_s, "memory_mb": cfg.sandbox.memory_mb},
             "splits": {s: {"problems": len(ps), "sha256": digest(ps),
                            "solutions_per_problem": solutions_per_problem(cfg, s),
@@ -196,52 +209,68 @@ def _run_chunks(ctx: DistContext, cfg: Config, splits: dict[str, list[Problem]],
                 chunks: list[Chunk]) -> None:
     """This rank's chunks, each written as soon as it is done."""
     generator = make_generator(cfg, ctx.device)
-    reward = None
+    reward = writer = owned = None
     try:
+        writer, owned = make_writer(cfg, ctx.device, generator)
         rank_cfg = dataclasses.replace(cfg, sandbox=rank_sandbox(cfg.sandbox, local_world_size(ctx.world_size)))
         reward = make_reward(rank_cfg, files.directory, ctx.rank)  # its result cache goes with the parts
         for c in chunks:
             t0 = time.perf_counter()
             k = solutions_per_problem(cfg, c.split)
+            seed = solution_seed(cfg, c.split) + c.start * k
+            write = None if c.split != "train" else (
+                lambda attempts, seed=seed: write_critiques(cfg, writer, attempts, seed=seed + 500_009))
             made = synthesise(generator, reward, splits[c.split][c.start:c.stop], k=k,
                               temperature=cfg.ctrl.solution_temperature,
-                              max_new_tokens=cfg.proxy.rollout.max_new_tokens,
-                              seed=solution_seed(cfg, c.split) + c.start * k, critiques=c.split == "train")
+                              max_new_tokens=cfg.proxy.rollout.max_new_tokens, seed=seed, write=write,
+                              style=cfg.ctrl.prompts)
+            w = made.critiques
             files.write(c, [{"solution": attempt_row(a)} for a in made.attempts]
-                        + [{"critique": r} for r in made.critiques])
+                        + ([] if w is None else [{"critique": r} for r in w.rows]
+                           + [{"filtered": dict(w.filtered), "examples": w.examples}]))
             passed = sum(a.passed for a in made.attempts) / max(len(made.attempts), 1)
+            dropped = "" if w is None or not w.filtered else f", critiques dropped {dict(w.filtered)}"
             print(f"ctrl-synth: rank {ctx.rank}: {c.name} ({c.split} problems {c.start}-{c.stop - 1}): "
-                  f"{len(made.attempts)} solutions, pass@1 {passed:.3f}, {time.perf_counter() - t0:.1f} s",
-                  flush=True)
+                  f"{len(made.attempts)} solutions, pass@1 {passed:.3f}{dropped}, "
+                  f"{time.perf_counter() - t0:.1f} s", flush=True)
     finally:
         if reward is not None:
             reward.close()
+        if owned:
+            writer.close()
         generator.close()
 
 
 def _merge(out: str, files: ChunkFiles, chunks: list[Chunk], plan: dict, balance: bool) -> None:
     """The chunks, in order, into the files stage 2 reads; ``COMPLETE`` last."""
-    summary: dict = {"generator": plan["generator"]}
+    summary: dict = {"generator": plan["generator"], "prompts": plan["prompts"]}
     critiques: list[dict] = []
+    dropped = Written([])
     for split, info in plan["splits"].items():
         counts = {"solutions": 0, "passed": 0}
         mine = [c for c in chunks if c.split == split]
         write_atomically(solutions_path(out, split),
-                         _solution_lines(files, mine, info["solutions_per_problem"], counts, critiques))
+                         _solution_lines(files, mine, info["solutions_per_problem"], counts, critiques, dropped))
         summary[split] = {"problems": info["problems"], "solutions": counts["solutions"],
                           "pass@1": counts["passed"] / max(counts["solutions"], 1)}
+    summary["writer"] = {"name": plan["writer"]["name"], "kept": len(critiques),
+                         "filtered": {k: dropped.filtered.get(k, 0) for k in FILTERS}, "examples": dropped.examples}
     summary["critic_sft"] = _write_sft(critiques, critic_sft_path(out), balance)
     write_atomically(os.path.join(out, "synth_summary.json"), [json.dumps(summary, indent=1)])
     write_atomically(os.path.join(out, "COMPLETE"), [])
     print(f"ctrl-synth: {out}: " + "; ".join(
         f"{s}: {v['solutions']} solutions, pass@1 {v['pass@1']:.3f}" for s, v in summary.items()
         if isinstance(v, dict) and "solutions" in v)
+        + f"; critiques by {summary['writer']['name']}: {len(critiques)} kept"
+        + (f", dropped {dict(dropped.filtered)}" if dropped.filtered else "")
         + f"; critic SFT rows: {summary['critic_sft']}", flush=True)
 
 
-def _solution_lines(files: ChunkFiles, chunks: list[Chunk], k: int, counts: dict, critiques: list[dict]):
+def _solution_lines(files: ChunkFiles, chunks: list[Chunk], k: int, counts: dict, critiques: list[dict],
+                    dropped: Written):
     """The chunks' solution rows as lines, in order, one chunk in memory at a time; counts them
-    (``counts``) and collects the critique rows (``critiques``) on the way."""
+    (``counts``) and collects the critique rows (``critiques``) and the writer's filter counts
+    (``dropped``) on the way."""
     for c in chunks:
         rows = files.read(c)
         sols = [r["solution"] for r in rows if "solution" in r]
@@ -249,6 +278,11 @@ def _solution_lines(files: ChunkFiles, chunks: list[Chunk], k: int, counts: dict
             raise ShardError(f"{files.path(c)}: {len(sols)} solutions for {len(c)} problems x {k}; "
                              "delete it to have the chunk done again")
         critiques.extend(r["critique"] for r in rows if "critique" in r)
+        for r in rows:
+            if "filtered" in r:
+                dropped.filtered.update(r["filtered"])
+                for why, ex in r["examples"].items():
+                    dropped.examples.setdefault(why, ex)
         counts["solutions"] += len(sols)
         counts["passed"] += sum(bool(r["passed"]) for r in sols)
         for r in sols:

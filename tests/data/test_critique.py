@@ -1,9 +1,8 @@
-"""CTRL's texts: prompts through the chat template, the judgment rule, synthetic critiques."""
+"""CTRL's critiques: the judgment rule, reviews, synthetic critiques (prompts: test_ctrl_prompts.py)."""
 import pytest
 
-from fastcrit.data.critique import (FINALIZE, critique_messages, key_lines, parse_judgment, read_review,
-                                    review_agrees, revision_messages, suggested_line, synthetic_critique,
-                                    word_review)
+from fastcrit.data.critique import (key_lines, parse_judgment, read_review, review_agrees, suggested_line,
+                                    synthetic_critique, word_review)
 
 
 @pytest.mark.parametrize("text, want", [
@@ -19,25 +18,6 @@ from fastcrit.data.critique import (FINALIZE, critique_messages, key_lines, pars
 ])
 def test_judgment_rule(text, want):
     assert parse_judgment(text) is want
-
-
-def test_prompts_follow_the_paper_and_the_chat_template(tiny_model_path):
-    from fastcrit.data.prompts import render_chat
-    from fastcrit.models.hf import load_tokenizer
-
-    tok = load_tokenizer(tiny_model_path)
-    msgs = critique_messages("Write f(x) that returns x plus 1.", "```python\ndef f(x):\n    return x\n```")
-    assert [m["role"] for m in msgs] == ["user"]
-    for word in ("Analysis:", "Improvement suggestions:", "Overall judgment: Correct",
-                 "Overall judgment: Incorrect", "Problem:\nWrite f(x)", "Solution:\n```python"):
-        assert word in msgs[0]["content"]
-    rev = revision_messages("Q?", "A.", "Analysis: a\nOverall judgment: Incorrect\n")
-    assert [m["role"] for m in rev] == ["user", "assistant", "user"]
-    assert rev[0]["content"] == "Q?" and rev[1]["content"] == "A."
-    assert rev[2]["content"] == f"Analysis: a\nOverall judgment: Incorrect\n\n{FINALIZE}"
-    text = render_chat(tok, rev)
-    assert text.startswith("<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\nA.<|im_end|>\n")
-    assert text.endswith(f"{FINALIZE}<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_synthetic_critique_is_grounded_and_its_judgment_is_the_outcome():

@@ -74,7 +74,8 @@ def test_synthesis_writes_solutions_and_critiques_matching_the_outcomes(workdir,
     with open(os.path.join(synth, "solutions_train.jsonl")) as f:
         sols = [json.loads(line) for line in f]
     k = load_config(CPU_CONFIG).ctrl.solutions_per_problem
-    assert len(sols) == 24 * k and all(set(r) == {"problem", "solution", "passed", "pass_rate", "failures"}
+    assert len(sols) == 24 * k and all(set(r) == {"problem", "solution", "passed", "pass_rate", "failures",
+                                                               "failed_tests"}
                                        for r in sols)
     with open(os.path.join(synth, "critic_sft.jsonl")) as f:
         sft = [json.loads(line) for line in f]
