@@ -267,7 +267,7 @@ def cmd_ctrl_synth(args) -> int:
 
 def cmd_critique(args) -> int:
     cfg = _load(args)
-    from fastcrit.recipes.critique import run_critique
+    from fastcrit.recipes.ctrl_eval import run_critique
 
     run_critique(cfg)
     return 0

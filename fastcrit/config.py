@@ -264,6 +264,13 @@ class CTRLConfig:
     # x right verdict; nothing is revised or executed); the revision's score joins after them.
     judgment_only_steps: int = 0
     rounds: int = 1  # critique -> revision rounds at test time (`fastcrit critique`)
+    # `fastcrit critique` (fastcrit.recipes.ctrl_eval): initial solutions per problem (sampled at
+    # solution_temperature; stage 1's count is solutions_per_problem), seeds (trainer.seed, +1, ...;
+    # figures are means with their standard error), and the baselines in the same table
+    eval_solutions: int = 5
+    eval_seeds: int = 3
+    baselines: list[str] = field(default_factory=lambda: [
+        "generator_greedy", "no_critique", "self_critique", "execution_feedback"])
     # Test time and the held-out evaluation: the critic's sampling temperature (0 = greedy) and how
     # many critiques each solution gets, each the start of its own chain of rounds (figures are means
     # over them: the expected pass@1 and judgment accuracy of one sampled critique). The revisions

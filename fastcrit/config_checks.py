@@ -100,6 +100,12 @@ def validate(cfg: Config) -> None:
     need(cfg.raro.lambda_pol >= 0 and cfg.raro.lambda_crit >= 0, "raro.lambda_pol, raro.lambda_crit: must be >= 0")
     need(cfg.pacs.beta > 0, f"pacs.beta: must be > 0, got {cfg.pacs.beta}")
     need(cfg.ctrl.rounds >= 1, f"ctrl.rounds: must be >= 1, got {cfg.ctrl.rounds}")
+    need(cfg.ctrl.eval_solutions >= 1, f"ctrl.eval_solutions: must be >= 1, got {cfg.ctrl.eval_solutions}")
+    need(cfg.ctrl.eval_seeds >= 1, f"ctrl.eval_seeds: must be >= 1, got {cfg.ctrl.eval_seeds}")
+    known = ("generator_greedy", "no_critique", "self_critique", "execution_feedback")
+    bad = [b for b in cfg.ctrl.baselines if b not in known]
+    need(not bad and len(set(cfg.ctrl.baselines)) == len(cfg.ctrl.baselines),
+         f"ctrl.baselines: {bad or 'repeated names'}: each must be one of {list(known)}, once")
     need(cfg.ctrl.critique_temperature >= 0,
          f"ctrl.critique_temperature: must be >= 0, got {cfg.ctrl.critique_temperature}")
     need(0 < cfg.ctrl.critique_top_p <= 1, f"ctrl.critique_top_p: must be in (0, 1], got {cfg.ctrl.critique_top_p}")

@@ -1,10 +1,12 @@
 """CTRL at test time: generator solutions, then rounds of critique -> revision -> sandbox.
 
-``critique_rounds`` is shared by `fastcrit critique` and by the CTRL recipe's evaluation (the
-paper's table: generator alone, then one round with the critic). Both critic and generator are
-``ChatModel``s, so either may be a local model or an OpenAI-compatible endpoint.
+``critique_rounds`` is shared by `fastcrit critique` (fastcrit.recipes.ctrl_eval, with the seeds
+and baselines) and by the CTRL recipe's evaluation (generator alone, then one round with the
+critic). Both critic and generator are ``ChatModel``s, so either may be a local model or an
+OpenAI-compatible endpoint.
 
-Per round, every problem's current solution is critiqued (greedy). A critique without an overall
+Per round, every problem's current solution is critiqued (greedy, or sampled as the caller says).
+A critique without an overall
 judgment (or whose prompt is too long for the critic) leaves the solution as it is and counts as
 invalid; otherwise the generator revises it greedily and the revision, run in the sandbox, becomes
 the current solution (a revision prompt too long for the generator also leaves it as it is).
@@ -16,15 +18,12 @@ rewrites code it was told is correct makes the critic's judgment count for littl
 """
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
-from fastcrit.config import Config
 from fastcrit.data.critique import parse_judgment, review_agrees
 from fastcrit.data.ctrl_prompts import critique_messages, generation_messages, revision_messages
 from fastcrit.data.problems import Problem
-from fastcrit.reward import RewardItem, make_reward
+from fastcrit.reward import RewardItem
 from fastcrit.reward.code import extract_program
 from fastcrit.rollout.chat import ChatModel
 from fastcrit.types import is_greedy
@@ -57,9 +56,12 @@ class RoundReport:
     kept: int = 0  # ... that left the solution unchanged
     reviewed: int = 0  # critiques with a review of the code's line and a verdict
     true_to_review: int = 0  # ... whose marked words and verdict follow what their review says is needed and had
+    pass_at_k: float | None = None  # problems one of whose chains passes after this round (None: not counted)
 
     def metrics(self, prefix: str) -> dict[str, float]:
         out = {f"{prefix}pass@1": self.pass_at_1}
+        if self.pass_at_k is not None:
+            out[f"{prefix}pass@k"] = self.pass_at_k
         if self.round:
             out.update({f"{prefix}judgment_acc": self.judgment_acc, f"{prefix}valid_rate": self.valid_rate,
                         f"{prefix}fixed": self.fixed / max(self.failing_before, 1),
@@ -122,10 +124,43 @@ def revise(generator: ChatModel, attempts: list[Attempt], critiques: list[str], 
     text) pairs to execute."""
     judged = [parse_judgment(t) for t in critiques]
     valid = [i for i, j in enumerate(judged) if j is not None and i not in skip]
-    outs = generator.chat([revision_messages(attempts[i].problem, attempts[i].solution, critiques[i], style)
-                           for i in valid],
-                          max_new_tokens=max_new_tokens, temperature=temperature)
-    return judged, [(i, o.text) for i, o in zip(valid, outs) if o.finish_reason != "prompt_too_long"]
+    convs = [(i, revision_messages(attempts[i].problem, attempts[i].solution, critiques[i], style)) for i in valid]
+    return judged, revise_from(generator, convs, max_new_tokens=max_new_tokens, temperature=temperature)
+
+
+def revise_from(generator: ChatModel, convs: list[tuple[int, list[dict]]], *, max_new_tokens: int,
+                temperature: float = 0.0) -> list[tuple[int, str]]:
+    """The generator's answers to (attempt index, revision conversation) pairs, as (index, text);
+    a conversation it cannot take is left out (its solution stays)."""
+    outs = generator.chat([c for _, c in convs], max_new_tokens=max_new_tokens, temperature=temperature)
+    return [(i, o.text) for (i, _), o in zip(convs, outs) if o.finish_reason != "prompt_too_long"]
+
+
+def run_revisions(reward, attempts: list[Attempt], sent: list[tuple[int, str]]) -> dict[int, Attempt]:
+    """The revisions run in the sandbox: attempt index -> the revised attempt (carrying the
+    revision's program, not its prose)."""
+    return {i: replace(b, solution=answer_of(t)) for (i, t), b in
+            zip(sent, execute(reward, [attempts[i].problem for i, _ in sent], [t for _, t in sent]))}
+
+
+def tally(report: RoundReport, attempts: list[Attempt], ran: dict[int, Attempt]) -> list[Attempt]:
+    """The attempts after a round (a revised one where it ran, else as it was), counted into
+    ``report``: fixed, broken, before and pass@1."""
+    new = [ran.get(i, a) for i, a in enumerate(attempts)]
+    for a, b in zip(attempts, new):
+        report.failing_before += not a.passed
+        report.passing_before += a.passed
+        report.fixed += (not a.passed) and b.passed
+        report.broken += a.passed and not b.passed
+    report.pass_at_1 = sum(b.passed for b in new) / max(len(new), 1)
+    return new
+
+
+def pass_at_k(attempts: list[Attempt], per_problem: int) -> float:
+    """The share of problems one of whose ``per_problem`` attempts (consecutive, problem-major)
+    passes: pass@k with k = ``per_problem`` samples of each problem."""
+    groups = [attempts[i:i + per_problem] for i in range(0, len(attempts), per_problem)]
+    return sum(any(a.passed for a in g) for g in groups) / max(len(groups), 1)
 
 
 def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: list[Attempt], *,
@@ -142,53 +177,46 @@ def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: li
     texts = ["" if c.finish_reason == "prompt_too_long" else c.text for c in crits]
     judged, sent = revise(generator, attempts, texts, max_new_tokens=generator_tokens, style=style)
     raw = dict(sent)  # the revisions as written (prose and all); attempts carry their programs
-    ran = {i: replace(b, solution=answer_of(t)) for (i, t), b in
-           zip(sent, execute(reward, [attempts[i].problem for i, _ in sent], [t for _, t in sent]))}
+    ran = run_revisions(reward, attempts, sent)  # no valid critique, or no revision sent: the solution stays
     valid = sum(j is not None for j in judged)
-    new, records = [], []
     report = RoundReport(round_no, 0.0, too_long=sum(c.finish_reason == "prompt_too_long" for c in crits)
                          + valid - len(sent))
     report.judged_correct, report.kept = kept_when_correct(attempts, judged, sent)
     agrees = [review_agrees(t, a.solution) for t, a in zip(texts, attempts)]
     report.reviewed = sum(g is not None for g in agrees)
     report.true_to_review = sum(g is True for g in agrees)
-    right = 0
-    for i, a in enumerate(attempts):
-        b = ran.get(i, a)  # no valid critique, or no revision sent: the solution stays
-        right += judged[i] is not None and judged[i] == a.passed
-        report.failing_before += not a.passed
-        report.passing_before += a.passed
-        report.fixed += (not a.passed) and b.passed
-        report.broken += a.passed and not b.passed
-        new.append(b)
-        records.append({"problem_id": a.problem.id, "round": round_no, "solution": a.solution,
-                        "passed_before": a.passed, "critique": texts[i],
-                        "judgment": None if judged[i] is None else ("Correct" if judged[i] else "Incorrect"),
-                        "review_agrees": agrees[i],
-                        "revised": i in ran, "revision": raw.get(i),
-                        "passed_after": b.passed, "pass_rate_after": b.pass_rate})
+    new = tally(report, attempts, ran)
+    records = [{"problem_id": a.problem.id, "round": round_no, "solution": a.solution,
+                "passed_before": a.passed, "critique": texts[i],
+                "judgment": None if judged[i] is None else ("Correct" if judged[i] else "Incorrect"),
+                "review_agrees": agrees[i], "revised": i in ran, "revision": raw.get(i),
+                "passed_after": b.passed, "pass_rate_after": b.pass_rate}
+               for i, (a, b) in enumerate(zip(attempts, new))]
     n = max(len(attempts), 1)
-    report.pass_at_1 = sum(b.passed for b in new) / n
-    report.judgment_acc = right / n
+    report.judgment_acc = sum(j is not None and j == a.passed for j, a in zip(judged, attempts)) / n
     report.valid_rate = valid / n
     return new, report, records
 
 
 def critique_rounds(critic: ChatModel, generator: ChatModel, reward, attempts: list[Attempt], *,
                     rounds: int, critic_tokens: int, generator_tokens: int, temperature: float = 0.0,
-                    samples: int = 1, seed: int = 0, top_p: float = 1.0, style: str = "paper"
-                    ) -> tuple[list[RoundReport], list[dict]]:
+                    samples: int = 1, seed: int = 0, top_p: float = 1.0, style: str = "paper",
+                    per_problem: int = 1) -> tuple[list[RoundReport], list[dict]]:
     """Round 0 (the generator alone) and ``rounds`` critique -> revision rounds. With ``samples`` >
     1 (sampled critiques), each attempt starts that many chains; the reports are over all of them
-    and each record names its ``sample``."""
+    and each record names its ``sample``. ``per_problem``: the attempts of each problem (consecutive,
+    problem-major); every report then has pass@k over a problem's chains."""
     attempts = repeat_attempts(attempts, samples)
-    reports = [RoundReport(0, sum(a.passed for a in attempts) / max(len(attempts), 1))]
+    group = per_problem * samples
+    reports = [RoundReport(0, sum(a.passed for a in attempts) / max(len(attempts), 1),
+                           pass_at_k=pass_at_k(attempts, group))]
     records: list[dict] = []
     for r in range(1, rounds + 1):
         attempts, rep, recs = critique_round(critic, generator, reward, attempts, round_no=r,
                                              critic_tokens=critic_tokens, generator_tokens=generator_tokens,
                                              temperature=temperature, seed=round_seed(seed, r), top_p=top_p,
                                              style=style)
+        rep.pass_at_k = pass_at_k(attempts, group)
         reports.append(rep)
         records += [dict(rec, sample=i % samples) for i, rec in enumerate(recs)]
     return reports, records
@@ -226,57 +254,3 @@ def format_reports(reports: list[RoundReport]) -> list[str]:
                          f"        {m['delta_up']:8.3f}  {m['delta_down']:10.3f}"
                          f"  {r.kept:5d} / {r.judged_correct}")
     return lines
-
-
-# ---------------------------------------------------------------------------------------------
-# `fastcrit critique CONFIG`
-
-
-def run_critique(cfg: Config) -> dict:
-    """Test time on ``data.val`` (e.g. minicode:test or humaneval): fresh generator solutions, then
-    ``ctrl.rounds`` rounds with the critic; prints and returns the per-round reports and writes
-    every round's texts and verdicts to ``ctrl.output`` (JSONL; the reports go beside it as
-    ``<name>_summary.json``). Runs in one process."""
-    from fastcrit.recipes.ctrl_common import critic_chat, load_problem_set, make_generator, make_proxy
-
-    out_dir = cfg.trainer.output_dir
-    os.makedirs(out_dir, exist_ok=True)
-    problems = load_problem_set(cfg.data.val, cfg.data.format, limit=cfg.data.val_size, what="data.val")
-    device = "cpu" if cfg.trainer.device == "cpu" else "cuda"
-    writer = make_generator(cfg, device) if cfg.ctrl.generator else None
-    generator = make_proxy(cfg, device)  # the reviser; it also writes the solutions unless ctrl.generator
-    generator_name = generator.name if writer is None else f"{writer.name} (solutions), {generator.name} (revisions)"
-    critic, critic_name = critic_chat(cfg)
-    reward = make_reward(cfg, out_dir)
-    try:
-        sols = sample_solutions(writer or generator, problems, k=1, temperature=cfg.ctrl.solution_temperature,
-                                max_new_tokens=cfg.proxy.rollout.max_new_tokens, seed=cfg.trainer.seed,
-                                style=cfg.ctrl.prompts)
-        if writer is not None:
-            writer.close()
-        attempts = execute(reward, [p for p, _ in sols], [t for _, t in sols])
-        reports, records = critique_rounds(critic, generator, reward, attempts, rounds=cfg.ctrl.rounds,
-                                           critic_tokens=cfg.rollout.max_new_tokens,
-                                           generator_tokens=cfg.proxy.rollout.max_new_tokens,
-                                           temperature=cfg.ctrl.critique_temperature,
-                                           samples=cfg.ctrl.critique_samples, seed=cfg.trainer.seed,
-                                           top_p=cfg.ctrl.critique_top_p, style=cfg.ctrl.prompts)
-    finally:
-        reward.close()
-        generator.close()
-        critic.close()
-    path = cfg.ctrl.output or os.path.join(out_dir, "critique.jsonl")
-    with open(path, "w") as f:
-        for rec in records:
-            f.write(json.dumps(rec) + "\n")
-    summary = {"problems": len(problems), "source": cfg.data.val, "critic": critic_name,
-               "generator": generator_name, "critique_temperature": cfg.ctrl.critique_temperature,
-               "critique_top_p": cfg.ctrl.critique_top_p,
-               "critique_samples": cfg.ctrl.critique_samples, "rounds": [asdict(r) for r in reports],
-               "records": path}
-    with open(os.path.splitext(path)[0] + "_summary.json", "w") as f:
-        json.dump(summary, f, indent=1)
-    how = critique_protocol(cfg.ctrl.critique_temperature, cfg.ctrl.critique_samples, cfg.ctrl.critique_top_p)
-    print("\n".join([f"critique: {len(problems)} problems from {cfg.data.val}, critic {critic_name}, {how}",
-                     *format_reports(reports), f"  every round's texts and verdicts: {path}"]), flush=True)
-    return summary

@@ -1,0 +1,89 @@
+"""`fastcrit critique`: the paper's protocol (k solutions per problem, seeds with mean ± standard
+error, pass@1 / pass@k / Δ↑ / Δ↓ per round) with its baselines in the same table, on tiny models."""
+import json
+import math
+import os
+
+import pytest
+
+from fastcrit.cli import main
+from fastcrit.data.problems import Problem
+from fastcrit.data.tasks import task_path
+from fastcrit.recipes.critique import Attempt, pass_at_k
+from fastcrit.recipes.ctrl_eval import combine, format_table, mean_se
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+CPU_CONFIG = os.path.join(ROOT, "configs", "cpu", "ctrl.yaml")
+
+
+def test_mean_and_standard_error_over_seeds():
+    m = mean_se([0.5, 0.7, 0.6])
+    assert m["mean"] == pytest.approx(0.6) and m["se"] == pytest.approx(math.sqrt(0.01) / math.sqrt(3))
+    assert mean_se([0.4])["se"] is None
+    table = combine({"generator": [{"pass@1": 0.5, "pass@k": 0.8}, {"pass@1": 0.7, "pass@k": 0.9}], "none": []})
+    assert set(table) == {"generator"} and table["generator"]["pass@k"]["runs"] == [0.8, 0.9]
+    lines = format_table(table, 5)
+    assert "pass@5" in lines[0] and "generator, sampled" in lines[1] and "0.600 ± 0.100" in lines[1]
+
+
+def test_pass_at_k_counts_a_problem_once_one_of_its_chains_passes():
+    p = Problem.from_dict({"id": "p", "question": "q", "test_kind": "assert", "tests": ["assert True"]})
+    a = [Attempt(p, "", ok, float(ok), []) for ok in (False, True, False, False, False, False)]
+    assert pass_at_k(a, 3) == 0.5 and pass_at_k(a, 1) == pytest.approx(1 / 6) and pass_at_k(a, 6) == 1.0
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from fastcrit.models.hf import resolve_model_path
+
+    d = tmp_path_factory.mktemp("eval")
+    model = resolve_model_path("tiny:hidden=64,layers=2,heads=2,kv_heads=1,intermediate=128")
+    val = d / "val.jsonl"
+    with open(task_path("minicode", "test")) as f, open(val, "w") as g:
+        g.writelines(line for _, line in zip(range(4), f))
+    out = str(d / "run")
+    sets = [f"model.path={model}", f"proxy.model.path={model}", f"ctrl.critic={model}", f"data.val={val}",
+            "data.val_size=4", "rollout.max_new_tokens=8", "proxy.rollout.max_new_tokens=6", "sandbox.workers=1",
+            "ctrl.eval_solutions=3", "ctrl.eval_seeds=2", "ctrl.rounds=2", "ctrl.critique_temperature=1.0",
+            "ctrl.critique_samples=2", "ctrl.solution_temperature=1.0", f"trainer.output_dir={out}"]
+    argv = ["critique", CPU_CONFIG]
+    for s in sets:
+        argv += ["--set", s]
+    assert main(argv) == 0
+    with open(os.path.join(out, "critique_summary.json")) as f:
+        return out, json.load(f)
+
+
+def test_the_table_has_every_method_over_every_seed(run):
+    out, s = run
+    assert s["seeds"] == [0, 1] and s["solutions_per_problem"] == 3 and s["prompts"] == "compact"
+    assert list(s["methods"]) == ["generator_greedy", "generator", "critic_round_1", "critic_round_2",
+                                  "no_critique", "self_critique", "execution_feedback"]
+    assert len(s["methods"]["generator_greedy"]["pass@1"]["runs"]) == 1  # greedy has no seed
+    for name in ("generator", "critic_round_1", "critic_round_2", "no_critique", "self_critique",
+                 "execution_feedback"):
+        m = s["methods"][name]
+        assert len(m["pass@1"]["runs"]) == 2 and m["pass@1"]["se"] is not None
+        assert all(k >= p for k, p in zip(m["pass@k"]["runs"], m["pass@1"]["runs"]))
+    for name in ("critic_round_1", "self_critique"):  # a critic's round has verdicts
+        assert {"judgment_acc", "valid_rate", "delta_up", "delta_down"} <= set(s["methods"][name])
+    assert "judgment_acc" not in s["methods"]["no_critique"]
+
+
+def test_records_cover_every_chain_of_every_seed(run):
+    out, s = run
+    with open(s["records"]) as f:
+        recs = [json.loads(line) for line in f]
+    assert len(recs) == 2 * 2 * 4 * 3 * 2  # seeds x rounds x problems x solutions x critique samples
+    first = [r for r in recs if r["seed"] == 0 and r["round"] == 1]
+    assert s["methods"]["critic_round_1"]["pass@1"]["runs"][0] == pytest.approx(
+        sum(r["passed_after"] for r in first) / len(first))
+    with open(s["baseline_records"]) as f:
+        base = [json.loads(line) for line in f]
+    by = {m: [r for r in base if r["method"] == m and r["seed"] == 1] for m in ("no_critique", "execution_feedback")}
+    assert len(by["no_critique"]) == 12 and len(by["execution_feedback"]) == 12
+    assert all(r["prompt"] == "Please finalize your answer accordingly using the same format." for r in by["no_critique"])
+    failing = [r for r in by["execution_feedback"] if not r["passed_before"]]
+    assert failing and all("The answer" in r["prompt"] and "assert" in r["prompt"] for r in failing)
+    assert s["methods"]["no_critique"]["pass@1"]["runs"][1] == pytest.approx(
+        sum(r["passed_after"] for r in by["no_critique"]) / 12)
