@@ -71,7 +71,7 @@ class RoundReport:
                         f"{prefix}delta_down": self.broken / max(self.failing_before + self.passing_before, 1),
                         f"{prefix}kept_when_correct": self.kept / max(self.judged_correct, 1),
                         f"{prefix}review_agrees": self.true_to_review / max(self.reviewed, 1)})
-        return out
+        return {k: v for k, v in out.items() if v is not None}  # a round without verdicts has no accuracy
 
 
 def unchanged(solution: str, revision: str) -> bool:

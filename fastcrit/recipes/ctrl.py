@@ -22,9 +22,10 @@ from fastcrit.algos.advantages import outcome_advantages
 from fastcrit.data.critique import review_agrees
 from fastcrit.data.ctrl_prompts import critique_messages
 from fastcrit.data.prompts import render_chat
-from fastcrit.recipes.critique import (Attempt, RoundReport, critique_protocol, critique_round, kept_when_correct,
-                                      repeat_attempts, revise, round_seed)
-from fastcrit.recipes.ctrl_common import load_attempts, make_proxy, synth_dir
+from fastcrit.recipes.critique import (Attempt, RoundReport, critique_protocol, critique_round, execute,
+                                      kept_when_correct, repeat_attempts, revise, round_seed, sample_solutions)
+from fastcrit.recipes.ctrl_common import load_attempts, make_generator, make_proxy, synth_dir
+from fastcrit.recipes.ctrl_eval import baseline_round
 from fastcrit.recipes.scaffold import Run
 from fastcrit.reward import RewardItem, make_reward
 from fastcrit.rollout.chat import LocalChat
@@ -61,6 +62,7 @@ class CTRL:
         self.pairs = self._encode(load_attempts(d, "train"))
         self.val = load_attempts(d, "val")[:c.data.val_size] if c.data.val else []
         self.critic = LocalChat(run.engine, run.tok, max_prompt_len=c.data.max_prompt_len)
+        self.baselines: dict[str, float] | None = None  # measured at the first evaluation (frozen models)
 
     def _encode(self, attempts: list[Attempt]) -> list[tuple[list[int], Attempt]]:
         tok, limit, out, skipped = self.run.tok, self.run.cfg.data.max_prompt_len, [], 0
@@ -170,8 +172,34 @@ class CTRL:
         if not is_greedy(temperature):
             _, greedy, _ = critique_round(self.critic, self.proxy, self.reward, share, **tokens)
             out.update(greedy.metrics("val/greedy_"))
+        if self.baselines is None:
+            self.baselines = self._baselines(share)
+        out.update(self.baselines)
         self.proxy.sleep()
         return all_reduce_mean(out)
+
+    def _baselines(self, share: list[Attempt]) -> dict[str, float]:
+        """``ctrl.baselines`` on this rank's held-out solutions, once (they involve no critic): the
+        generator's greedy pass@1, and one round without a critique, with the generator critiquing
+        itself, and with the execution feedback (fastcrit.recipes.ctrl_eval)."""
+        c = self.run.cfg
+        generator = make_generator(c, self.run.ctx.device) if c.ctrl.generator else self.proxy
+        out = {}
+        try:
+            for name in c.ctrl.baselines:
+                if name == "generator_greedy":
+                    sols = sample_solutions(generator, [a.problem for a in share], k=1, temperature=0.0,
+                                            max_new_tokens=c.proxy.rollout.max_new_tokens, seed=0,
+                                            style=c.ctrl.prompts)
+                    greedy = execute(self.reward, [p for p, _ in sols], [t for _, t in sols])
+                    out["val/generator_greedy_pass@1"] = sum(a.passed for a in greedy) / len(greedy)
+                else:
+                    _, rep, _ = baseline_round(name, c, generator, self.proxy, self.reward, share, seed=c.trainer.seed)
+                    out.update(rep.metrics(f"val/{name}_"))
+        finally:
+            if generator is not self.proxy:
+                generator.close()
+        return out
 
     def _wake_proxy(self) -> None:
         """The proxy's memory back on the device, after the trainer's unused cached blocks went
@@ -188,6 +216,11 @@ class CTRL:
             "problems": len(self.val),
             "generator": first["val/generator_pass@1"],
             "sft_critic": first["val/pass@1"], "rl_critic": last["val/pass@1"],
+            # the baselines (ctrl.baselines), measured once: what the critics must beat
+            **{k: first.get(f"val/{k}_pass@1") for k in ("generator_greedy", "no_critique", "self_critique",
+                                                          "execution_feedback") if f"val/{k}_pass@1" in first},
+            **({"self_critique_judgment_acc": first["val/self_critique_judgment_acc"]}
+               if "val/self_critique_judgment_acc" in first else {}),
             "sft_critic_judgment_acc": first["val/judgment_acc"],
             "rl_critic_judgment_acc": last["val/judgment_acc"],
             "sft_critic_fixed": first["val/fixed"], "rl_critic_fixed": last["val/fixed"],
@@ -220,9 +253,14 @@ class CTRL:
             f"    greedy critiques: SFT critic {e['sft_critic_greedy']:.3f} / "
             f"{e['sft_critic_greedy_judgment_acc']:.3f}, RL critic {e['rl_critic_greedy']:.3f} / "
             f"{e['rl_critic_greedy_judgment_acc']:.3f} (pass@1 / judgment_acc)"]
+        base = [f"    {label:13s} {e[key]:.3f}" + (f"   {e['self_critique_judgment_acc']:.3f}"
+                                                  if key == "self_critique" else "")
+                for key, label in (("generator_greedy", "(greedy gen.)"), ("no_critique", "(no critique)"),
+                                   ("self_critique", "(self-crit.)"), ("execution_feedback", "(exec. feedb.)"))
+                if e.get(key) is not None]
         return [f"  held-out problems ({e['problems']}), one critique -> revision round, {how}:",
                 "    critic        pass@1  judgment_acc  fixed  broken  kept when judged correct",
-                f"    (generator)   {e['generator']:.3f}",
+                f"    (generator)   {e['generator']:.3f}", *base,
                 f"    SFT critic    {e['sft_critic']:.3f}   {e['sft_critic_judgment_acc']:.3f}"
                 f"         {e['sft_critic_fixed']:.3f}  {e['sft_critic_broken']:.3f}"
                 f"   {kept(e.get('sft_critic_kept_when_correct'))}",

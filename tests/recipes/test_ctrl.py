@@ -168,7 +168,12 @@ def test_train_runs_synthesis_sft_and_rl_with_metrics_and_overlap(workdir, tmp_p
     assert set(summary["eval"]) >= {"generator", "sft_critic", "rl_critic", "sft_critic_judgment_acc",
                                     "rl_critic_judgment_acc", "rl_critic_kept_when_correct",
                                     "sft_critic_review_agrees", "rl_critic_review_agrees",
-                                    "sft_critic_delta_up", "rl_critic_delta_down"}
+                                    "sft_critic_delta_up", "rl_critic_delta_down", "generator_greedy",
+                                    "no_critique", "self_critique", "self_critique_judgment_acc",
+                                    "execution_feedback"}
+    # the baselines involve no critic: measured once, the same at every evaluation
+    for name in ("no_critique_pass@1", "self_critique_judgment_acc", "generator_greedy_pass@1"):
+        assert summary[f"val_{name}_start"] == summary[f"val_{name}_end"] is not None
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_1", "step_2"]
 
 
