@@ -241,6 +241,7 @@ class CTRLConfig:
     synth_writer_temperature: float = 0.0  # 0 = greedy; attempt j of a split then draws from its seed + j
     synth_writer_top_p: float = 1.0
     solution_temperature: float = 1.0  # sampling temperature of the initial solutions
+    solution_top_p: float = 1.0  # their nucleus sampling (the paper's generator: T 0.7, top-p 0.8)
     sft_balance: bool = True  # repeat the rarer judgment's critiques until both are as many
     # Seeds the held-out problems' initial solutions (stage 1's val split) apart from trainer.seed,
     # so runs with different training seeds are evaluated on the same solutions and the spread

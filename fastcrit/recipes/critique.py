@@ -107,11 +107,13 @@ def execute(reward, problems: list[Problem], texts: list[str]) -> list[Attempt]:
 
 
 def sample_solutions(generator: ChatModel, problems: list[Problem], *, k: int, temperature: float,
-                     max_new_tokens: int, seed: int, style: str = "paper") -> list[tuple[Problem, str]]:
+                     max_new_tokens: int, seed: int, style: str = "paper", top_p: float = 1.0
+                     ) -> list[tuple[Problem, str]]:
     """``k`` answers per problem from the generator (problem-major order), asked in the prompts
     of ``style`` (``ctrl.prompts``)."""
     convs = [generation_messages(p, style) for p in problems for _ in range(k)]
-    outs = generator.chat(convs, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    outs = generator.chat(convs, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                          top_p=1.0 if is_greedy(temperature) else top_p)
     return [(problems[i // k], o.text) for i, o in enumerate(outs)]
 
 

@@ -138,7 +138,7 @@ def run_critique(cfg: Config) -> dict:
             runs["generator_greedy"].append({"pass@1": sum(a.passed for a in greedy) / max(len(greedy), 1)})
         for seed in seeds:
             sols = sample_solutions(writer, problems, k=k, temperature=c.solution_temperature, max_new_tokens=tokens,
-                                    seed=solution_seed(seed), style=c.prompts)
+                                    seed=solution_seed(seed), style=c.prompts, top_p=c.solution_top_p)
             attempts = execute(reward, [p for p, _ in sols], [t for _, t in sols])
             reports, recs = critique_rounds(critic, proxy, reward, attempts, rounds=c.rounds,
                                             critic_tokens=cfg.rollout.max_new_tokens, generator_tokens=tokens,

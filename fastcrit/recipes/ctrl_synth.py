@@ -76,12 +76,12 @@ class Synthesis:
 
 
 def synthesise(generator, reward, problems: list[Problem], *, k: int, temperature: float,
-               max_new_tokens: int, seed: int, write=None, style: str = "paper") -> Synthesis:
+               max_new_tokens: int, seed: int, write=None, style: str = "paper", top_p: float = 1.0) -> Synthesis:
     """Stage 1's unit of work: ``k`` sampled solutions per problem, run in the sandbox, and (with
     ``write``: attempts -> ``Written``) a critique of each from its execution. Solution j
     (problem-major) draws from ``seed + j``."""
     sols = sample_solutions(generator, problems, k=k, temperature=temperature, max_new_tokens=max_new_tokens,
-                            seed=seed, style=style)
+                            seed=seed, style=style, top_p=top_p)
     attempts = execute(reward, [p for p, _ in sols], [t for _, t in sols])
     return Synthesis(attempts, write(attempts) if write is not None else None)
 
@@ -195,7 +195,7 @@ def _plan(cfg: Config, splits: dict[str, list[Problem]]) -> dict:
             "engine": cfg.proxy.rollout.engine,
             "dtype": cfg.proxy.model.dtype if cfg.ctrl.generator or cfg.proxy.model.path else cfg.model.dtype,
             "max_prompt_len": cfg.proxy.max_prompt_len,
-            "solution_temperature": cfg.ctrl.solution_temperature,
+            "solution_temperature": cfg.ctrl.solution_temperature, "solution_top_p": cfg.ctrl.solution_top_p,
             "max_new_tokens": cfg.proxy.rollout.max_new_tokens, "prompts": cfg.ctrl.prompts,
             "writer": {"name": writer_name(cfg), "temperature": cfg.ctrl.synth_writer_temperature,
                        "top_p": cfg.ctrl.synth_writer_top_p, "max_new_tokens": cfg.rollout.max_new_tokens},
@@ -223,7 +223,7 @@ def _run_chunks(ctx: DistContext, cfg: Config, splits: dict[str, list[Problem]],
             made = synthesise(generator, reward, splits[c.split][c.start:c.stop], k=k,
                               temperature=cfg.ctrl.solution_temperature,
                               max_new_tokens=cfg.proxy.rollout.max_new_tokens, seed=seed, write=write,
-                              style=cfg.ctrl.prompts)
+                              style=cfg.ctrl.prompts, top_p=cfg.ctrl.solution_top_p)
             w = made.critiques
             files.write(c, [{"solution": attempt_row(a)} for a in made.attempts]
                         + ([] if w is None else [{"critique": r} for r in w.rows]
