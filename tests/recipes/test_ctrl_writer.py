@@ -130,3 +130,30 @@ def test_ctrl_synth_with_a_model_writer_counts_what_it_dropped(tmp_path, capsys)
     assert summary["writer"]["filtered"]["no_verdict"] == 4 and "no_verdict" in summary["writer"]["examples"]
     assert summary["critic_sft"] == {"Correct": 0, "Incorrect": 0}
     assert main(["ctrl-synth", CPU_CONFIG, *base, "--set", f"trainer.output_dir={out}", "--set", "sft.steps=0"]) == 0
+
+
+def test_ctrl_synth_asks_in_the_papers_prompts(tmp_path):
+    """ctrl.prompts=paper: the critic's SFT rows carry the paper's critic prompt (no hint in it)."""
+    from fastcrit.data.tasks import task_path
+    from fastcrit.models.hf import resolve_model_path
+
+    model = resolve_model_path("tiny:hidden=64,layers=2,heads=2,kv_heads=1,intermediate=128")
+    train = tmp_path / "train.jsonl"
+    with open(task_path("minicode", "train")) as f, open(train, "w") as g:
+        g.writelines(line for _, line in zip(range(3), f))
+    out = str(tmp_path / "run")
+    argv = ["ctrl-synth", CPU_CONFIG]
+    for s in (f"model.path={model}", f"proxy.model.path={model}", f"data.train={train}", "data.val=",
+              "ctrl.prompts=paper", "ctrl.synth_writer=template", "proxy.max_prompt_len=1024",
+              "proxy.rollout.max_new_tokens=6", "sandbox.workers=1", "ctrl.solutions_per_problem=1",
+              f"trainer.output_dir={out}"):
+        argv += ["--set", s]
+    assert main(argv) == 0
+    with open(os.path.join(out, "synth", "critic_sft.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    assert len(rows) == 3
+    for r in rows:
+        prompt = r["messages"][0]["content"]
+        assert prompt.startswith("Your task is to analyse an answer") and "<problem>\nWrite a Python function" in prompt
+        assert "<answer>" in prompt and "hint" not in prompt.lower()
+    assert json.load(open(os.path.join(out, "synth", "synth_summary.json")))["prompts"] == "paper"
