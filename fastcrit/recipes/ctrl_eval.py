@@ -104,9 +104,9 @@ def format_table(methods: dict[str, dict], k: int) -> list[str]:
     for name, m in methods.items():
         label = LABELS.get(name) or (f"critic, round {name.rsplit('_', 1)[1]}" if name.startswith("critic_round_")
                                      else name)
-        lines.append(f"  {label:34s}" + "".join(cell(m, key, 17) for key in
-                                                ("pass@1", "pass@k", "delta_up", "delta_down", "judgment_acc"))
-                     + cell(m, "valid_rate", 5).rstrip())
+        lines.append((f"  {label:34s}" + "".join(cell(m, key, 17) for key in
+                                                 ("pass@1", "pass@k", "delta_up", "delta_down", "judgment_acc"))
+                      + cell(m, "valid_rate", 5)).rstrip())
     return lines
 
 
