@@ -254,6 +254,15 @@ def test_humaneval_flows_through_the_test_time_pipeline(workdir, tmp_path):
     assert len(recs) == 164 and len({r["problem_id"] for r in recs}) == 164
     s = json.load(open(os.path.join(out, "critique_summary.json")))
     assert s["problems"] == 164 and s["rounds"][0]["pass_at_1"] == 0.0  # a random tiny model solves none
+    assert set(s["methods"]) == {"generator_greedy", "generator", "critic_round_1", "no_critique", "self_critique",
+                                 "execution_feedback"}
+    with open(s["baseline_records"]) as f:
+        base = [json.loads(line) for line in f]
+    for method in ("no_critique", "self_critique", "execution_feedback"):  # every problem, every baseline
+        assert len({r["problem_id"] for r in base if r["method"] == method}) == 164
+    # the execution-feedback reviser is told what the run showed: the failing HumanEval check where it ran
+    told = [r["prompt"] for r in base if r["method"] == "execution_feedback"]
+    assert all(p.startswith("The answer") for p in told) and any("def check(candidate)" in p for p in told)
 
 
 def test_kept_when_correct_counts_unchanged_revisions_after_a_correct_judgment():
