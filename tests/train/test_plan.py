@@ -13,7 +13,9 @@ from fastcrit.train.plan import (CONTEXTS, GIB, activation_bytes_per_token, find
                                  model_shape)
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-GPU_CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
+# the training configs (configs/ctrl_eval_*.yaml are for `fastcrit critique` alone: nothing trains)
+GPU_CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.yaml"))
+                     if not os.path.basename(p).startswith("ctrl_eval_"))
 CODER_7B = "/models/Qwen2.5-Coder-7B-Instruct"
 
 
