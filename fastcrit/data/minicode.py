@@ -296,12 +296,12 @@ def revise_row(spec: Spec, rng: random.Random) -> dict:
     edit agree with the verdict; whether the verdict and the edit are right is drawn apart from it."""
     start = solve_answer(spec, rng)  # the coder's own answer, as the proxy revises its own
     kind, final = rng.random(), start
-    if kind < 0.12:  # no critique: the no-critique baseline keeps its answer
+    if kind < 0.2:  # no critique: the no-critique baseline keeps its answer
         turn = FINALIZE
     else:
-        if kind < 0.37:  # judged correct (rightly or not): kept
+        if kind < 0.4:  # judged correct (rightly or not): kept
             critique = format_critique(critique_analysis(spec, start, start, True, rng), NO_SUGGESTION, True)
-        elif kind < 0.87:  # an edit that applies: applied, right or not
+        elif kind < 0.85:  # an edit that applies: applied, right or not
             if start != spec.expr and rng.random() < 0.8:
                 target = spec.expr
             else:
@@ -311,7 +311,7 @@ def revise_row(spec: Spec, rng: random.Random) -> dict:
             final = target
             assert apply_edit(spec.code(start), edit) == spec.code(target)
         else:  # incorrect with no usable edit: kept
-            edit = _foreign_edit(spec, start, rng) if kind < 0.93 else None
+            edit = _foreign_edit(spec, start, rng) if kind < 0.92 else None
             critique = format_critique(critique_analysis(spec, start, None, False, rng),
                                        edit_suggestion(*edit) if edit else VAGUE_SUGGESTION, False)
         turn = f"{critique}\n\n{FINALIZE}"

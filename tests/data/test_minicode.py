@@ -128,7 +128,7 @@ def test_every_revision_applies_exactly_what_its_critique_says(made):
         else:  # judged correct, no edit, or one that does not apply: kept
             assert ex.answer == before
     assert kinds["revise"] + kinds["finalize"] == kinds["solve"] == 3 * len(made["train"])
-    assert 0.08 < kinds["finalize"] / (kinds["revise"] + kinds["finalize"]) < 0.16
+    assert 0.15 < kinds["finalize"] / (kinds["revise"] + kinds["finalize"]) < 0.25
     # the edit is right about half the time: the proxy learns to follow it, not to fix code itself
     assert 0.4 < sum(right_edit) / len(right_edit) < 0.6
 
