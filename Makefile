@@ -21,11 +21,12 @@ demo: install
 	$(BIN)/fastcrit train configs/cpu/grpo.yaml
 
 # CTRL on 2 CPU cores: the tiny coder (generator + proxy), then stage 1 (synthetic critiques), the
-# critic's SFT, RL, and test-time rounds on the held-out problems.
+# critic's SFT, RL, and test-time rounds on the held-out problems from the generator's greedy answers
+# (stage 1 samples its solutions, so that a training problem's three differ).
 ctrl-demo: install
 	$(BIN)/fastcrit sft configs/cpu/ctrl_coder.yaml
 	$(BIN)/fastcrit train configs/cpu/ctrl.yaml
-	$(BIN)/fastcrit critique configs/cpu/ctrl.yaml
+	$(BIN)/fastcrit critique configs/cpu/ctrl.yaml --set ctrl.solution_temperature=0
 
 # After ctrl-demo: HumanEval's 164 problems through the paper's evaluation protocol with its baselines
 # (5 solutions per problem, 3 seeds, one critique each; the tiny models solve ~none: it shows that real

@@ -248,9 +248,11 @@ class CTRLConfig:
     # between them is their critics' own (0 samples what trainer.seed 0 does).
     val_seed: int = 0
     # Training reward: a critique whose own review contradicts itself (a word marked "[x -> x]" as
-    # different where both sides agree, or a verdict against its review), or misquotes the code it
-    # reviews (the line it says the code has is not in the code; a Correct verdict suggesting a
-    # line the code lacks; fastcrit.data.critique.review_agrees) is invalid: it scores
+    # different where both sides agree, or a verdict against its review), whose edit does not fit
+    # it (Correct with a change to make; Incorrect with an edit that changes nothing or is not the
+    # change its review states), or that misquotes the code it reviews (the line it says the code
+    # has is not in the code; an Incorrect verdict's edit of a part the code lacks;
+    # fastcrit.data.critique.review_agrees) is invalid: it scores
     # 0 and is not executed, as a critique without a judgment. Reads the critique and the code it
     # reviews, never the outcome. Off = the paper's rule alone.
     consistent_review: bool = False

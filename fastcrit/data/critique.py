@@ -95,11 +95,12 @@ def synthetic_critique(passed: bool, failures: list[str], solution_code: str,
     copies the code's line word by word, each word that differs from the reference's written as
     ``[has -> needed]`` ("the code's line, checked: `return max(xs) * 6 + [5 -> 4]`"), or names both
     lines when their words do not pair up (``line_review``); then it says what the execution showed:
-    the first failing test with expected and actual values, or the error (the
-    sandbox's message), or that every test passes. The suggestion is the needed line when there is
-    one, else a request to make the failing case hold. Departure from the paper: CTRL has a strong
-    model write the critique from the execution feedback; here the writer is this function, and it
-    also reads the reference solution.
+    the first failing test with expected and actual values, or the error (the sandbox's message), or
+    that every test passes. The suggestion is a targeted edit of the code ("change `+ 5` to `+ 4`",
+    ``line_edit``) when the two lines differ, else a request to make the failing case hold: it says
+    what to change, not the whole answer, so a reviser that follows it applies it to its own code.
+    Departure from the paper: CTRL has a strong model write the critique from the execution
+    feedback; here the writer is this function, and it also reads the reference solution.
     """
     lines = key_lines(solution_code, reference_code)
     analysis = feedback_sentence(passed, failures)
@@ -107,21 +108,100 @@ def synthetic_critique(passed: bool, failures: list[str], solution_code: str,
         analysis = f"{line_review(*lines)}. {analysis}"
     if passed:
         return format_critique(analysis, NO_SUGGESTION, True)
-    if lines and lines[0] != lines[1]:
-        suggestion = f"use `{lines[0]}`."
-    else:
-        suggestion = VAGUE_SUGGESTION
-    return format_critique(analysis, suggestion, False)
+    edit = line_edit(*lines) if lines else None
+    return format_critique(analysis, edit_suggestion(*edit) if edit else VAGUE_SUGGESTION, False)
 
 
 VAGUE_SUGGESTION = "change the code so that the failing case gives the expected result."
-SUGGESTION_RE = re.compile(r"Improvement suggestions:\s*use `([^`\n]+)`")
+EDIT_RE = re.compile(r"Improvement suggestions:\s*change `([^`\n]+)` to `([^`\n]+)`")
+OPERATORS = frozenset({"+", "-", "*", "//", "%"})
 
 
-def suggested_line(critique: str) -> str | None:
-    """The line a critique suggests ("Improvement suggestions: use `...`"), if any."""
-    m = SUGGESTION_RE.search(critique)
-    return m.group(1).strip() if m else None
+def edit_suggestion(old: str, new: str) -> str:
+    return f"change `{old}` to `{new}`."
+
+
+def suggested_edit(critique: str) -> tuple[str, str] | None:
+    """The edit a critique suggests ("Improvement suggestions: change `OLD` to `NEW`") as (OLD,
+    NEW), if any."""
+    m = EDIT_RE.search(critique)
+    return (m.group(1).strip(), m.group(2).strip()) if m else None
+
+
+def _count(words: list[str], part: list[str]) -> int:
+    n = len(part)
+    return sum(words[i:i + n] == part for i in range(len(words) - n + 1)) if n else 0
+
+
+def _balance(words: list[str]) -> int:
+    text = "".join(words)
+    return text.count("(") - text.count(")")
+
+
+def line_edit(needed: str, has: str) -> tuple[str, str] | None:
+    """The targeted edit (OLD, NEW) that turns the code's line ``has`` into ``needed``, in whole
+    words: the words between the lines' common first and last words, widened so that it reads as a
+    part of the expression and names one place in the line. A number takes its operator ("`* 5`",
+    not "`5`"), an operator alone its operand, a part with unclosed parentheses the words that close
+    them ("`max(x, 4)`", "`(x - 3)`"), and a part that occurs twice in the line the word before it.
+    None when the lines have the same words."""
+    a, b = has.split(), needed.split()
+    if a == b:
+        return None
+    lo = 0
+    while lo < min(len(a), len(b)) and a[lo] == b[lo]:
+        lo += 1
+    tail = 0
+    while tail < min(len(a), len(b)) - lo and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    hi_a, hi_b = len(a) - tail, len(b) - tail
+
+    def span() -> tuple[list[str], list[str]]:
+        return a[lo:hi_a], b[lo:hi_b]
+
+    def wider(left: bool) -> bool:
+        nonlocal lo, hi_a, hi_b
+        if left and lo > 0:
+            lo -= 1
+        elif not left and hi_a < len(a) and hi_b < len(b):
+            hi_a, hi_b = hi_a + 1, hi_b + 1
+        else:
+            return False
+        return True
+
+    if not a[lo:hi_a] or not b[lo:hi_b]:  # a word only added or only dropped: take a neighbour
+        wider(left=lo > 0)
+    old, new = span()
+    if all(w in OPERATORS for w in old + new):
+        wider(left=False)
+    elif lo > 0 and a[lo - 1] in OPERATORS and old[0] not in OPERATORS:
+        wider(left=True)
+    while any(_balance(p) for p in span()) and wider(left=max(map(_balance, span())) <= 0):
+        pass
+    while _count(a, a[lo:hi_a]) > 1 and wider(left=lo > 0):
+        pass
+    old, new = span()
+    return " ".join(old), " ".join(new)
+
+
+def apply_edit(code: str, edit: tuple[str, str]) -> str | None:
+    """``code`` with the edit's OLD part (whole words, spaces aside) replaced by its NEW part, the
+    edited line's words joined by single spaces after its indentation; None when OLD does not occur
+    exactly once in the code, or OLD and NEW are the same."""
+    old, new = edit[0].split(), edit[1].split()
+    if old == new or not old:
+        return None
+    lines = code.split("\n")
+    hits = [(i, _count(ln.split(), old)) for i, ln in enumerate(lines)]
+    hits = [(i, n) for i, n in hits if n]
+    if len(hits) != 1 or hits[0][1] != 1:
+        return None
+    i = hits[0][0]
+    words = lines[i].split()
+    at = next(k for k in range(len(words)) if words[k:k + len(old)] == old)
+    indent = lines[i][:len(lines[i]) - len(lines[i].lstrip())]
+    lines[i] = indent + " ".join(words[:at] + new + words[at + len(old):])
+    return "\n".join(lines)
 
 
 _REVIEW_RE = re.compile(r"the code's line, checked: `([^`\n]*)`")
@@ -144,20 +224,24 @@ def read_review(critique: str, words: list[str] | None = None) -> list[tuple[str
 
 
 def review_agrees(critique: str, code: str | None = None) -> bool | None:
-    """Whether a critique is true to its own review: the verdict Incorrect exactly when its review
-    states a difference between what the problem needs and what the code has (a word marked
-    ``[has -> needed]``, or two different whole lines), and no word marked as different where both
-    sides are the same. Given the reviewed ``code``, the review must also quote it truly (the line
-    it says the code has occurs in it, spaces aside), and a Correct verdict may not suggest a line
-    the code does not have, nor an Incorrect one a line it already has (this holds with or without
-    a review). None when it has no such review or no verdict."""
+    """Whether a critique is true to itself: the verdict Incorrect exactly when its review states a
+    difference between what the problem needs and what the code has (a word marked ``[has ->
+    needed]``, or two different whole lines), no word marked as different where both sides are the
+    same, and the suggested edit the one its review states (applied to the line the review says the
+    code has, it gives the line the review says is needed). Whatever the review, the edit must fit
+    the verdict: a Correct verdict suggests no change, an Incorrect one a change (NEW differs from
+    OLD). Given the reviewed ``code``, the review must also quote it truly (the line it says the code
+    has occurs in it, spaces aside), and an Incorrect verdict's edit must apply to it (its OLD part
+    occurs there exactly once). None when it has no such review (and no misfit edit) or no verdict."""
     verdict = parse_judgment(critique)
     if verdict is None:
         return None
-    if code is not None:
-        line = suggested_line(critique)
-        if line is not None and verdict != (_squash(line) in map(_squash, code.splitlines())):
-            return False  # Correct with a line the code lacks; Incorrect with one it has
+    edit = suggested_edit(critique)
+    if edit is not None:
+        if verdict == (edit[0].split() != edit[1].split()):
+            return False  # Correct with a change to make; Incorrect with a change that changes nothing
+        if not verdict and code is not None and apply_edit(code, edit) is None:
+            return False  # an edit of a part the code lacks, or has more than once
     words = _REVIEW_RE.findall(critique)
     pairs = read_review(critique, words)
     if not pairs:
@@ -168,4 +252,8 @@ def review_agrees(critique: str, code: str | None = None) -> bool | None:
         text = _squash(code)
         if any(_squash(has) not in text for _, has in pairs):
             return False
-    return verdict == all(_squash(needs) == _squash(has) for needs, has in pairs)
+    differ = [(needs, has) for needs, has in pairs if _squash(needs) != _squash(has)]
+    if edit is not None and differ and not any(_squash(apply_edit(has, edit) or "") == _squash(needs)
+                                               for needs, has in differ):
+        return False  # an edit that is not the change its review states
+    return verdict == (not differ)

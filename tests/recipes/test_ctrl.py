@@ -7,7 +7,7 @@ import pytest
 
 from fastcrit.cli import main
 from fastcrit.config import load_config
-from fastcrit.data.critique import parse_judgment
+from fastcrit.data.critique import edit_suggestion, line_edit, parse_judgment
 from fastcrit.data.minicode import Spec, bugs
 from fastcrit.data.problems import Problem
 from fastcrit.data.tasks import task_path
@@ -123,8 +123,9 @@ def test_reward_rules_invalid_format_scores_zero_and_is_never_executed(workdir):
     attempts = hand_made_attempts(4)
     spec = Spec(attempts[1].problem.meta["template"], attempts[1].problem.meta["a"],
                 attempts[1].problem.meta["b"], attempts[1].problem.entry_point)
+    fix = line_edit(f"return {spec.expr}", f"return {bugs(spec)[0]}")
     critiques = ["Analysis: fine.\nImprovement suggestions: none.",  # no judgment
-                 f"Analysis: no.\nImprovement suggestions: use `return {spec.expr}`.\nOverall judgment: Incorrect",
+                 f"Analysis: no.\nImprovement suggestions: {edit_suggestion(*fix)}\nOverall judgment: Incorrect",
                  "Overall judgement: Correct",  # misspelt: no judgment
                  "Analysis: ok.\nImprovement suggestions: none.\nOverall judgment: Correct"]
     proxy, reward = make_proxy(cfg, "cpu"), make_reward(cfg, str(workdir["dir"]))
@@ -291,14 +292,14 @@ def test_consistent_review_makes_self_contradicting_critiques_invalid():
     true_wrong = synthetic_critique(False, ["AssertionError: x"], bad, ref)
     true_right = synthetic_critique(True, [], ref, ref)
     # the loophole it closes: an identical word marked as different, the code's own line suggested
-    lie = true_right.replace("+ 4`", "+ [4 -> 4]`").replace("none.", "use `return x * 6 + 4`.") \
+    lie = true_right.replace("+ 4`", "+ [4 -> 4]`").replace("none.", "change `+ 4` to `+ 4`.") \
         .replace("Overall judgment: Correct", "Overall judgment: Incorrect")
     free = "Analysis: looks fine.\nImprovement suggestions: none.\nOverall judgment: Correct"  # no review
     # a review that misquotes the code it reviews: copies what the problem needs as the code's line, Correct
     misquote = synthetic_critique(True, [], ref, ref)
-    # Correct, every quote true, yet a line the code does not have is suggested
+    # Correct, every quote true, yet a change is suggested
     sneak = "Analysis: the code's line, checked: `return x`. Every test passes.\n" \
-            "Improvement suggestions: use `return x * 6 + 4`.\nOverall judgment: Correct"
+            "Improvement suggestions: change `+ 5` to `+ 4`.\nOverall judgment: Correct"
     critiques = [true_wrong, true_right, lie, free, misquote, sneak]
     codes = [bad, ref, ref, ref, bad, bad]
     attempts = [SimpleNamespace(solution=f"```python\n{c}```") for c in codes]
