@@ -26,7 +26,7 @@ demo: install
 ctrl-demo: install
 	$(BIN)/fastcrit sft configs/cpu/ctrl_coder.yaml
 	$(BIN)/fastcrit train configs/cpu/ctrl.yaml
-	$(BIN)/fastcrit critique configs/cpu/ctrl.yaml --set ctrl.solution_temperature=0
+	$(BIN)/fastcrit critique configs/cpu/ctrl.yaml
 
 # After ctrl-demo: HumanEval's 164 problems through the paper's evaluation protocol with its baselines
 # (5 solutions per problem, 3 seeds, one critique each; the tiny models solve ~none: it shows that real

@@ -242,6 +242,10 @@ class CTRLConfig:
     synth_writer_top_p: float = 1.0
     solution_temperature: float = 1.0  # sampling temperature of the initial solutions
     solution_top_p: float = 1.0  # their nucleus sampling (the paper's generator: T 0.7, top-p 0.8)
+    # The temperature of the solutions critics are evaluated on (stage 1's held-out split, which
+    # `fastcrit train` evaluates on, and `fastcrit critique`); None = solution_temperature. 0 makes
+    # the critics start from the generator's greedy answers, the strongest single-answer baseline.
+    eval_temperature: Optional[float] = None
     sft_balance: bool = True  # repeat the rarer judgment's critiques until both are as many
     # Seeds the held-out problems' initial solutions (stage 1's val split) apart from trainer.seed,
     # so runs with different training seeds are evaluated on the same solutions and the spread

@@ -118,6 +118,8 @@ def validate(cfg: Config) -> None:
              f"critique; sample them (ctrl.critique_temperature > 0) or set 1")
     need(cfg.ctrl.solutions_per_problem >= 1, "ctrl.solutions_per_problem: must be >= 1")
     need(0 < cfg.ctrl.solution_top_p <= 1, f"ctrl.solution_top_p: must be in (0, 1], got {cfg.ctrl.solution_top_p}")
+    need(cfg.ctrl.eval_temperature is None or cfg.ctrl.eval_temperature >= 0,
+         f"ctrl.eval_temperature: must be >= 0 (or null: ctrl.solution_temperature), got {cfg.ctrl.eval_temperature}")
     need(cfg.ctrl.synth_writer_temperature >= 0,
          f"ctrl.synth_writer_temperature: must be >= 0, got {cfg.ctrl.synth_writer_temperature}")
     need(0 < cfg.ctrl.synth_writer_top_p <= 1,

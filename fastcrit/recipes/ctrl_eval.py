@@ -2,8 +2,8 @@
 the same table.
 
 For each of ``ctrl.eval_seeds`` seeds (``trainer.seed``, ``+1``, ...): the generator samples
-``ctrl.eval_solutions`` solutions per problem at ``ctrl.solution_temperature`` (the paper samples
-several), the sandbox runs them, and then
+``ctrl.eval_solutions`` solutions per problem at ``ctrl.eval_temperature`` (default
+``ctrl.solution_temperature``; the paper samples several), the sandbox runs them, and then
 
 - the critic runs ``ctrl.rounds`` critique -> revision rounds over every solution (sampled as
   ``ctrl.critique_temperature`` / ``critique_top_p`` / ``critique_samples`` say; the reviser is
@@ -125,6 +125,7 @@ def run_critique(cfg: Config) -> dict:
     critic, critic_name = critic_chat(cfg)
     reward = make_reward(cfg, out_dir)
     k, seeds = c.eval_solutions, [cfg.trainer.seed + i for i in range(c.eval_seeds)]
+    temperature = c.solution_temperature if c.eval_temperature is None else c.eval_temperature
     runs: dict[str, list[dict]] = {"generator_greedy": [], "generator": [],
                                    **{f"critic_round_{r}": [] for r in range(1, c.rounds + 1)},
                                    **{b: [] for b in c.baselines if b != "generator_greedy"}}
@@ -137,7 +138,7 @@ def run_critique(cfg: Config) -> dict:
             greedy = execute(reward, [p for p, _ in sols], [t for _, t in sols])
             runs["generator_greedy"].append({"pass@1": sum(a.passed for a in greedy) / max(len(greedy), 1)})
         for seed in seeds:
-            sols = sample_solutions(writer, problems, k=k, temperature=c.solution_temperature, max_new_tokens=tokens,
+            sols = sample_solutions(writer, problems, k=k, temperature=temperature, max_new_tokens=tokens,
                                     seed=solution_seed(seed), style=c.prompts, top_p=c.solution_top_p)
             attempts = execute(reward, [p for p, _ in sols], [t for _, t in sols])
             reports, recs = critique_rounds(critic, proxy, reward, attempts, rounds=c.rounds,
@@ -169,14 +170,14 @@ def run_critique(cfg: Config) -> dict:
     _write_jsonl(base_path, baseline_records)
     summary = {"problems": len(problems), "source": cfg.data.val, "critic": critic_name,
                "generator": generator_name, "prompts": c.prompts, "solutions_per_problem": k,
-               "solution_temperature": c.solution_temperature, "seeds": seeds,
+               "solution_temperature": temperature, "seeds": seeds,
                "critique_temperature": c.critique_temperature, "critique_top_p": c.critique_top_p,
                "critique_samples": c.critique_samples, "methods": methods,
                "rounds": [asdict(r) for r in first_reports], "records": path, "baseline_records": base_path}
     with open(os.path.splitext(path)[0] + "_summary.json", "w") as f:
         json.dump(summary, f, indent=1)
     how = critique_protocol(c.critique_temperature, c.critique_samples, c.critique_top_p)
-    sampled = "greedy" if is_greedy(c.solution_temperature) else f"temperature {c.solution_temperature:g}"
+    sampled = "greedy" if is_greedy(temperature) else f"temperature {temperature:g}"
     print("\n".join([
         f"critique: {len(problems)} problems from {cfg.data.val}, {k} solution(s) each ({sampled}), "
         f"{len(seeds)} seed(s) (mean ± standard error); critic {critic_name}, {how}; generator {generator_name}",

@@ -92,6 +92,12 @@ def solution_seed(cfg: Config, split: str) -> int:
     return cfg.trainer.seed * 1_000_003 if split == "train" else cfg.ctrl.val_seed * 1_000_003 + 1
 
 
+def solution_temperature(cfg: Config, split: str) -> float:
+    """The training solutions' temperature, or the held-out ones' (``ctrl.eval_temperature``)."""
+    c = cfg.ctrl
+    return c.solution_temperature if split == "train" or c.eval_temperature is None else c.eval_temperature
+
+
 def solutions_per_problem(cfg: Config, split: str) -> int:
     return cfg.ctrl.solutions_per_problem if split == "train" else 1
 
@@ -202,6 +208,7 @@ def _plan(cfg: Config, splits: dict[str, list[Problem]]) -> dict:
             "sandbox": {"timeout_s": cfg.sandbox.timeout_s, "memory_mb": cfg.sandbox.memory_mb},
             "splits": {s: {"problems": len(ps), "sha256": digest(ps),
                            "solutions_per_problem": solutions_per_problem(cfg, s),
+                           "temperature": solution_temperature(cfg, s),
                            "seed": solution_seed(cfg, s)} for s, ps in splits.items()}}
 
 
@@ -221,7 +228,7 @@ def _run_chunks(ctx: DistContext, cfg: Config, splits: dict[str, list[Problem]],
             write = None if c.split != "train" else (
                 lambda attempts, seed=seed: write_critiques(cfg, writer, attempts, seed=seed + 500_009))
             made = synthesise(generator, reward, splits[c.split][c.start:c.stop], k=k,
-                              temperature=cfg.ctrl.solution_temperature,
+                              temperature=solution_temperature(cfg, c.split),
                               max_new_tokens=cfg.proxy.rollout.max_new_tokens, seed=seed, write=write,
                               style=cfg.ctrl.prompts, top_p=cfg.ctrl.solution_top_p)
             w = made.critiques

@@ -96,11 +96,17 @@ def test_held_out_solutions_do_not_depend_on_the_training_seed(workdir, tmp_path
                         open(os.path.join(tmp_path, name, "synth", f"solutions_{split}.jsonl"))]
                 for split in ("train", "val")}
 
-    a = solutions("a", "trainer.seed=1", "ctrl.solution_temperature=2.0")
-    b = solutions("b", "trainer.seed=2", "ctrl.solution_temperature=2.0")
-    c = solutions("c", "trainer.seed=1", "ctrl.solution_temperature=2.0", "ctrl.val_seed=5")
+    hot = ("ctrl.solution_temperature=2.0", "ctrl.eval_temperature=null")  # held-out solutions sampled too
+    a = solutions("a", "trainer.seed=1", *hot)
+    b = solutions("b", "trainer.seed=2", *hot)
+    c = solutions("c", "trainer.seed=1", *hot, "ctrl.val_seed=5")
     assert a["train"] != b["train"] and a["val"] == b["val"]  # the seeds train apart, judged alike
     assert a["train"] == c["train"] and a["val"] != c["val"]
+    # ctrl.eval_temperature=0 (the CPU config): the held-out solutions are the greedy answers
+    g = solutions("g", "trainer.seed=1", "ctrl.solution_temperature=2.0", "ctrl.eval_temperature=0")
+    h = solutions("h", "trainer.seed=1", "ctrl.solution_temperature=2.0", "ctrl.eval_temperature=0",
+                  "ctrl.val_seed=5")
+    assert g["train"] == a["train"] and g["val"] == h["val"] != a["val"]
 
 
 def hand_made_attempts(n: int) -> list[Attempt]:
