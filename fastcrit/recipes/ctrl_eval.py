@@ -37,9 +37,9 @@ from fastcrit.reward import make_reward
 from fastcrit.types import is_greedy
 
 BASELINES = ("generator_greedy", "no_critique", "self_critique", "execution_feedback")
-LABELS = {"generator_greedy": "generator, greedy", "generator": "generator, sampled",
+LABELS = {"generator_greedy": "generator, greedy", "generator": "generator (evaluated solutions)",
           "no_critique": "no critique (revise)", "self_critique": "self-critique",
-          "execution_feedback": "execution feedback (upper bound)"}
+          "execution_feedback": "execution feedback"}
 
 
 def solution_seed(seed: int) -> int:
@@ -100,12 +100,15 @@ def format_table(methods: dict[str, dict], k: int) -> list[str]:
         text = f"{v['mean']:.3f}" + ("" if v["se"] is None else f" ± {v['se']:.3f}")
         return f"{text:<{width}}"
 
-    lines = [f"  {'method':34s}{'pass@1':17s}{f'pass@{k}':17s}{'Δ↑':17s}{'Δ↓':17s}{'judgment':17s}valid"]
+    keys = ("pass@1", "pass@k", "delta_up", "delta_down", "judgment_acc") if k > 1 else (
+        "pass@1", "delta_up", "delta_down", "judgment_acc")  # pass@1 is pass@k with one solution
+    heads = {"pass@1": "pass@1", "pass@k": f"pass@{k}", "delta_up": "Δ↑", "delta_down": "Δ↓",
+             "judgment_acc": "judgment"}
+    lines = [f"  {'method':34s}" + "".join(f"{heads[key]:17s}" for key in keys) + "valid"]
     for name, m in methods.items():
         label = LABELS.get(name) or (f"critic, round {name.rsplit('_', 1)[1]}" if name.startswith("critic_round_")
                                      else name)
-        lines.append((f"  {label:34s}" + "".join(cell(m, key, 17) for key in
-                                                 ("pass@1", "pass@k", "delta_up", "delta_down", "judgment_acc"))
+        lines.append((f"  {label:34s}" + "".join(cell(m, key, 17) for key in keys)
                       + cell(m, "valid_rate", 5)).rstrip())
     return lines
 

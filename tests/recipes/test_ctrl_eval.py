@@ -23,7 +23,8 @@ def test_mean_and_standard_error_over_seeds():
     table = combine({"generator": [{"pass@1": 0.5, "pass@k": 0.8}, {"pass@1": 0.7, "pass@k": 0.9}], "none": []})
     assert set(table) == {"generator"} and table["generator"]["pass@k"]["runs"] == [0.8, 0.9]
     lines = format_table(table, 5)
-    assert "pass@5" in lines[0] and "generator, sampled" in lines[1] and "0.600 ± 0.100" in lines[1]
+    assert "pass@5" in lines[0] and "generator (evaluated" in lines[1] and "0.600 ± 0.100" in lines[1]
+    assert "pass@5" not in format_table(table, 1)[0]  # one solution: pass@k is pass@1
 
 
 def test_pass_at_k_counts_a_problem_once_one_of_its_chains_passes():
