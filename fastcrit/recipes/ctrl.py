@@ -25,7 +25,7 @@ from fastcrit.data.prompts import render_chat
 from fastcrit.recipes.critique import (Attempt, RoundReport, critique_protocol, critique_round, execute,
                                       kept_when_correct, repeat_attempts, revise, round_seed, sample_solutions)
 from fastcrit.recipes.ctrl_common import load_attempts, make_generator, make_proxy, synth_dir
-from fastcrit.recipes.ctrl_eval import baseline_round
+from fastcrit.recipes.ctrl_eval import baseline_round, figures
 from fastcrit.recipes.scaffold import Run
 from fastcrit.reward import RewardItem, make_reward
 from fastcrit.rollout.chat import LocalChat
@@ -195,7 +195,7 @@ class CTRL:
                     out["val/generator_greedy_pass@1"] = sum(a.passed for a in greedy) / len(greedy)
                 else:
                     _, rep, _ = baseline_round(name, c, generator, self.proxy, self.reward, share, seed=c.trainer.seed)
-                    out.update(rep.metrics(f"val/{name}_"))
+                    out.update({f"val/{name}_{k}": v for k, v in figures(rep).items()})
         finally:
             if generator is not self.proxy:
                 generator.close()
