@@ -22,10 +22,10 @@ from fastcrit.algos.advantages import outcome_advantages
 from fastcrit.data.critique import review_agrees
 from fastcrit.data.ctrl_prompts import critique_messages
 from fastcrit.data.prompts import render_chat
-from fastcrit.recipes.critique import (Attempt, RoundReport, critique_protocol, critique_round, execute,
-                                      kept_when_correct, repeat_attempts, revise, round_seed, sample_solutions)
+from fastcrit.recipes.critique import (Attempt, RoundReport, critique_protocol, critique_round, kept_when_correct,
+                                      repeat_attempts, revise, round_seed)
 from fastcrit.recipes.ctrl_common import load_attempts, make_generator, make_proxy, synth_dir
-from fastcrit.recipes.ctrl_eval import baseline_round, figures
+from fastcrit.recipes.ctrl_eval import baseline_round, figures, greedy_pass_at_1
 from fastcrit.recipes.scaffold import Run
 from fastcrit.reward import RewardItem, make_reward
 from fastcrit.rollout.chat import LocalChat
@@ -188,11 +188,8 @@ class CTRL:
         try:
             for name in c.ctrl.baselines:
                 if name == "generator_greedy":
-                    sols = sample_solutions(generator, [a.problem for a in share], k=1, temperature=0.0,
-                                            max_new_tokens=c.proxy.rollout.max_new_tokens, seed=0,
-                                            style=c.ctrl.prompts)
-                    greedy = execute(self.reward, [p for p, _ in sols], [t for _, t in sols])
-                    out["val/generator_greedy_pass@1"] = sum(a.passed for a in greedy) / len(greedy)
+                    out["val/generator_greedy_pass@1"] = greedy_pass_at_1(generator, self.reward,
+                                                                          [a.problem for a in share], c)
                 else:
                     _, rep, _ = baseline_round(name, c, generator, self.proxy, self.reward, share, seed=c.trainer.seed)
                     out.update({f"val/{name}_{k}": v for k, v in figures(rep).items()})

@@ -63,7 +63,7 @@ class OwnedChat:
             self.engine = None
 
 
-def _local_chat(model: ModelConfig, rollout, max_prompt_len: int, device, seed: int,
+def local_chat(model: ModelConfig, rollout, max_prompt_len: int, device, seed: int,
                 sleeps: bool = False) -> OwnedChat:
     """A local model on its own engine. ``sleeps`` (a frozen model sharing a GPU with the trainer,
     CTRL's proxy): the engine keeps a host copy of its weights (the native engine's ``cpu_backup``,
@@ -81,7 +81,7 @@ def _local_chat(model: ModelConfig, rollout, max_prompt_len: int, device, seed: 
     return chat
 
 
-def _http_chat(cfg: Config, endpoint: str, api_model: str, what: str) -> OwnedChat:
+def http_chat(cfg: Config, endpoint: str, api_model: str, what: str) -> OwnedChat:
     """An OpenAI-compatible endpoint; key, concurrency, timeout and retries from ``proxy.*``."""
     p = cfg.proxy
     key = os.environ.get(p.api_key_env) if p.api_key_env else None
@@ -105,11 +105,11 @@ def _generator_model(cfg: Config) -> ModelConfig:
 def make_proxy(cfg: Config, device, sleeps: bool = False) -> OwnedChat:
     """The generator / reviser: ``proxy.endpoint`` (OpenAI-compatible), else a local model
     (``proxy.model``, or the critic's ``model`` when its path is empty) on its own engine;
-    ``sleeps``: see ``_local_chat`` (CTRL's RL stage, beside the trainer)."""
+    ``sleeps``: see ``local_chat`` (CTRL's RL stage, beside the trainer)."""
     p = cfg.proxy
     if p.endpoint:
-        return _http_chat(cfg, p.endpoint, p.api_model, "proxy.api_model")
-    return _local_chat(_proxy_model(cfg), p.rollout, p.max_prompt_len, device, cfg.trainer.seed, sleeps=sleeps)
+        return http_chat(cfg, p.endpoint, p.api_model, "proxy.api_model")
+    return local_chat(_proxy_model(cfg), p.rollout, p.max_prompt_len, device, cfg.trainer.seed, sleeps=sleeps)
 
 
 def make_generator(cfg: Config, device) -> OwnedChat:
@@ -117,7 +117,7 @@ def make_generator(cfg: Config, device) -> OwnedChat:
     engine settings), else the proxy itself."""
     if not cfg.ctrl.generator:
         return make_proxy(cfg, device)
-    return _local_chat(_generator_model(cfg), cfg.proxy.rollout, cfg.proxy.max_prompt_len, device, cfg.trainer.seed)
+    return local_chat(_generator_model(cfg), cfg.proxy.rollout, cfg.proxy.max_prompt_len, device, cfg.trainer.seed)
 
 
 def generator_name(cfg: Config) -> str:
@@ -135,7 +135,7 @@ def critic_chat(cfg: Config) -> tuple[OwnedChat, str]:
     rollout engine."""
     c = cfg.ctrl
     if c.critic_endpoint:
-        chat = _http_chat(cfg, c.critic_endpoint, c.critic_api_model, "ctrl.critic_api_model")
+        chat = http_chat(cfg, c.critic_endpoint, c.critic_api_model, "ctrl.critic_api_model")
         return chat, chat.name
     path = c.critic or latest_checkpoint(cfg.trainer.output_dir)
     if not path:
@@ -143,7 +143,7 @@ def critic_chat(cfg: Config) -> tuple[OwnedChat, str]:
                           "(train one with `fastcrit train`, or set ctrl.critic=<model dir>)")
     device = "cpu" if cfg.trainer.device == "cpu" else "cuda"
     model = ModelConfig(path=path, dtype=cfg.model.dtype, tiny=cfg.model.tiny)
-    chat = _local_chat(model, cfg.rollout, cfg.data.max_prompt_len, device, cfg.trainer.seed)
+    chat = local_chat(model, cfg.rollout, cfg.data.max_prompt_len, device, cfg.trainer.seed)
     return chat, chat.name
 
 

@@ -73,6 +73,14 @@ def baseline_round(name: str, cfg: Config, generator, proxy, reward, attempts, *
     return new, rep, recs
 
 
+def greedy_pass_at_1(generator, reward, problems, cfg: Config) -> float:
+    """The generator's greedy answer to each problem, run: the share that passes (no seed)."""
+    sols = sample_solutions(generator, problems, k=1, temperature=0.0, max_new_tokens=cfg.proxy.rollout.max_new_tokens,
+                            seed=0, style=cfg.ctrl.prompts)
+    greedy = execute(reward, [p for p, _ in sols], [t for _, t in sols])
+    return sum(a.passed for a in greedy) / max(len(greedy), 1)
+
+
 def figures(rep: RoundReport) -> dict[str, float]:
     """What the table shows of one round."""
     m = rep.metrics("")
@@ -136,10 +144,7 @@ def run_critique(cfg: Config) -> dict:
     tokens = cfg.proxy.rollout.max_new_tokens
     try:
         if "generator_greedy" in c.baselines:
-            sols = sample_solutions(writer, problems, k=1, temperature=0.0, max_new_tokens=tokens, seed=0,
-                                    style=c.prompts)
-            greedy = execute(reward, [p for p, _ in sols], [t for _, t in sols])
-            runs["generator_greedy"].append({"pass@1": sum(a.passed for a in greedy) / max(len(greedy), 1)})
+            runs["generator_greedy"].append({"pass@1": greedy_pass_at_1(writer, reward, problems, cfg)})
         for seed in seeds:
             sols = sample_solutions(writer, problems, k=k, temperature=temperature, max_new_tokens=tokens,
                                     seed=solution_seed(seed), style=c.prompts, top_p=c.solution_top_p)

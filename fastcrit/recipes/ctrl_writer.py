@@ -26,7 +26,7 @@ from fastcrit.data.critique import parse_judgment, synthetic_critique
 from fastcrit.data.ctrl_prompts import clean_critique, critique_messages, hint_for, leaks, writer_messages
 from fastcrit.models.hf import model_spec, resolve_model_path
 from fastcrit.recipes.critique import Attempt
-from fastcrit.recipes.ctrl_common import _http_chat, _local_chat
+from fastcrit.recipes.ctrl_common import http_chat, local_chat
 from fastcrit.reward.code import extract_program
 from fastcrit.types import is_greedy
 
@@ -111,10 +111,10 @@ def make_writer(cfg: Config, device, generator):
     if c.synth_writer == "template":
         return None, False
     if c.synth_writer_endpoint:
-        return _http_chat(cfg, c.synth_writer_endpoint, c.synth_writer_api_model, "ctrl.synth_writer_api_model"), True
+        return http_chat(cfg, c.synth_writer_endpoint, c.synth_writer_api_model, "ctrl.synth_writer_api_model"), True
     if writer_name(cfg) == getattr(generator, "name", None):
         return generator, False
-    return _local_chat(writer_model(cfg), cfg.proxy.rollout, cfg.proxy.max_prompt_len, device, cfg.trainer.seed), True
+    return local_chat(writer_model(cfg), cfg.proxy.rollout, cfg.proxy.max_prompt_len, device, cfg.trainer.seed), True
 
 
 def write_critiques(cfg: Config, writer, attempts: list[Attempt], seed: int) -> Written:
