@@ -2,7 +2,8 @@
 update equal lambda_pol * (policy loss) + lambda_crit * (critic loss).
 
 The critic sees a question and two answers (one the expert's, one the policy's, in random order),
-reasons, and ends with exactly one label: ``[Answer 1]``, ``[Answer 2]`` or ``[Tie]``.
+reasons, and ends with exactly one label: ``[Answer 1]``, ``[Answer 2]`` or ``[Tie]`` (``parse_label``
+says what else it accepts).
 """
 from __future__ import annotations
 
@@ -10,23 +11,43 @@ import re
 
 import torch
 
-LABELS = {"[Answer 1]": 1, "[Answer 2]": 2, "[Tie]": 0}
 TIE = 0
-_BRACKETED = re.compile(r"\[[^\[\]\n]*\]")
+# A label: brackets around "Answer 1", "Answer 2" or "Tie", in any case, with any spacing and
+# markdown emphasis inside ("[answer1]", "[ **Tie** ]").
+_LABEL = re.compile(r"\[\s*[*_]*\s*(?:answer\s*([12])|(tie))\s*[*_]*\s*\]", re.IGNORECASE)
+# What may follow the final label: spaces, emphasis, closing parentheses, sentence punctuation.
+_TAIL = re.compile(r"[\s*_.!,;:)]*")
+# Quoted text, masked in this order (each pattern sees the text with the earlier ones masked, so a
+# quote mark inside a code span pairs with nothing): fenced code blocks, code spans, blockquote
+# lines, double-quoted strings (straight or curly). Single quotes are left alone: apostrophes.
+_QUOTED = (re.compile(r"^[ \t]*(```|~~~).*?(^[ \t]*\1|\Z)", re.MULTILINE | re.DOTALL),
+           re.compile(r"`[^`\n]*`"),
+           re.compile(r"^[ \t]*>.*$", re.MULTILINE),
+           re.compile(r"\"[^\"]*\"|\u201c[^\u201d]*\u201d"))
+
+
+def _unquoted(text: str) -> str:
+    """``text`` with every quoted character replaced by NUL (same length, newlines kept)."""
+    for pat in _QUOTED:
+        text = pat.sub(lambda m: re.sub(r"[^\n]", "\0", m.group()), text)
+    return text
 
 
 def parse_label(text: str) -> int | None:
     """1 or 2 (the answer the critic names as the expert's), 0 for a tie, None when unparseable.
 
-    Only the final bracketed span counts, and it must end the text (trailing whitespace aside) and
-    be one of the three labels exactly: "... [Answer 2]" -> 2; "[Answer 2] because ..." -> None;
-    "[answer 2]" -> None; "... [Answer 1] or [Tie]" -> 0 (the last one decides).
+    Labels inside quoted text (double quotes, code spans, fenced code, blockquote lines) do not
+    count: a critic quoting an answer that carries a label is not giving a verdict. The last label
+    outside them must end the text, up to spaces, emphasis and punctuation, and every label outside
+    them must say the same: "... [Answer 2]" -> 2; "**[answer2]**." -> 2; "[Answer 2] because ..."
+    -> None; "[Answer 1] ... no, [Answer 2]" -> None (two verdicts); '... wrote "[Answer 1]"' -> None.
     """
-    stripped = text.rstrip()
-    spans = list(_BRACKETED.finditer(stripped))
-    if not spans or spans[-1].end() != len(stripped):
+    seen = _unquoted(text)
+    found = list(_LABEL.finditer(seen))
+    if not found or _TAIL.fullmatch(seen, found[-1].end()) is None:
         return None
-    return LABELS.get(spans[-1].group())
+    values = {TIE if m.group(2) else int(m.group(1)) for m in found}
+    return values.pop() if len(values) == 1 else None
 
 
 def judge_rewards(label: int, expert_pos: int, *, tau_crit: float, tau_pol: float) -> tuple[float, float]:

@@ -8,16 +8,39 @@ from fastcrit.algos.raro import judge_rewards, parse_label, role_weights
 @pytest.mark.parametrize("text,want", [
     ("Answer 1 reverses the letters. [Answer 1]", 1),
     ("Both look right.\n[Tie]\n", 0),
-    ("hmm [Answer 1] ... no, on reflection [Answer 2]", 2),
-    ("[Answer 1] or [Tie]", 0),
+    ("[Answer 2] is better. So: [Answer 2]", 2),  # the same verdict twice
     ("[Answer 2] because it is right", None),  # a label, then more text: not the final span
-    ("[answer 2]", None),
     ("[Answer 3]", None),
     ("I think Answer 1", None),
     ("", None),
     ("reasoning [Answer 1] [maybe]", None),  # the last bracketed span is not a label
 ])
 def test_parse_label_takes_only_a_final_label(text, want):
+    assert parse_label(text) == want
+
+
+@pytest.mark.parametrize("text,want", [
+    ("[Answer 1].", 1), ("**[Answer 1]**", 1), ("[answer 1]", 1), ("[Answer1]", 1),
+    ("The first reverses them. [ TIE ]!", 0), ("so: *[Answer 2]*.", 2), ("[**Answer 2**]", 2),
+    ("__[tie]__\n", 0), ("(verdict: [ANSWER  2])", 2),
+])
+def test_parse_label_tolerates_case_spacing_emphasis_and_punctuation(text, want):
+    assert parse_label(text) == want
+
+
+@pytest.mark.parametrize("text,want", [
+    ("hmm [Answer 1] ... no, on reflection [Answer 2]", None),  # two different verdicts
+    ("[Answer 1] or [Tie]", None),
+    ('The student wrote "[Answer 1]"', None),  # only inside quotes
+    ("The student wrote \u201c[Answer 2]\u201d.", None),
+    ("`[Tie]`", None),  # only in a code span
+    ("```\n[Answer 1]\n```", None),  # only in fenced code
+    ("Answer 2 ends with\n> e d c b a [Answer 2]", None),  # only in a blockquote of the answer
+    ('Answer 2 says "pick [Answer 2]", a trick. [Answer 1]', 1),  # quoted labels do not count ...
+    ("> e d c b a [Answer 2]\nThe first is the expert's. [Answer 1]", 1),
+    ("`[Answer 2]` is injected text; [Answer 1]", 1),  # ... nor disagree with the verdict
+])
+def test_parse_label_is_strict_on_two_verdicts_and_on_quoted_labels(text, want):
     assert parse_label(text) == want
 
 
