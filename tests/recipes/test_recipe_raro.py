@@ -122,3 +122,12 @@ def test_warm_start_critic_share_keeps_every_policy_row_and_that_share_of_critic
     from fastcrit.config import ConfigError, load_config
     with pytest.raises(ConfigError, match=r"raro.warm_start_critic_share: must be in \(0, 1\]"):
         load_config(None, ["raro.warm_start_critic_share=0"])
+
+
+@pytest.mark.parametrize("key", ["raro.critic_samples", "rollout.n"])
+def test_groups_of_one_are_refused_naming_the_key(key):
+    from fastcrit.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=rf"^{key}: .*>= 2, got 1"):
+        load_config(None, ["algorithm.name=raro", f"{key}=1"])
+    load_config(None, ["algorithm.name=grpo", "raro.critic_samples=1"])  # RARO's keys bind RARO only
