@@ -11,6 +11,8 @@ import re
 
 import torch
 
+from fastcrit_kernels import group_advantages
+
 TIE = 0
 # A label: brackets around "Answer 1", "Answer 2" or "Tie", in any case, with any spacing and
 # markdown emphasis inside ("[answer1]", "[ **Tie** ]").
@@ -56,6 +58,26 @@ def judge_rewards(label: int, expert_pos: int, *, tau_crit: float, tau_pol: floa
     if label == TIE:
         return tau_crit, tau_pol
     return (1.0, 0.0) if label == expert_pos else (0.0, 1.0)
+
+
+def kept_group_advantages(scores: torch.Tensor, group_ids: torch.Tensor, kept: torch.Tensor, *,
+                          norm_by_std: bool = True) -> torch.Tensor:
+    """[B] GRPO advantages over each group's kept rows only: (s - mean) / (std + 1e-6), or s - mean
+    without ``norm_by_std``, the mean and the unbiased std taken over the kept rows of the group.
+    A masked row (``kept`` False: an unparseable verdict, an unjudged or over-length answer) gets 0
+    and does not move its group's statistics, so being parseable earns nothing by itself. A group
+    with fewer than 2 kept rows gets 0, like a constant group: nothing to compare with (verl's GRPO
+    would give a lone row its raw score). scores: [B] float; group_ids: [B] long; kept: [B] bool.
+    """
+    out = torch.zeros(scores.shape[0], dtype=torch.float32)
+    rows = torch.nonzero(kept).flatten()
+    if len(rows) == 0:
+        return out
+    g = group_ids[rows]
+    _, inv, counts = torch.unique(g, return_inverse=True, return_counts=True)
+    adv = group_advantages(scores[rows].float(), g, "grpo", norm_by_std=norm_by_std)
+    out[rows] = torch.where(counts[inv] >= 2, adv.float(), torch.zeros_like(adv, dtype=torch.float32))
+    return out
 
 
 def role_weights(roles: torch.Tensor, mask: torch.Tensor, lambdas: dict[int, float]) -> torch.Tensor:

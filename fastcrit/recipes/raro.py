@@ -25,8 +25,7 @@ import random
 
 import torch
 
-from fastcrit.algos.advantages import outcome_advantages
-from fastcrit.algos.raro import TIE, role_weights
+from fastcrit.algos.raro import TIE, kept_group_advantages, role_weights
 from fastcrit.data.datasets import load_dataset
 from fastcrit.data.prompts import render_chat
 from fastcrit.data.replay import ReplayBuffer
@@ -123,8 +122,8 @@ class RARO:
         batch.response_mask = batch.response_mask * keep[:, None].float()
         roles = torch.tensor([POLICY] * len(pol) + [CRITIC] * len(crit))
         batch.ref_logprobs = run.reference(batch)
-        adv = outcome_advantages("grpo", batch.scores, batch.group_ids, batch.response_mask)
-        batch.advantages = adv * role_weights(roles, batch.response_mask,
+        adv = kept_group_advantages(batch.scores, batch.group_ids, keep, norm_by_std=run.cfg.algorithm.norm_adv_by_std)
+        batch.advantages = adv[:, None] * batch.response_mask * role_weights(roles, batch.response_mask,
                                               {POLICY: r.lambda_pol, CRITIC: r.lambda_crit})[:, None]
         stats = run.update(batch)
         run.sync()

@@ -1,8 +1,10 @@
-"""RARO's verdict parser, reward matrix and role weights."""
+"""RARO's verdict parser, reward matrix, advantages over kept rows and role weights."""
+import statistics
+
 import pytest
 import torch
 
-from fastcrit.algos.raro import judge_rewards, parse_label, role_weights
+from fastcrit.algos.raro import judge_rewards, kept_group_advantages, parse_label, role_weights
 
 
 @pytest.mark.parametrize("text,want", [
@@ -49,6 +51,43 @@ def test_judge_rewards_matrix():
     assert judge_rewards(1, 1, **kw) == (1.0, 0.0)  # critic right
     assert judge_rewards(2, 1, **kw) == (0.0, 1.0)  # critic fooled
     assert judge_rewards(0, 2, **kw) == (0.55, 0.6)  # tie
+
+
+def kept_advantages_loop(scores, groups, kept, norm_by_std=True):
+    """The slow, obvious oracle: GRPO within each group over its kept rows alone."""
+    out = []
+    for i, s in enumerate(scores):
+        peers = [scores[j] for j in range(len(scores)) if kept[j] and groups[j] == groups[i]]
+        if not kept[i] or len(peers) < 2:
+            out.append(0.0)
+            continue
+        centred = s - statistics.mean(peers)
+        out.append(centred / (statistics.stdev(peers) + 1e-6) if norm_by_std else centred)
+    return out
+
+
+def test_masked_rows_do_not_count_in_their_groups_statistics():
+    # three verdicts of 1 and one unparseable: the three trained rows get 0, not +0.5
+    adv = kept_group_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0]), torch.tensor([7, 7, 7, 7]),
+                                torch.tensor([True, True, True, False]))
+    assert adv.tolist() == [0.0, 0.0, 0.0, 0.0]
+    # a lone kept row has nothing to compare with; masked rows get 0
+    adv = kept_group_advantages(torch.tensor([1.0, 0.0, 0.6, 0.0]), torch.tensor([0, 0, 1, 1]),
+                                torch.tensor([True, False, True, True]))
+    assert adv[:2].tolist() == [0.0, 0.0] and adv[2] > 0 > adv[3]
+
+
+@pytest.mark.parametrize("norm_by_std", [True, False])
+def test_kept_group_advantages_match_the_loop(norm_by_std):
+    g = torch.Generator().manual_seed(0)
+    B = 40
+    scores = torch.randint(0, 3, (B,), generator=g).float() / 2  # ties within groups are common
+    groups = torch.randint(0, 9, (B,), generator=g) * 3 + 5  # sparse ids, groups of 0 to 9 rows
+    kept = torch.rand(B, generator=g) > 0.3
+    got = kept_group_advantages(scores, groups, kept, norm_by_std=norm_by_std)
+    want = kept_advantages_loop(scores.tolist(), groups.tolist(), kept.tolist(), norm_by_std)
+    assert got.tolist() == pytest.approx(want, abs=1e-5)
+    assert kept_group_advantages(scores, groups, torch.zeros(B, dtype=torch.bool)).abs().sum() == 0
 
 
 def test_role_weights_make_the_token_mean_a_weighted_sum_of_role_means():
