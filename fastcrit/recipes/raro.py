@@ -25,13 +25,13 @@ import random
 
 import torch
 
-from fastcrit.algos.raro import TIE, kept_group_advantages, role_weights
+from fastcrit.algos.raro import TIE, RaroObjective, kept_group_advantages
 from fastcrit.data.datasets import load_dataset
 from fastcrit.data.prompts import render_chat
 from fastcrit.data.replay import ReplayBuffer
 from fastcrit.recipes.scaffold import Run, reward_items
 from fastcrit.reward import RewardItem, get_reward_manager, make_reward
-from fastcrit.config import ConfigError
+from fastcrit.config import ConfigError, loss_scale
 from fastcrit.train.dist import all_reduce_mean, barrier
 from fastcrit.types import SamplingParams
 
@@ -60,6 +60,8 @@ class RARO:
         self.val = load(c.data.val, "test")[:c.data.val_size] if c.data.val else []
         self.check = make_reward(c, run.out, run.ctx.rank, run.ctx.device) if c.reward.name else None
         self.verdicts = get_reward_manager("raro", tau_crit=c.raro.tau_crit, tau_pol=c.raro.tau_pol)
+        self.objective = RaroObjective(c.algorithm, {POLICY: ("policy", c.raro.lambda_pol),
+                                                     CRITIC: ("critic", c.raro.lambda_crit)}, loss_scale(c))
         self.start_answers: list[str] | None = None  # the starting policy's held-out answers (evaluate)
 
     def state_dict(self) -> dict:
@@ -120,12 +122,11 @@ class RARO:
         batch = run.batch(pol + crit_rows, torch.tensor(pol_scores + crit_scores, dtype=torch.float32))
         keep = torch.tensor([i in pol_votes for i in range(len(pol))] + [lab is not None for lab in labels])
         batch.response_mask = batch.response_mask * keep[:, None].float()
-        roles = torch.tensor([POLICY] * len(pol) + [CRITIC] * len(crit))
+        batch.roles = torch.tensor([POLICY] * len(pol) + [CRITIC] * len(crit))
         batch.ref_logprobs = run.reference(batch)
         adv = kept_group_advantages(batch.scores, batch.group_ids, keep, norm_by_std=run.cfg.algorithm.norm_adv_by_std)
-        batch.advantages = adv[:, None] * batch.response_mask * role_weights(roles, batch.response_mask,
-                                              {POLICY: r.lambda_pol, CRITIC: r.lambda_crit})[:, None]
-        stats = run.update(batch)
+        batch.advantages = adv[:, None] * batch.response_mask
+        stats = run.update(batch, self.objective)
         run.sync()
         parsed = [(lab, pairs[o.prompt_index].expert_pos) for o, lab in zip(crit, labels) if lab is not None]
         n_crit = max(len(crit), 1)

@@ -1,10 +1,11 @@
-"""RARO's verdict parser, reward matrix, advantages over kept rows and role weights."""
+"""RARO's verdict parser, reward matrix, advantages over kept rows and the joint objective's pieces
+(its exactness against a loop oracle, on a model: tests/recipes/test_recipe_raro.py)."""
 import statistics
 
 import pytest
 import torch
 
-from fastcrit.algos.raro import judge_rewards, kept_group_advantages, parse_label, role_weights
+from fastcrit.algos.raro import RaroObjective, agg_units, judge_rewards, kept_group_advantages, parse_label
 
 
 @pytest.mark.parametrize("text,want", [
@@ -90,21 +91,25 @@ def test_kept_group_advantages_match_the_loop(norm_by_std):
     assert kept_group_advantages(scores, groups, torch.zeros(B, dtype=torch.bool)).abs().sum() == 0
 
 
-def test_role_weights_make_the_token_mean_a_weighted_sum_of_role_means():
-    g = torch.Generator().manual_seed(0)
-    mask = (torch.rand(6, 5, generator=g) > 0.3).float()
-    mask[:, 0] = 1
-    roles = torch.tensor([0, 0, 1, 1, 1, 0])
-    per_token = torch.randn(6, 5, generator=g)
-    w = role_weights(roles, mask, {0: 1 / 9, 1: 8 / 9})
-    joint = (per_token * w[:, None] * mask).sum() / mask.sum()
+def test_agg_units_count_what_each_loss_agg_divides_by():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    assert agg_units(mask, "token-mean") == 3.0
+    for agg in ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        assert agg_units(mask, agg) == 2.0  # rows with a valid token
 
-    def mean(r):
-        m = mask[roles == r]
-        return (per_token[roles == r] * m).sum() / m.sum()
 
-    assert joint.item() == pytest.approx((mean(0) / 9 + 8 * mean(1) / 9).item(), rel=1e-5)
-    assert role_weights(roles, torch.zeros(6, 5), {0: 0.5, 1: 0.5}).abs().sum() == 0
+def test_raro_objective_needs_roles():
+    from fastcrit.config import AlgorithmConfig
+    from fastcrit.rollout.batch import collate
+    from fastcrit.types import Rollout
+
+    b = collate([Rollout(0, [5, 6], [7, 8], [-1.0, -1.0], "stop")] * 2, pad_id=0)
+    b.advantages = torch.ones(2, 2)
+    objective = RaroObjective(AlgorithmConfig(), {0: ("policy", 0.5), 1: ("critic", 0.5)})
+    with pytest.raises(ValueError, match="batch.roles"):
+        objective.check(b)
+    b.roles = torch.tensor([0, 1])
+    objective.check(b)
 
 
 def test_raro_reward_manager_by_name():
