@@ -17,6 +17,7 @@ SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model
         "raro.critic_samples=2", "raro.critic_max_new_tokens=6", "raro.replay_capacity=5",
         "sft.steps=25", "sft.lr=3e-3", "sft.batch_size=16", "optim.lr=1e-3", "algorithm.kl_coef=0.01", "reward.name=rule",
         "trainer.micro_batch_size=4", "trainer.progress=false", "trainer.seed=3"]
+REVERSE = {"task": "reverse"}  # the final answer is the answer line
 CPU_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "cpu", "grpo.yaml")
 
 
@@ -32,9 +33,9 @@ def test_raro_steps_buffer_and_exact_resume(tmp_path, same_checkpoint):
                 "raro/buffer_size", "raro/replayed_pairs", "reward/mean", "kl/mean",
                 *(f"raro/{role}/{k}" for role in ("policy", "critic") for k in ("loss", "clipfrac", "kl"))):
         assert all(isinstance(x[key], float) for x in r), key
-    # 4 fresh triples a step (minus over-length answers), capacity 5; replay after the first step
-    assert [x["raro/buffer_size"] for x in r] == [min(5, sum(4 - y["raro/overlong_policy"] for y in r[:i + 1]))
-                                                  for i in range(3)]
+    # 4 fresh triples a step (minus over-length and blank answers), capacity 5; replay after the first step
+    judged = [4 - y["raro/masked/policy_overlong"] - y["raro/masked/policy_no_answer"] for y in r]
+    assert [x["raro/buffer_size"] for x in r] == [min(5, sum(judged[:i + 1])) for i in range(3)]
     assert r[0]["raro/replayed_pairs"] == 0 and r[1]["raro/replayed_pairs"] > 0
     state = torch.load(os.path.join(straight, "checkpoints", "step_2", "recipe_rank0.pt"), weights_only=False)
     assert len(state["buffer"]["items"]) == r[1]["raro/buffer_size"]
@@ -61,7 +62,7 @@ def test_warm_start_rows_cut_policy_answers_and_random_critic_labels():
     from fastcrit.config import RAROConfig
     from fastcrit.recipes.raro import warm_start_rows
 
-    ex = [SimpleNamespace(prompt=f"Reverse the letters: {w}", answer=" ".join(reversed(w.split())))
+    ex = [SimpleNamespace(prompt=f"Reverse the letters: {w}", answer=" ".join(reversed(w.split())), meta=REVERSE)
           for w in ("a b c d e", "f g h i j", "k l m n o", "p q r s t")] * 50
     full = warm_start_rows(ex, RAROConfig())
     policy = [r["messages"][-1]["content"] for r in full if r["messages"][0]["content"] == RAROConfig.policy_system]
@@ -89,7 +90,7 @@ def test_cut_warm_start_shows_the_critic_the_expert_answer_against_itself_cut_sh
     from fastcrit.config import RAROConfig
     from fastcrit.recipes.raro import warm_start_rows
 
-    ex = [SimpleNamespace(prompt=f"Reverse the letters: {w}", answer=" ".join(reversed(w.split())))
+    ex = [SimpleNamespace(prompt=f"Reverse the letters: {w}", answer=" ".join(reversed(w.split())), meta=REVERSE)
           for w in ("a b c d e", "f g h i j", "k l m n o", "p q r s t")] * 20
     rows = warm_start_rows(ex, RAROConfig(warm_start_critic="cut", warm_start_cut=0.7))
     critic = [r for r in rows if r["messages"][0]["content"] != RAROConfig.policy_system]
@@ -112,7 +113,7 @@ def test_warm_start_critic_share_keeps_every_policy_row_and_that_share_of_critic
     from fastcrit.config import RAROConfig
     from fastcrit.recipes.raro import warm_start_rows
 
-    ex = [SimpleNamespace(prompt=f"Reverse the letters: {w}", answer=" ".join(reversed(w.split())))
+    ex = [SimpleNamespace(prompt=f"Reverse the letters: {w}", answer=" ".join(reversed(w.split())), meta=REVERSE)
           for w in ("a b c d e", "f g h i j", "k l m n o", "p q r s t")] * 100
     rows = warm_start_rows(ex, RAROConfig(warm_start_critic="cut", warm_start_cut=0.7, warm_start_critic_share=0.2))
     policy = [r for r in rows if r["messages"][0]["content"] == RAROConfig.policy_system]
@@ -396,3 +397,100 @@ def test_two_ranks_train_raro_as_one_process(tiny_model_path, tmp_path, agg):
     assert len(keys) == 8
     for k in keys:
         assert p2["stats"][k] == pytest.approx(p1["stats"][k], rel=1e-5, abs=1e-7), k
+
+
+# -- what the critic sees ------------------------------------------------------------------------
+
+REASONED = "I take the letters from the end.\nx y z"
+
+
+def policy_writes(monkeypatch, texts):
+    """The policy's samples (the calls with rollout.n = 2 samples a prompt) replaced by ``texts``
+    in turn, each ended by EOS; the critic's (3 a pair here) left as sampled."""
+    from fastcrit.recipes import scaffold
+
+    real = scaffold.Run.generate
+
+    def generate(self, prompt_ids, params):
+        outs = real(self, prompt_ids, params)
+        if params.n != 2:
+            return outs
+        ids = [self.tok.encode(texts[i % len(texts)], add_special_tokens=False) + [self.tok.eos_token_id]
+               for i in range(len(outs))]
+        return [dataclasses.replace(o, output_ids=x, logprobs=[-1.0] * len(x), finish_reason="stop")
+                for o, x in zip(outs, ids)]
+
+    monkeypatch.setattr(scaffold.Run, "generate", generate)
+
+
+def judged_pairs(monkeypatch) -> list:
+    """The pairs the critic judges in training steps (sampled verdicts; the evaluation's are greedy)."""
+    from fastcrit.recipes import raro
+
+    seen, real = [], raro.RARO.judge
+
+    def judge(self, pairs, params):
+        if params.n > 1:
+            seen.extend(pairs)
+        return real(self, pairs, params)
+
+    monkeypatch.setattr(raro.RARO, "judge", judge)
+    return seen
+
+
+@pytest.mark.parametrize("sees", ["answer", "full"])
+def test_the_critic_sees_the_final_answer_and_answers_without_one_are_masked(tmp_path, monkeypatch, sees):
+    """Policy answers that reason before their answer line show the critic that line alone
+    (``raro.critic_sees: answer``, the default; the task `reverse` declares its answer line) or the
+    whole text (``full``). An answer with no line to show is masked, counted, and not judged."""
+    policy_writes(monkeypatch, [REASONED, REASONED, REASONED, " \n"])
+    pairs = judged_pairs(monkeypatch)
+    seen = captured_updates(monkeypatch)
+    out = str(tmp_path / sees)
+    extra = [] if sees == "answer" else ["raro.critic_sees=full"]  # the default, and the other
+    assert train(out, "trainer.total_steps=2", "trainer.save_every=0", "raro.critic_samples=3", *extra) == 0
+    fresh = [j.answer for j in pairs if j.policy_row is not None]
+    want = {"answer": ["x y z"], "full": [REASONED, " \n"]}[sees]
+    assert fresh and sorted(set(fresh)) == sorted(want)
+    r = rows(out)
+    blank = [x["raro/masked/policy_no_answer"] for x in r]
+    assert blank == ([1.0, 1.0] if sees == "answer" else [0.0, 0.0])  # 4 answers a step, one blank
+    if sees == "answer":
+        for b in seen:  # the blank answer's row (the 4th policy row) trains on nothing
+            assert b.response_mask[3].sum() == 0
+
+
+def test_rows_that_declare_no_final_answer_format_are_refused_naming_the_fix():
+    from fastcrit.config import ConfigError, RAROConfig
+    from fastcrit.data.datasets import Example
+    from fastcrit.recipes.raro import shown_answer
+
+    with pytest.raises(ConfigError, match=r"raro.critic_sees=answer: data.train: a row declares no final-answer "
+                                          r"format; give each row a `task`.*or set raro.critic_sees=full"):
+        shown_answer("a\nb", Example("q", "b"), RAROConfig(), "data.train")
+    with pytest.raises(ConfigError, match=r"an unknown \('last'\)"):
+        shown_answer("a\nb", Example("q", "b", {"answer_format": "last"}), RAROConfig(), "data.train")
+    assert shown_answer("a\nb", Example("q", "b", {"answer_format": "line"}), RAROConfig(), "x") == "b"
+    assert shown_answer("a\nb", Example("q", "b"), RAROConfig(critic_sees="full"), "x") == "a\nb"
+
+
+@pytest.mark.parametrize("sees", ["answer", "full"])
+def test_warm_start_critic_rows_show_what_the_critic_sees_in_training(sees):
+    import re
+    from types import SimpleNamespace
+
+    from fastcrit.config import RAROConfig
+    from fastcrit.recipes.raro import warm_start_rows
+
+    ex = [SimpleNamespace(prompt=f"What is {a} + {a}?", answer=f"{a} + {a} = {2 * a}, so \\boxed{{{2 * a}}}",
+                          meta={"task": "math"}) for a in range(1, 9)]
+    rows = warm_start_rows(ex, RAROConfig(critic_sees=sees))
+    policy = [r["messages"][-1]["content"] for r in rows if r["messages"][0]["content"] == RAROConfig.policy_system]
+    assert policy == [e.answer for e in ex]  # the policy still learns the worked answers
+    critic = [r["messages"][1]["content"] for r in rows if r["messages"][0]["content"] != RAROConfig.policy_system]
+    shown = [a for q in critic for a in re.findall(r"Answer \d:\n(.*?)(?:\n\n|$)", q, re.DOTALL)]
+    assert len(critic) == len(ex) and len(shown) == 2 * len(ex)
+    if sees == "answer":
+        assert all(a.isdigit() for a in shown)  # the boxed results alone
+    else:
+        assert all(a in {e.answer for e in ex} for a in shown)
