@@ -137,6 +137,11 @@ class RAROConfig:
                           "[Answer 1], [Answer 2] or [Tie].")
     critic_samples: int = 4  # critic verdicts per (question, answer, answer) pair: one GRPO group
     critic_max_new_tokens: int = 64
+    # What the critic sees of each answer, the expert's and the policy's: "answer", the final answer
+    # read by the format each data row's task declares (fastcrit.data.tasks.TASK_ANSWER_FORMATS, or
+    # an answer_format column; a policy output without one is masked and counted), or "full", the
+    # whole output, reasoning included.
+    critic_sees: Literal["answer", "full"] = "answer"
     replay_capacity: int = 1024  # (question, expert answer, policy answer) triples kept
     replay_mode: Literal["fifo", "reservoir"] = "fifo"
     replay_ratio: float = 0.5  # share of replayed pairs in the critic's batch

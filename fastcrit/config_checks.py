@@ -94,7 +94,11 @@ def validate(cfg: Config) -> None:
          "rm.samples_per_prompt: on-policy pairs need at least 2 answers per prompt")
     need(0.0 <= cfg.raro.replay_ratio < 1.0, "raro.replay_ratio: must be in [0, 1)")
     need(cfg.raro.replay_capacity >= 1, "raro.replay_capacity: must be >= 1")
-    need(cfg.raro.critic_samples >= 1, "raro.critic_samples: must be >= 1")
+    if cfg.algorithm.name == "raro":  # each question's answers, and each pair's verdicts, are one GRPO group
+        need(cfg.raro.critic_samples >= 2, f"raro.critic_samples: must be >= 2, got {cfg.raro.critic_samples} "
+             "(a pair's verdicts are one group; a group of one has no advantage)")
+        need(cfg.rollout.n >= 2, f"rollout.n: algorithm.name=raro needs rollout.n >= 2, got {cfg.rollout.n} "
+             "(a question's answers are one group; a group of one has no advantage)")
     need(0.0 <= cfg.raro.warm_start_cut <= 1.0, "raro.warm_start_cut: must be in [0, 1]")
     need(0.0 < cfg.raro.warm_start_critic_share <= 1.0, "raro.warm_start_critic_share: must be in (0, 1]")
     need(cfg.raro.lambda_pol >= 0 and cfg.raro.lambda_crit >= 0, "raro.lambda_pol, raro.lambda_crit: must be >= 0")

@@ -75,6 +75,7 @@ class RolloutBatch:
     values: torch.Tensor | None = None  # [B, R] float32, the critic's values at rollout time (PPO)
     returns: torch.Tensor | None = None  # [B, R] float32, the critic's targets (PPO)
     rollout_logprobs: torch.Tensor | None = None  # [B, R] float32, the engine's sampling log-probs
+    roles: torch.Tensor | None = None  # [B] long, each row's role where one loss weighs roles (RARO: policy / critic)
 
     @property
     def input_ids(self) -> torch.Tensor:  # [B, P + R]

@@ -79,6 +79,10 @@ class Objective(Protocol):
     whole_groups: bool  # micro- and mini-batches must hold whole groups
     entropy: bool  # the loss needs per-token entropy
 
+    # Optional: ``begin_mini_batch(mini, total)``, called on every rank once per optimizer step before
+    # its micro-batches, with this rank's rows of the mini-batch and ``total`` (sums a list of floats
+    # over ranks: a collective), for terms normalised over the whole mini-batch of all ranks.
+
     def check(self, batch: RolloutBatch) -> None:
         """Raise ValueError naming what the batch lacks."""
 

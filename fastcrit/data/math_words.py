@@ -29,6 +29,19 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
+def last_boxed(text: str) -> str | None:
+    """The last ``\\boxed{...}`` of ``text`` with its braces balanced, or None (unclosed: None)."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth = 0
+    for i in range(start + len("\\boxed"), len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start:i + 1]
+    return None
+
+
 NAMES = ("Ann", "Ben", "Cara", "Dan", "Eva", "Finn", "Gus", "Hana")
 ITEMS = ("apple", "pen", "book", "cup", "egg", "ball", "card", "shell")  # plural: + "s"
 FOODS = ("cake", "pie", "pizza", "bar")

@@ -12,6 +12,9 @@ partial credit per position (see fastcrit.reward.rule.reverse_reward).
 
 The shipped files are made by `python -m fastcrit.data.tasks` (deterministic: seed 0); the train and
 test splits are disjoint.
+
+Each task also declares how its final answer is read from a model's output (``TASK_ANSWER_FORMATS``,
+``final_answer``): what RARO's critic sees of an answer (``raro.critic_sees: answer``).
 """
 from __future__ import annotations
 
@@ -20,9 +23,44 @@ import os
 import random
 import string
 
+from fastcrit.data.math_words import last_boxed
+
 TASK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
 REVERSE_LEN = 5
 REVERSE_PROMPT = "Reverse the letters: {letters}"
+
+
+def _last_line(text: str) -> str | None:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def _boxed_or_last_line(text: str) -> str | None:
+    boxed = last_boxed(text)
+    if boxed is None:
+        return _last_line(text)
+    return boxed[len("\\boxed{"):-1].strip() or None
+
+
+# How a final answer is read from an output, by name: "line", its last non-empty line; "boxed", the
+# content of its last \boxed{...}, else its last non-empty line (a bare answer).
+ANSWER_FORMATS = {"line": _last_line, "boxed": _boxed_or_last_line}
+# Each shipped task's format: reverse answers on one line; math's worked answers box the result
+# (its RL rows hold the bare reference). A row may name a format in an `answer_format` column instead.
+TASK_ANSWER_FORMATS = {"reverse": "line", "math": "boxed"}
+
+
+def answer_format(meta: dict) -> str | None:
+    """The final-answer format a row declares: its ``answer_format`` column, else its ``task``'s
+    (``TASK_ANSWER_FORMATS``); None when it declares neither. Not checked against ANSWER_FORMATS."""
+    task = meta.get("task")
+    return meta.get("answer_format") or (TASK_ANSWER_FORMATS.get(task) if isinstance(task, str) else None)
+
+
+def final_answer(text: str, fmt: str) -> str | None:
+    """The final answer of ``text`` by format ``fmt`` (a key of ANSWER_FORMATS), stripped; None when
+    it has none (an empty output, an empty box)."""
+    return ANSWER_FORMATS[fmt](text)
 
 
 def make_reverse(n_train: int = 4000, n_test: int = 200, seed: int = 0) -> dict[str, list[dict]]:

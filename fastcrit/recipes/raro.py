@@ -3,18 +3,24 @@
 
     for each step:
         answers  = policy(question)                        n per question (raro.policy_system)
-        buffer.push((question, expert, answer) for each)   FIFO or reservoir, checkpointed
+        shown    = each answer's final answer              by its task's format (raro.critic_sees)
+        buffer.push((question, expert, shown) for each)    FIFO or reservoir, checkpointed
         pairs    = the fresh triples + replayed ones        raro.replay_ratio of the critic's batch
         verdicts = critic(question, the two answers in random order)   raro.critic_samples per pair
-        label    = the final [Answer 1] / [Answer 2] / [Tie], else unparseable (masked, counted)
+        label    = the one final [Answer 1] / [Answer 2] / [Tie], else unparseable
         critic reward: names the expert 1, fooled 0, tie tau_crit
-        policy reward: mean over its pair's verdicts of fooled 1, named 0, tie tau_pol
-        one GRPO update on both roles' samples, the loss lambda_pol * L_pol + lambda_crit * L_crit (+ KL)
+        policy reward: mean over its pair's parseable verdicts of fooled 1, named 0, tie tau_pol
+        advantages: GRPO within each group (a question's answers, a pair's verdicts) over kept rows
+        one update on both roles' samples: lambda_pol * L_pol + lambda_crit * L_crit (+ KL) per step
 
-Samples cut at max_new_tokens, and critic prompts longer than data.max_prompt_len, are left out
-of the update and counted. The reward manager (``reward.name``) is not used for training: when the
-data's answers can be checked, it scores the policy's held-out answers (``val/reward``), which says
-whether fooling the critic also meant answering better.
+A row is masked (no loss, no say in its group's advantages) and counted in ``raro/masked/<reason>``
+when it is a policy answer cut at max_new_tokens (``policy_overlong``), without a final answer
+(``policy_no_answer``), or with no parseable verdict (``policy_unjudged``: every verdict
+unparseable, or the critic prompt longer than data.max_prompt_len), or a verdict cut at
+raro.critic_max_new_tokens (``critic_overlong``) or without one label (``critic_unparseable``).
+The reward manager (``reward.name``) is not used for training: when the data's answers can be
+checked, it scores the policy's held-out answers (``val/reward``), which says whether fooling the
+critic also meant answering better.
 """
 from __future__ import annotations
 
@@ -25,18 +31,34 @@ import random
 
 import torch
 
-from fastcrit.algos.advantages import outcome_advantages
-from fastcrit.algos.raro import TIE, role_weights
+from fastcrit.algos.raro import TIE, RaroObjective, kept_group_advantages
 from fastcrit.data.datasets import load_dataset
+from fastcrit.data.tasks import ANSWER_FORMATS, TASK_ANSWER_FORMATS, answer_format, final_answer
 from fastcrit.data.prompts import render_chat
 from fastcrit.data.replay import ReplayBuffer
 from fastcrit.recipes.scaffold import Run, reward_items
 from fastcrit.reward import RewardItem, get_reward_manager, make_reward
-from fastcrit.config import ConfigError
+from fastcrit.config import ConfigError, loss_scale
 from fastcrit.train.dist import all_reduce_mean, barrier
 from fastcrit.types import SamplingParams
 
 POLICY, CRITIC = 0, 1
+MASKED = ("policy_overlong", "policy_no_answer", "policy_unjudged", "critic_overlong", "critic_unparseable")
+
+
+def shown_answer(text: str, example, r, where: str) -> str | None:
+    """What the critic sees of ``text``, an answer to ``example``: with ``r.critic_sees == "answer"``
+    its final answer by the format the example's row declares (None when it has none), else the
+    whole text. A row that declares no known format is a ConfigError naming ``where``."""
+    if r.critic_sees == "full":
+        return text
+    fmt = answer_format(example.meta)
+    if fmt not in ANSWER_FORMATS:
+        raise ConfigError(
+            f"raro.critic_sees=answer: {where}: a row declares {'no' if fmt is None else f'an unknown ({fmt!r})'} "
+            f"final-answer format; give each row a `task` that declares one ({', '.join(TASK_ANSWER_FORMATS)}) "
+            f"or an `answer_format` ({' | '.join(ANSWER_FORMATS)}), or set raro.critic_sees=full")
+    return final_answer(text, fmt)
 
 
 @dataclasses.dataclass
@@ -54,13 +76,19 @@ class RARO:
         c = run.cfg
         self.run, self.r = run, c.raro
         self.buffer = ReplayBuffer(c.raro.replay_capacity, c.raro.replay_mode, seed=c.trainer.seed + run.ctx.rank)
-        has_answer = lambda e: bool(e.answer)  # noqa: E731 (the expert's answer is the critic's reference)
-        load = lambda spec, split: run.load_prompts(spec, split, c.raro.policy_system, has_answer,  # noqa: E731
-                                                    why="without an expert answer")
+
+        def load(spec: str, split: str):
+            # the expert's answer is the critic's reference: a row without one (or, where the critic
+            # sees final answers, without a final answer in it) is left out
+            return run.load_prompts(spec, split, c.raro.policy_system, why="without an expert (final) answer",
+                                    keep=lambda e: bool(e.answer) and shown_answer(e.answer, e, c.raro, spec) is not None)
+
         self.prompts = load(c.data.train, "train")
         self.val = load(c.data.val, "test")[:c.data.val_size] if c.data.val else []
         self.check = make_reward(c, run.out, run.ctx.rank, run.ctx.device) if c.reward.name else None
         self.verdicts = get_reward_manager("raro", tau_crit=c.raro.tau_crit, tau_pol=c.raro.tau_pol)
+        self.objective = RaroObjective(c.algorithm, {POLICY: ("policy", c.raro.lambda_pol),
+                                                     CRITIC: ("critic", c.raro.lambda_crit)}, loss_scale(c))
         self.start_answers: list[str] | None = None  # the starting policy's held-out answers (evaluate)
 
     def state_dict(self) -> dict:
@@ -71,6 +99,9 @@ class RARO:
         self.start_answers = state.get("start_answers")
 
     # -- the critic's prompt and verdicts --------------------------------------------------------
+
+    def shown(self, text: str, example) -> str | None:
+        return shown_answer(text, example, self.r, "data")
 
     def critic_ids(self, j: Judged) -> list[int]:
         tok = self.run.tok
@@ -94,10 +125,16 @@ class RARO:
         prompts = run.share(self.prompts, step)
         pol = run.generate([p.ids for p in prompts], run.sampling(step))
         texts = [run.tok.decode(o.output_ids, skip_special_tokens=True) for o in pol]
-        kept = [i for i, o in enumerate(pol) if o.finish_reason != "length"]
+        masked = dict.fromkeys(MASKED, 0)
+        fresh = []
         rng = random.Random(run.cfg.trainer.seed * 7919 + step * 31 + run.ctx.rank)
-        fresh = [Judged(prompts[pol[i].prompt_index].example.prompt, prompts[pol[i].prompt_index].example.answer,
-                        texts[i], rng.choice((1, 2)), i) for i in kept]
+        for i, o in enumerate(pol):
+            ex = prompts[o.prompt_index].example
+            shown = self.shown(texts[i], ex) if o.finish_reason != "length" else None
+            if shown is None:
+                masked["policy_overlong" if o.finish_reason == "length" else "policy_no_answer"] += 1
+                continue
+            fresh.append(Judged(ex.prompt, self.shown(ex.answer, ex), shown, rng.choice((1, 2)), i))
         n_replay = round(len(fresh) * r.replay_ratio / (1.0 - r.replay_ratio)) if r.replay_ratio else 0
         replayed = [Judged(q, e, a, rng.choice((1, 2)), None) for q, e, a in self.buffer.sample(n_replay)]
         for j in fresh:
@@ -115,18 +152,21 @@ class RARO:
             if not v.info["unparseable"] and row is not None:
                 pol_votes.setdefault(row, []).append(v.info["policy_reward"])
         pol_scores = [sum(pol_votes[i]) / len(pol_votes[i]) if i in pol_votes else 0.0 for i in range(len(pol))]
+        masked["policy_unjudged"] = sum(j.policy_row not in pol_votes for j in fresh)
+        for o, lab in zip(crit, labels):
+            if lab is None:
+                masked["critic_overlong" if o.finish_reason == "length" else "critic_unparseable"] += 1
 
         # One joint batch: policy groups by question, critic groups by pair; left-out rows masked.
         crit_rows = [dataclasses.replace(o, prompt_index=len(prompts) + o.prompt_index) for o in crit]
         batch = run.batch(pol + crit_rows, torch.tensor(pol_scores + crit_scores, dtype=torch.float32))
         keep = torch.tensor([i in pol_votes for i in range(len(pol))] + [lab is not None for lab in labels])
         batch.response_mask = batch.response_mask * keep[:, None].float()
-        roles = torch.tensor([POLICY] * len(pol) + [CRITIC] * len(crit))
+        batch.roles = torch.tensor([POLICY] * len(pol) + [CRITIC] * len(crit))
         batch.ref_logprobs = run.reference(batch)
-        adv = outcome_advantages("grpo", batch.scores, batch.group_ids, batch.response_mask)
-        batch.advantages = adv * role_weights(roles, batch.response_mask,
-                                              {POLICY: r.lambda_pol, CRITIC: r.lambda_crit})[:, None]
-        stats = run.update(batch)
+        adv = kept_group_advantages(batch.scores, batch.group_ids, keep, norm_by_std=run.cfg.algorithm.norm_adv_by_std)
+        batch.advantages = adv[:, None] * batch.response_mask
+        stats = run.update(batch, self.objective)
         run.sync()
         parsed = [(lab, pairs[o.prompt_index].expert_pos) for o, lab in zip(crit, labels) if lab is not None]
         n_crit = max(len(crit), 1)
@@ -136,8 +176,8 @@ class RARO:
                 "raro/policy_reward": sum(pol_scores[i] for i in pol_votes) / max(len(pol_votes), 1),
                 "raro/buffer_size": float(len(self.buffer)),
                 "raro/replayed_pairs": float(len(replayed)),
-                "raro/overlong_policy": float(len(pol) - len(kept)),
                 "raro/critic_prompt_too_long": float(too_long),
+                **{f"raro/masked/{k}": float(v) for k, v in masked.items()},
                 "reward/mean": batch.scores[keep].mean().item() if keep.any() else 0.0, **stats}
 
     def evaluate(self) -> dict[str, float]:
@@ -193,8 +233,10 @@ class RARO:
         return lines
 
     def _judged(self, share, texts: list[str], params: SamplingParams) -> dict[str, float]:
-        """The critic's greedy verdicts on (expert, answer) for each held-out question."""
-        pairs = [Judged(p.example.prompt, p.example.answer, t, 1 + i % 2, i) for i, (p, t) in enumerate(zip(share, texts))]
+        """The critic's greedy verdicts on (expert, answer) for each held-out question whose answer
+        has a final answer to show (``no_answer_rate``: the share without)."""
+        shown = [(i, p.example, self.shown(t, p.example)) for i, (p, t) in enumerate(zip(share, texts))]
+        pairs = [Judged(ex.prompt, self.shown(ex.answer, ex), a, 1 + i % 2, i) for i, ex, a in shown if a is not None]
         crit, verdicts, _ = self.judge(pairs, params)
         labels = [None if v.info["unparseable"] else v.info["label"] for v in verdicts]
         parsed = [(lab, pairs[o.prompt_index].expert_pos) for o, lab in zip(crit, labels) if lab is not None]
@@ -202,7 +244,8 @@ class RARO:
         return {"critic_acc": critic_acc(parsed),
                 "tie_rate": sum(l == TIE for l, _ in parsed) / max(len(parsed), 1),
                 "unparseable_rate": sum(lab is None for lab in labels) / max(len(labels), 1),
-                "policy_reward": sum(pol_r) / max(len(pol_r), 1)}
+                "policy_reward": sum(pol_r) / max(len(pol_r), 1),
+                "no_answer_rate": (len(shown) - len(pairs)) / max(len(shown), 1)}
 
 
 def critic_acc(parsed: list[tuple[int, int]]) -> float:
@@ -217,7 +260,8 @@ def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
     expert's answer and another question's expert answer (a wrong answer that looks right) or, with
     ``r.warm_start_critic == "cut"``, the expert's answer cut short at a random word (the mistake
     the cut policy makes), in random order, and names the expert's, or (``"random"``) one at random.
-    Only a share ``r.warm_start_critic_share`` of the questions gets a critic row."""
+    Only a share ``r.warm_start_critic_share`` of the questions gets a critic row. The critic's
+    answers are what it sees in training (``shown_answer``: final answers, by default)."""
     rng = random.Random(seed)
     rows = []
     for i, ex in enumerate(examples):
@@ -227,16 +271,19 @@ def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
         rows.append({"messages": [{"role": "system", "content": r.policy_system},
                                   {"role": "user", "content": ex.prompt},
                                   {"role": "assistant", "content": answer}]})
-        other = examples[(i + rng.randrange(1, len(examples))) % len(examples)].answer
-        if r.warm_start_critic == "cut" and len(words) > 1:
-            other = " ".join(words[:rng.randrange(1, len(words))])
-        if other == ex.answer:
+        expert = shown_answer(ex.answer, ex, r, "data.train")
+        peer = examples[(i + rng.randrange(1, len(examples))) % len(examples)]
+        other = shown_answer(peer.answer, peer, r, "data.train")
+        shown_words = (expert or "").split(" ")
+        if r.warm_start_critic == "cut" and len(shown_words) > 1:
+            other = " ".join(shown_words[:rng.randrange(1, len(shown_words))])
+        if expert is None or other is None or other == expert:
             continue
         # draws only when a share is set, so the default's rows stay those of earlier runs
         if r.warm_start_critic_share < 1.0 and rng.random() >= r.warm_start_critic_share:
             continue
         pos = rng.choice((1, 2))
-        j = Judged(ex.prompt, ex.answer, other, pos, None)
+        j = Judged(ex.prompt, expert, other, pos, None)
         label = rng.choice((1, 2)) if r.warm_start_critic == "random" else pos
         rows.append({"messages": [{"role": "system", "content": r.critic_system},
                                   {"role": "user", "content": critic_text(j)},

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 
+from fastcrit.data.math_words import last_boxed
 from fastcrit.reward.base import RewardItem, RewardResult, register
 
 TIMEOUT_S = 5
@@ -20,19 +21,6 @@ TIMEOUT_S = 5
 
 def _timeout() -> int | None:
     return TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-
-
-def last_boxed(text: str) -> str | None:
-    """The last ``\\boxed{...}`` of ``text`` with its braces balanced, or None (unclosed: None)."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth = 0
-    for i in range(start + len("\\boxed"), len(text)):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if depth == 0:
-            return text[start:i + 1]
-    return None
 
 
 def _parse(text: str, *, gold: bool):

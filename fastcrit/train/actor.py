@@ -437,6 +437,8 @@ def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, t
         for mini_idx in _mini_batches(batch, algo.mini_batches, objective.whole_groups, generator):
             mini = batch.select(mini_idx)
             weight = GlobalWeights(mini.response_mask, objective.agg)
+            if hasattr(objective, "begin_mini_batch"):  # terms normalised over all ranks' mini-batch
+                objective.begin_mini_batch(mini, all_reduce)
             actor.optimizer.zero_grad(set_to_none=True)
             step_stats: dict[str, float] = {}
             for idx in micro_plan(mini, micro_batch_size, max_tokens, objective.whole_groups, packed):
