@@ -189,7 +189,9 @@ class RewardConfig:
     name: str = "reverse"
     score: Literal["pass_rate", "all_pass"] = "pass_rate"  # code: fraction of tests, or 1 if all pass
     weights: list[float] = field(default_factory=list)  # one per "+" part; [] = all 1.0
-    model_path: str = ""  # the `model` manager's reward model directory (fastcrit rm writes one)
+    # The `model` manager's reward model directory; "" = the one this run trains first
+    # (<rm.output_dir>/final, what `fastcrit rm` writes): see reward_model_path.
+    model_path: str = ""
     model_batch_size: int = 32  # sequences per reward-model forward
 
 
@@ -548,6 +550,18 @@ def loss_scale(cfg: Config) -> float:
     ``rollout.max_new_tokens``."""
     f = cfg.algorithm.loss_scale_factor
     return float(cfg.rollout.max_new_tokens if f is None else f)
+
+
+def rm_output_dir(cfg: Config) -> str:
+    """Where `fastcrit rm` writes: ``rm.output_dir``, else ``<trainer.output_dir>/rm``."""
+    return cfg.rm.output_dir or os.path.join(cfg.trainer.output_dir, "rm")
+
+
+def reward_model_path(cfg: Config) -> str:
+    """The `model` reward's directory: ``reward.model_path``, else the reward model this run trains
+    itself (``<rm_output_dir>/final``), so a run given another output_dir never scores with the
+    reward model of the run whose directory a config names."""
+    return cfg.reward.model_path or os.path.join(rm_output_dir(cfg), "final")
 
 
 def to_dict(cfg: Any) -> dict:

@@ -78,8 +78,6 @@ def validate(cfg: Config) -> None:
     need(all(parts), f"reward.name: empty part in {cfg.reward.name!r}")
     need(not cfg.reward.weights or len(cfg.reward.weights) == len(parts),
          f"reward.weights: {len(cfg.reward.weights)} weights for {len(parts)} reward parts {parts}")
-    need("model" not in parts or cfg.reward.model_path != "",
-         "reward.name uses 'model': set reward.model_path to a reward model directory (fastcrit rm writes one)")
     need(cfg.ppo.value_clip >= 0, "ppo.value_clip: must be >= 0")
     need(0.0 <= cfg.ppo.gamma <= 1.0 and 0.0 <= cfg.ppo.lam <= 1.0, "ppo.gamma, ppo.lam: must be in [0, 1]")
     need(cfg.ppo.rm_refresh_every >= 0, "ppo.rm_refresh_every: must be >= 0")

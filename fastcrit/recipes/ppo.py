@@ -29,7 +29,7 @@ import random
 import torch
 
 from fastcrit.algos.advantages import gae, last_valid_index, masked_whiten
-from fastcrit.config import ConfigError, loss_scale
+from fastcrit.config import ConfigError, loss_scale, reward_model_path
 from fastcrit.data.datasets import PreferencePair
 from fastcrit.models.hf import load_tokenizer, parse_dtype
 from fastcrit.recipes.grpo import GRPO
@@ -105,7 +105,7 @@ class PPO(GRPO):
 
 class OnlineRM:
     """The reward model of ``reward.name``'s `model` part, trained on during the run
-    (``ppo.rm_refresh_every``): a trainable copy of ``reward.model_path`` (its own AdamW at
+    (``ppo.rm_refresh_every``): a trainable copy of ``reward_model_path`` (its own AdamW at
     ``rm.lr``), the pairs of the policy's answers since the last refresh, and the reward manager
     that scores with its weights."""
 
@@ -116,11 +116,11 @@ class OnlineRM:
         self.labeler = get_reward_manager(c.rm.label_reward)
         refreshes = max(1, c.trainer.total_steps // c.ppo.rm_refresh_every)
         optim = dataclasses.replace(c.optim, lr=c.rm.lr, warmup_steps=0, lr_schedule="constant")
-        self.actor = build_value_actor(c.reward.model_path, dtype=c.model.dtype, device=run.ctx.device,
+        self.actor = build_value_actor(reward_model_path(c), dtype=c.model.dtype, device=run.ctx.device,
                                        world_size=run.ctx.world_size, optim=optim,
                                        total_updates=refreshes * c.ppo.rm_refresh_steps,
                                        checkpointing=c.trainer.gradient_checkpointing)
-        self.tok = load_tokenizer(c.reward.model_path)
+        self.tok = load_tokenizer(reward_model_path(c))
         self.pairs: list[PreferencePair] = []
         self.loaded = False  # the scorer holds the trained weights (after a refresh or a resume)
 
@@ -162,7 +162,7 @@ class OnlineRM:
 
     def load_state_dict(self, state: dict) -> None:
         self.pairs = [PreferencePair(*p) for p in state.get("rm_pairs", [])]
-        self.sync()  # the checkpoint's reward model, not reward.model_path's
+        self.sync()  # the checkpoint's reward model, not the one the run started from
 
 
 def model_part(reward) -> ModelReward:

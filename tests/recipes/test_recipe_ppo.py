@@ -19,7 +19,7 @@ CPU_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "cpu
 
 
 def run(cmd, out, *extra):
-    return run_cli(cmd, CPU_CONFIG, SETS, f"trainer.output_dir={out}", f"reward.model_path={out}/rm/final", *extra)
+    return run_cli(cmd, CPU_CONFIG, SETS, f"trainer.output_dir={out}", *extra)
 
 
 def test_rm_then_ppo_with_critic_metrics_and_exact_resume(tmp_path, same_checkpoint, capsys):
@@ -62,6 +62,24 @@ def test_a_missing_reward_model_is_named(tmp_path, capsys):
     assert rc == 2
     assert "reward.model_path '/nowhere/rm' holds no reward model; train one with `fastcrit rm CONFIG`" \
         in capsys.readouterr().err
+
+
+def test_the_reward_model_is_the_runs_own_by_default(tmp_path, monkeypatch):
+    """`fastcrit train configs/cpu/ppo.yaml --set trainer.output_dir=X` trains its reward model in
+    X/rm/final and scores with it: it neither stops for want of the reward model of the config's own
+    output_dir, nor scores with another run's that exists there."""
+    monkeypatch.chdir(tmp_path)  # the config's runs/cpu-ppo is relative: here, away from the repository
+    short = ["trainer.total_steps=1", "trainer.eval_every=0", "trainer.save_every=0"]
+    assert run_cli("train", CPU_CONFIG, SETS, "trainer.output_dir=a", *short) == 0
+    assert os.path.isfile("a/rm/final/COMPLETE") and os.path.isfile("a/rm/summary.json")
+    assert not os.path.exists("runs")
+    other = tmp_path / "runs" / "cpu-ppo" / "rm" / "final"  # another run's, unreadable if it were read
+    other.mkdir(parents=True)
+    (other / "COMPLETE").write_text("")
+    (other / "config.json").write_text("not a reward model")
+    assert run_cli("train", CPU_CONFIG, SETS, "trainer.output_dir=b", *short) == 0
+    assert os.path.isfile("b/rm/final/COMPLETE") and rows("b")[0]["rm/score_mean"] == pytest.approx(
+        rows("b")[0]["reward/model"])
 
 
 def test_rm_on_policy_pairs_are_ranked_by_the_label_reward(tmp_path, monkeypatch, capsys):
