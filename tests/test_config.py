@@ -163,3 +163,13 @@ def test_gpu_configs_recompute_old_logprobs(path):
     from fastcrit.config import recompute_old_logprobs
 
     assert recompute_old_logprobs(load_config(path))
+
+
+# AdamW weight decay of the GPU configs as their papers' code sets it: verl's FSDP workers default to
+# 0.01 for the actor and the critic (GRPO, PPO, CTRL's RL); PACS's scripts set 0.01 (docs/ANCHORS).
+PAPER_WEIGHT_DECAY = {"grpo.yaml": 0.01, "ppo.yaml": 0.01, "pacs.yaml": 0.01, "ctrl.yaml": 0.01}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_WEIGHT_DECAY))
+def test_gpu_configs_use_their_papers_weight_decay(name):
+    assert load_config(os.path.join(ROOT, "configs", name)).optim.weight_decay == PAPER_WEIGHT_DECAY[name]
