@@ -5,7 +5,7 @@
         score = sum_k w_k reward_k(prompt, response)                    (reward model, rules, ...)
         token_reward[t] = -kl_coef * kl(old[t], ref[t]);  token_reward[last] += score
         V = critic(prompt + response)                                   (state before each token)
-        A, returns = GAE(token_reward, V, gamma, lam);  A = whiten(A)
+        A, returns = GAE(token_reward, V, gamma, lam);  A = whiten(A)         (over every rank's tokens)
         critic: clipped value regression of V towards returns           (its own optimizer)
         policy: PPO clipped objective on A (+ KL loss if algorithm.kl_coef), after critic_warmup
 
@@ -38,7 +38,7 @@ from fastcrit.recipes.scaffold import Run, info_means, reward_items
 from fastcrit.reward import get_reward_manager
 from fastcrit.reward.model import CombinedReward, ModelReward
 from fastcrit.train.actor import Actor, free_gradients
-from fastcrit.train.dist import all_reduce, all_reduce_mean
+from fastcrit.train.dist import all_reduce, all_reduce_mean, masked_mean_over_ranks
 from fastcrit.train.policy import gathered_tensors
 from fastcrit.train.value import build_value_actor, compute_values, explained_variance, update_values
 from fastcrit_kernels import kl_penalty
@@ -85,21 +85,22 @@ class PPO(GRPO):
         batch.ref_logprobs = run.reference(batch)
         with run.timer("values"):
             batch.values = compute_values(self.critic, batch, c.trainer.forward_micro_batch_size)
+        mask = batch.response_mask
         rewards, kl = token_rewards(batch, c.ppo.kl_in_reward_coef, c.ppo.kl_in_reward_kind)
-        adv, batch.returns = gae(rewards, batch.values, batch.response_mask, gamma=c.ppo.gamma, lam=c.ppo.lam)
-        batch.advantages = masked_whiten(adv, batch.response_mask)
+        adv, batch.returns = gae(rewards, batch.values, mask, gamma=c.ppo.gamma, lam=c.ppo.lam)
+        batch.advantages = masked_whiten(adv, mask, all_sum=all_reduce)  # over every rank's tokens, as one batch
         with run.timer("critic"):
             critic_stats = update_values(self.critic, batch, c.algorithm, c.ppo,
                                          micro_batch_size=c.trainer.micro_batch_size,
-                                         grad_clip=c.optim.grad_clip, agg_scale=loss_scale(c))
+                                         grad_clip=c.optim.grad_clip, agg_scale=loss_scale(c), generator=run.shuffle())
             free_gradients(self.critic)
         stats = run.update(batch) if step > c.ppo.critic_warmup else {}
         run.sync()
         return {"reward/mean": scores.mean().item(), **info_means(results, "reward/"), **rm_means(results),
-                "critic/explained_var": explained_variance(batch.values, batch.returns, batch.response_mask),
-                "critic/values_mean": masked_mean(batch.values, batch.response_mask),
-                "critic/returns_mean": masked_mean(batch.returns, batch.response_mask),
-                **({"reward/kl_penalty": kl} if kl is not None else {}),
+                "critic/explained_var": explained_variance(batch.values, batch.returns, mask),
+                "critic/values_mean": masked_mean_over_ranks(batch.values, mask),
+                "critic/returns_mean": masked_mean_over_ranks(batch.returns, mask),
+                **({"reward/kl_penalty": masked_mean_over_ranks(kl, mask)} if kl is not None else {}),
                 "response_len/mean": batch.response_mask.sum(-1).mean().item(), **critic_stats, **online, **stats}
 
 
@@ -183,13 +184,10 @@ def rm_means(results) -> dict[str, float]:
     return {"rm/score_mean": sum(vals) / len(vals)} if vals else {}
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((x * mask).sum() / mask.sum().clamp(min=1.0))
-
-
-def token_rewards(batch, kl_coef: float, kl_kind: str) -> tuple[torch.Tensor, float | None]:
+def token_rewards(batch, kl_coef: float, kl_kind: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[B, R] rewards: the sequence score on the last valid response token, minus ``kl_coef`` times
-    the per-token KL of the behaviour policy to the reference (when kl_coef != 0). Also the mean KL."""
+    the per-token KL of the behaviour policy to the reference (when kl_coef != 0). Also that [B, R]
+    KL (0 on padding), or None without the penalty."""
     mask = batch.response_mask
     rewards = torch.zeros_like(mask, dtype=torch.float32)
     last = last_valid_index(mask)
@@ -198,4 +196,4 @@ def token_rewards(batch, kl_coef: float, kl_kind: str) -> tuple[torch.Tensor, fl
     if kl_coef == 0.0 or batch.ref_logprobs is None:
         return rewards, None
     kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, kl_kind) * mask
-    return rewards - kl_coef * kl, masked_mean(kl, mask)
+    return rewards - kl_coef * kl, kl

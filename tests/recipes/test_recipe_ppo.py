@@ -56,6 +56,37 @@ def test_rm_then_ppo_with_critic_metrics_and_exact_resume(tmp_path, same_checkpo
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_two_processes_train_as_one_process(tmp_path):
+    """2 gloo ranks, each with half the step's prompts, make the steps of one process with all of
+    them: advantages whitened over every rank's tokens (verl whitens the whole batch), the critic's
+    mini-batches dealt by global row, the logged means over all ranks' tokens. Metrics and the
+    policy's and critic's weights agree to float rounding."""
+    from safetensors.torch import load_file
+
+    rm = str(tmp_path / "rm")
+    assert run("rm", rm) == 0  # one reward model, read by both runs
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    same = ["data.prompts_per_step=4", "sft.steps=0", "trainer.total_steps=2", "trainer.eval_every=0",
+            "trainer.save_every=0", f"reward.model_path={rm}/rm/final", "reward.weights=[0.5, 1.0]"]
+    assert run("train", one, *same) == 0
+    assert run("train", two, *same, "trainer.nproc=2") == 0
+    for name in ("model.safetensors", "critic/model.safetensors"):
+        wa = load_file(os.path.join(one, "checkpoints", "step_2", name))
+        wb = load_file(os.path.join(two, "checkpoints", "step_2", name))
+        assert wa.keys() == wb.keys()
+        gap = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+        assert gap < 1e-5, (name, gap)
+    a, b = rows(one), rows(two)
+    skip = ("time/", "throughput/", "memory/")
+    assert len(a) == len(b) == 2
+    for x, y in zip(a, b):
+        assert {k for k in x if not k.startswith(skip)} == {k for k in y if not k.startswith(skip)}
+        for k in x:
+            if not k.startswith(skip):
+                assert abs(x[k] - y[k]) <= 1e-5 * max(1.0, abs(x[k])), (x["step"], k, x[k], y[k])
+    assert all(abs(x["critic/value_loss"]) > 0 and x["actor/grad_norm"] > 0 for x in a)  # they did train
+
+
 def test_a_missing_reward_model_is_named(tmp_path, capsys):
     rc = main(["train", CPU_CONFIG, "--set", "reward.model_path=/nowhere/rm", "--set",
                f"trainer.output_dir={tmp_path}", "--set", "trainer.progress=false"])
