@@ -73,6 +73,12 @@ class AlgorithmConfig:
     norm_adv_by_std: bool = True
     kl_coef: float = 0.0  # coefficient of the KL loss to the frozen reference (0 = no reference)
     kl_kind: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"] = "low_var_kl"
+    # The KL penalty in PPO's reward, from ppo.kl_in_reward_coef: fixed, or adaptive (verl's controller):
+    # after each step coef *= 1 + clip(kl / kl_target - 1, -0.2, 0.2) * sequences / kl_horizon (the step's
+    # KL, a mean of per-sequence token means, and its sequences, all ranks). The KL loss stays fixed.
+    kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
+    kl_target: float = 0.1  # verl's target_kl
+    kl_horizon: float = 10000.0  # verl's horizon, in sequences
     clip_low: float = 0.2
     clip_high: float = 0.2
     clip_c: Optional[float] = None  # dual-clip constant (> 1) for negative advantages
@@ -189,9 +195,7 @@ class RewardConfig:
     name: str = "reverse"
     score: Literal["pass_rate", "all_pass"] = "pass_rate"  # code: fraction of tests, or 1 if all pass
     weights: list[float] = field(default_factory=list)  # one per "+" part; [] = all 1.0
-    # The `model` manager's reward model directory; "" = the one this run trains first
-    # (<rm.output_dir>/final, what `fastcrit rm` writes): see reward_model_path.
-    model_path: str = ""
+    model_path: str = ""  # the `model` manager's; "" = the one this run trains (<rm.output_dir>/final)
     model_batch_size: int = 32  # sequences per reward-model forward
 
 

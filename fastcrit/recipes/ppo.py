@@ -4,6 +4,7 @@
         sample n responses per prompt                                   (behaviour log-probs kept)
         score = sum_k w_k reward_k(prompt, response)                    (reward model, rules, ...)
         token_reward[t] = -kl_coef * kl(old[t], ref[t]);  token_reward[last] += score
+        kl_coef = next_kl_coef(kl_coef, the step's KL)                  (algorithm.kl_ctrl: fixed | adaptive)
         V = critic(prompt + response)                                   (state before each token)
         A, returns = GAE(token_reward, V, gamma, lam);  A = whiten(A)         (over every rank's tokens)
         critic: clipped value regression of V towards returns           (its own optimizer)
@@ -29,6 +30,7 @@ import random
 import torch
 
 from fastcrit.algos.advantages import gae, last_valid_index, masked_whiten
+from fastcrit.algos.kl_control import kl_row_means, next_kl_coef
 from fastcrit.config import ConfigError, loss_scale, reward_model_path
 from fastcrit.data.datasets import PreferencePair
 from fastcrit.models.hf import load_tokenizer, parse_dtype
@@ -60,14 +62,16 @@ class PPO(GRPO):
                                         optim=dataclasses.replace(c.optim, lr=c.ppo.critic_lr),
                                         checkpointing=c.trainer.gradient_checkpointing)
         self.online = OnlineRM(run, self.reward) if c.ppo.rm_refresh_every else None
+        self.kl_coef = c.ppo.kl_in_reward_coef  # moves under algorithm.kl_ctrl=adaptive; checkpointed
 
     def actors(self) -> dict[str, Actor]:
         return {"critic": self.critic, **({"rm": self.online.actor} if self.online else {})}
 
     def state_dict(self) -> dict:
-        return self.online.state_dict() if self.online else {}
+        return {"kl_in_reward_coef": self.kl_coef, **(self.online.state_dict() if self.online else {})}
 
     def load_state_dict(self, state: dict) -> None:
+        self.kl_coef = state.get("kl_in_reward_coef", self.kl_coef)
         if self.online:
             self.online.load_state_dict(state)
 
@@ -86,7 +90,8 @@ class PPO(GRPO):
         with run.timer("values"):
             batch.values = compute_values(self.critic, batch, c.trainer.forward_micro_batch_size)
         mask = batch.response_mask
-        rewards, kl = token_rewards(batch, c.ppo.kl_in_reward_coef, c.ppo.kl_in_reward_kind)
+        rewards, kl = token_rewards(batch, self.kl_coef, c.ppo.kl_in_reward_kind)
+        kl_stats = self.control_kl(kl, mask) if kl is not None else {}
         adv, batch.returns = gae(rewards, batch.values, mask, gamma=c.ppo.gamma, lam=c.ppo.lam)
         batch.advantages = masked_whiten(adv, mask, all_sum=all_reduce)  # over every rank's tokens, as one batch
         with run.timer("critic"):
@@ -100,8 +105,20 @@ class PPO(GRPO):
                 "critic/explained_var": explained_variance(batch.values, batch.returns, mask),
                 "critic/values_mean": masked_mean_over_ranks(batch.values, mask),
                 "critic/returns_mean": masked_mean_over_ranks(batch.returns, mask),
-                **({"reward/kl_penalty": masked_mean_over_ranks(kl, mask)} if kl is not None else {}),
+                **kl_stats,
                 "response_len/mean": batch.response_mask.sum(-1).mean().item(), **critic_stats, **online, **stats}
+
+
+    def control_kl(self, kl: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+        """The step's KL to the reference, measured as verl does (the mean over the sequences of all
+        ranks of their token means), moves the coefficient for the next step; logged beside the
+        coefficient this step used (reward/kl_coef)."""
+        a, used = self.run.cfg.algorithm, self.kl_coef
+        row_means = kl_row_means(kl, mask)
+        total, seqs = all_reduce([float(row_means.sum()), float(len(row_means))])
+        measured = total / max(seqs, 1.0)
+        self.kl_coef = next_kl_coef(used, measured, seqs, ctrl=a.kl_ctrl, target=a.kl_target, horizon=a.kl_horizon)
+        return {"reward/kl_penalty": measured, "reward/kl_coef": used}
 
 
 class OnlineRM:
