@@ -108,7 +108,6 @@ class PPO(GRPO):
                 **kl_stats,
                 "response_len/mean": batch.response_mask.sum(-1).mean().item(), **critic_stats, **online, **stats}
 
-
     def control_kl(self, kl: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
         """The step's KL to the reference, measured as verl does (the mean over the sequences of all
         ranks of their token means), moves the coefficient for the next step; logged beside the

@@ -5,8 +5,9 @@
 on a copy of ``model.path`` (after the SFT warm start when ``sft.steps`` > 0, the same one
 `fastcrit train` makes and reuses) with a value head (fresh on a causal LM). The result, ``<rm.output_dir>/final``,
 is a Hugging Face ``*ForTokenClassification`` directory that the `model` reward manager loads
-(``reward.model_path``, by default this one) and ``transformers`` loads back. Accuracy (chosen scored above rejected) on
-the held-out pairs is measured before and after, printed, and written to ``summary.json``.
+(``reward.model_path``, by default this one) and ``transformers`` loads back. Accuracy (chosen
+scored above rejected) on the held-out pairs is measured before and after, printed, and written to
+``summary.json``.
 """
 from __future__ import annotations
 
