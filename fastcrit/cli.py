@@ -36,20 +36,23 @@ def _recipe(name: str):
 
 
 def _with_reward_model(ctx, cfg):
-    """A run whose reward uses `model` trains its reward model first (`fastcrit rm`) when
-    reward.model_path has none yet and rm.steps > 0; reused once done."""
+    """A run whose reward uses `model` trains its reward model first (`fastcrit rm`) when it is the
+    run's own (reward.model_path "" or <rm.output_dir>/final), not there yet, and rm.steps > 0;
+    reused once done."""
     import os
 
     if "model" not in cfg.reward.name.split("+"):
         return
-    from fastcrit.recipes.rm import rm_output_dir, run_rm
+    from fastcrit.config import reward_model_path, rm_output_dir
+    from fastcrit.recipes.rm import run_rm
 
-    ours = os.path.normpath(os.path.join(rm_output_dir(cfg), "final")) == os.path.normpath(cfg.reward.model_path)
+    path = reward_model_path(cfg)
+    ours = os.path.normpath(os.path.join(rm_output_dir(cfg), "final")) == os.path.normpath(path)
     marker = "COMPLETE" if ours else "config.json"  # ours: written last, after the weights
-    if os.path.isfile(os.path.join(cfg.reward.model_path, marker)):
+    if os.path.isfile(os.path.join(path, marker)):
         return
     if cfg.rm.steps <= 0 or not ours:
-        raise ConfigError(f"reward.model_path {cfg.reward.model_path!r} holds no reward model; train one with "
+        raise ConfigError(f"reward.model_path {path!r} holds no reward model; train one with "
                           f"`fastcrit rm CONFIG` (it writes <rm.output_dir>/final, here "
                           f"{os.path.join(rm_output_dir(cfg), 'final')})")
     run_rm(ctx, cfg)

@@ -73,6 +73,12 @@ class AlgorithmConfig:
     norm_adv_by_std: bool = True
     kl_coef: float = 0.0  # coefficient of the KL loss to the frozen reference (0 = no reference)
     kl_kind: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"] = "low_var_kl"
+    # The KL penalty in PPO's reward, from ppo.kl_in_reward_coef: fixed, or adaptive (verl's controller):
+    # after each step coef *= 1 + clip(kl / kl_target - 1, -0.2, 0.2) * sequences / kl_horizon (the step's
+    # KL, a mean of per-sequence token means, and its sequences, all ranks). The KL loss stays fixed.
+    kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
+    kl_target: float = 0.1  # verl's target_kl
+    kl_horizon: float = 10000.0  # verl's horizon, in sequences
     clip_low: float = 0.2
     clip_high: float = 0.2
     clip_c: Optional[float] = None  # dual-clip constant (> 1) for negative advantages
@@ -194,7 +200,7 @@ class RewardConfig:
     name: str = "reverse"
     score: Literal["pass_rate", "all_pass"] = "pass_rate"  # code: fraction of tests, or 1 if all pass
     weights: list[float] = field(default_factory=list)  # one per "+" part; [] = all 1.0
-    model_path: str = ""  # the `model` manager's reward model directory (fastcrit rm writes one)
+    model_path: str = ""  # the `model` manager's; "" = the one this run trains (<rm.output_dir>/final)
     model_batch_size: int = 32  # sequences per reward-model forward
 
 
@@ -553,6 +559,18 @@ def loss_scale(cfg: Config) -> float:
     ``rollout.max_new_tokens``."""
     f = cfg.algorithm.loss_scale_factor
     return float(cfg.rollout.max_new_tokens if f is None else f)
+
+
+def rm_output_dir(cfg: Config) -> str:
+    """Where `fastcrit rm` writes: ``rm.output_dir``, else ``<trainer.output_dir>/rm``."""
+    return cfg.rm.output_dir or os.path.join(cfg.trainer.output_dir, "rm")
+
+
+def reward_model_path(cfg: Config) -> str:
+    """The `model` reward's directory: ``reward.model_path``, else the reward model this run trains
+    itself (``<rm_output_dir>/final``), so a run given another output_dir never scores with the
+    reward model of the run whose directory a config names."""
+    return cfg.reward.model_path or os.path.join(rm_output_dir(cfg), "final")
 
 
 def to_dict(cfg: Any) -> dict:

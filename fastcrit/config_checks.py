@@ -78,8 +78,19 @@ def validate(cfg: Config) -> None:
     need(all(parts), f"reward.name: empty part in {cfg.reward.name!r}")
     need(not cfg.reward.weights or len(cfg.reward.weights) == len(parts),
          f"reward.weights: {len(cfg.reward.weights)} weights for {len(parts)} reward parts {parts}")
-    need("model" not in parts or cfg.reward.model_path != "",
-         "reward.name uses 'model': set reward.model_path to a reward model directory (fastcrit rm writes one)")
+    if a.kl_ctrl == "adaptive":
+        need(a.name == "ppo",
+             f"algorithm.kl_ctrl=adaptive adapts the KL penalty in PPO's reward (ppo.kl_in_reward_coef); "
+             f"algorithm.name={a.name} has none (its KL term, algorithm.kl_coef, is a loss and stays fixed)")
+        need(cfg.ppo.kl_in_reward_coef > 0,
+             "algorithm.kl_ctrl=adaptive multiplies ppo.kl_in_reward_coef, the coefficient it starts from: "
+             f"set it > 0 (got {cfg.ppo.kl_in_reward_coef}; 0 would stay 0)")
+        need(a.kl_target > 0, f"algorithm.kl_target: must be > 0, got {a.kl_target}")
+        seqs = cfg.data.prompts_per_step * cfg.rollout.n
+        need(a.kl_horizon > 0.2 * seqs,
+             f"algorithm.kl_horizon ({a.kl_horizon}) must exceed 0.2 x the step's sequences ({seqs}, "
+             "data.prompts_per_step x rollout.n): the adaptive coefficient's factor 1 +- 0.2 x sequences / "
+             "horizon would reach 0 or below")
     need(cfg.ppo.value_clip >= 0, "ppo.value_clip: must be >= 0")
     need(0.0 <= cfg.ppo.gamma <= 1.0 and 0.0 <= cfg.ppo.lam <= 1.0, "ppo.gamma, ppo.lam: must be in [0, 1]")
     need(cfg.ppo.rm_refresh_every >= 0, "ppo.rm_refresh_every: must be >= 0")

@@ -73,14 +73,27 @@ def test_missing_file_and_bad_set():
         load_config(None, ["trainer.nproc=3"])
 
 
-def test_gpu_config_on_a_cpu_machine_points_to_the_cpu_config(capsys):
+@pytest.mark.parametrize("name,twin", [("grpo", "grpo"), ("pacs_beta2", "pacs")])
+def test_gpu_config_on_a_cpu_machine_points_to_the_cpu_config(capsys, name, twin):
+    """configs/<algo>.yaml and a variant configs/<algo>_<variant>.yaml point to configs/cpu/<algo>.yaml."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA; the refusal only happens without it")
-    rc = main(["train", os.path.join(ROOT, "configs", "grpo.yaml")])
+    rc = main(["train", os.path.join(ROOT, "configs", f"{name}.yaml")])
     err = capsys.readouterr().err
-    assert rc == 2 and "configs/cpu/grpo.yaml" in err and "no CUDA" in err
+    assert rc == 2 and f"configs/cpu/{twin}.yaml" in err and "no CUDA" in err
+
+
+def test_pacs_beta2_is_the_pacs_config_with_beta_2():
+    from fastcrit.config import to_dict
+
+    one, two = (to_dict(load_config(os.path.join(ROOT, "configs", n))) for n in ("pacs.yaml", "pacs_beta2.yaml"))
+    assert (one["pacs"]["beta"], two["pacs"]["beta"]) == (1.0, 2.0)
+    assert two["trainer"]["output_dir"] != one["trainer"]["output_dir"]  # the two runs keep apart
+    for d in (one, two):
+        del d["pacs"]["beta"], d["trainer"]["output_dir"]
+    assert one == two
 
 
 def test_cli_reports_config_errors_without_a_traceback(tmp_path, capsys):
@@ -163,3 +176,14 @@ def test_gpu_configs_recompute_old_logprobs(path):
     from fastcrit.config import recompute_old_logprobs
 
     assert recompute_old_logprobs(load_config(path))
+
+
+# AdamW weight decay of the GPU configs as their papers' code sets it: verl's FSDP workers default to
+# 0.01 for the actor and the critic (GRPO, PPO, CTRL's RL); PACS's scripts set 0.01 (docs/ANCHORS).
+PAPER_WEIGHT_DECAY = {"grpo.yaml": 0.01, "ppo.yaml": 0.01, "pacs.yaml": 0.01, "pacs_beta2.yaml": 0.01,
+                      "ctrl.yaml": 0.01}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_WEIGHT_DECAY))
+def test_gpu_configs_use_their_papers_weight_decay(name):
+    assert load_config(os.path.join(ROOT, "configs", name)).optim.weight_decay == PAPER_WEIGHT_DECAY[name]

@@ -1,6 +1,8 @@
 """Outcome advantage estimators, chosen by name. Pure tensor math over fastcrit_kernels."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from fastcrit_kernels import broadcast_to_tokens, group_advantages
@@ -44,13 +46,23 @@ def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *
     return adv, returns
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) over the valid tokens (unbiased variance, as verl); 0 elsewhere."""
-    m = mask.float()
-    n = m.sum().clamp(min=1.0)
-    mean = (x * m).sum() / n
-    var = (((x - mean) ** 2) * m).sum() / (n - 1).clamp(min=1.0)
-    return (x - mean) * torch.rsqrt(var + eps) * m
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
+                  all_sum: Callable[[list[float]], list[float]] | None = None) -> torch.Tensor:
+    """x, mask: [B, R] -> [B, R]: (x - mean) * rsqrt(var + eps) on the valid tokens, 0 elsewhere
+    (verl's ``masked_whiten``: var = the mean squared deviation times n / (n - 1), the unbiased one).
+
+    ``all_sum`` sums a list of floats over the processes that hold the rest of the batch (e.g.
+    ``fastcrit.train.dist.all_reduce``): mean and variance are then those of every process's valid
+    tokens together, as verl whitens the whole batch on its driver. Two calls (the sum and count,
+    then the squared deviations); sums in float64. Where verl raises (n <= 1) the variance here is
+    0: a single token whitens to 0, no token leaves the batch as zeros."""
+    total = all_sum or (lambda v: v)
+    m, xd = mask.double(), x.double()
+    s, n = total([float((xd * m).sum()), float(m.sum())])
+    mean = s / max(n, 1.0)
+    (ss,) = total([float(((xd - mean) ** 2 * m).sum())])
+    var = ss / max(n - 1.0, 1.0)
+    return ((xd - mean) * (var + eps) ** -0.5 * m).to(x.dtype)
 
 
 def last_valid_index(mask: torch.Tensor) -> torch.Tensor:

@@ -32,11 +32,14 @@ def check_hardware(cfg: Config, config_path: str | None) -> None:
 
 
 def cpu_twin(config_path: str | None) -> str:
-    """configs/<algo>.yaml -> configs/cpu/<algo>.yaml (the GRPO one when there is no twin)."""
+    """configs/<algo>.yaml, or a variant configs/<algo>_<variant>.yaml, -> configs/cpu/<algo>.yaml
+    (the GRPO one when there is no twin)."""
     if config_path:
-        twin = os.path.join(os.path.dirname(config_path), "cpu", os.path.basename(config_path))
-        if os.path.isfile(twin):
-            return os.path.relpath(twin) if not os.path.isabs(config_path) else twin
+        name = os.path.basename(config_path)
+        for candidate in (name, name.split("_")[0] + ".yaml"):
+            twin = os.path.join(os.path.dirname(config_path), "cpu", candidate)
+            if os.path.isfile(twin):
+                return os.path.relpath(twin) if not os.path.isabs(config_path) else twin
     return "configs/cpu/grpo.yaml"
 
 

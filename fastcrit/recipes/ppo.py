@@ -4,8 +4,9 @@
         sample n responses per prompt                                   (behaviour log-probs kept)
         score = sum_k w_k reward_k(prompt, response)                    (reward model, rules, ...)
         token_reward[t] = -kl_coef * kl(old[t], ref[t]);  token_reward[last] += score
+        kl_coef = next_kl_coef(kl_coef, the step's KL)                  (algorithm.kl_ctrl: fixed | adaptive)
         V = critic(prompt + response)                                   (state before each token)
-        A, returns = GAE(token_reward, V, gamma, lam);  A = whiten(A)
+        A, returns = GAE(token_reward, V, gamma, lam);  A = whiten(A)         (over every rank's tokens)
         critic: clipped value regression of V towards returns           (its own optimizer)
         policy: PPO clipped objective on A (+ KL loss if algorithm.kl_coef), after critic_warmup
 
@@ -29,7 +30,8 @@ import random
 import torch
 
 from fastcrit.algos.advantages import gae, last_valid_index, masked_whiten
-from fastcrit.config import ConfigError, loss_scale
+from fastcrit.algos.kl_control import kl_row_means, next_kl_coef
+from fastcrit.config import ConfigError, loss_scale, reward_model_path
 from fastcrit.data.datasets import PreferencePair
 from fastcrit.models.hf import load_tokenizer, parse_dtype
 from fastcrit.recipes.grpo import GRPO
@@ -38,7 +40,7 @@ from fastcrit.recipes.scaffold import Run, info_means, reward_items
 from fastcrit.reward import get_reward_manager
 from fastcrit.reward.model import CombinedReward, ModelReward
 from fastcrit.train.actor import Actor, free_gradients
-from fastcrit.train.dist import all_reduce, all_reduce_mean
+from fastcrit.train.dist import all_reduce, all_reduce_mean, masked_mean_over_ranks
 from fastcrit.train.policy import gathered_tensors
 from fastcrit.train.value import build_value_actor, compute_values, explained_variance, update_values
 from fastcrit_kernels import kl_penalty
@@ -60,14 +62,16 @@ class PPO(GRPO):
                                         optim=dataclasses.replace(c.optim, lr=c.ppo.critic_lr),
                                         checkpointing=c.trainer.gradient_checkpointing)
         self.online = OnlineRM(run, self.reward) if c.ppo.rm_refresh_every else None
+        self.kl_coef = c.ppo.kl_in_reward_coef  # moves under algorithm.kl_ctrl=adaptive; checkpointed
 
     def actors(self) -> dict[str, Actor]:
         return {"critic": self.critic, **({"rm": self.online.actor} if self.online else {})}
 
     def state_dict(self) -> dict:
-        return self.online.state_dict() if self.online else {}
+        return {"kl_in_reward_coef": self.kl_coef, **(self.online.state_dict() if self.online else {})}
 
     def load_state_dict(self, state: dict) -> None:
+        self.kl_coef = state.get("kl_in_reward_coef", self.kl_coef)
         if self.online:
             self.online.load_state_dict(state)
 
@@ -85,27 +89,40 @@ class PPO(GRPO):
         batch.ref_logprobs = run.reference(batch)
         with run.timer("values"):
             batch.values = compute_values(self.critic, batch, c.trainer.forward_micro_batch_size)
-        rewards, kl = token_rewards(batch, c.ppo.kl_in_reward_coef, c.ppo.kl_in_reward_kind)
-        adv, batch.returns = gae(rewards, batch.values, batch.response_mask, gamma=c.ppo.gamma, lam=c.ppo.lam)
-        batch.advantages = masked_whiten(adv, batch.response_mask)
+        mask = batch.response_mask
+        rewards, kl = token_rewards(batch, self.kl_coef, c.ppo.kl_in_reward_kind)
+        kl_stats = self.control_kl(kl, mask) if kl is not None else {}
+        adv, batch.returns = gae(rewards, batch.values, mask, gamma=c.ppo.gamma, lam=c.ppo.lam)
+        batch.advantages = masked_whiten(adv, mask, all_sum=all_reduce)  # over every rank's tokens, as one batch
         with run.timer("critic"):
             critic_stats = update_values(self.critic, batch, c.algorithm, c.ppo,
                                          micro_batch_size=c.trainer.micro_batch_size,
-                                         grad_clip=c.optim.grad_clip, agg_scale=loss_scale(c))
+                                         grad_clip=c.optim.grad_clip, agg_scale=loss_scale(c), generator=run.shuffle())
             free_gradients(self.critic)
         stats = run.update(batch) if step > c.ppo.critic_warmup else {}
         run.sync()
         return {"reward/mean": scores.mean().item(), **info_means(results, "reward/"), **rm_means(results),
-                "critic/explained_var": explained_variance(batch.values, batch.returns, batch.response_mask),
-                "critic/values_mean": masked_mean(batch.values, batch.response_mask),
-                "critic/returns_mean": masked_mean(batch.returns, batch.response_mask),
-                **({"reward/kl_penalty": kl} if kl is not None else {}),
+                "critic/explained_var": explained_variance(batch.values, batch.returns, mask),
+                "critic/values_mean": masked_mean_over_ranks(batch.values, mask),
+                "critic/returns_mean": masked_mean_over_ranks(batch.returns, mask),
+                **kl_stats,
                 "response_len/mean": batch.response_mask.sum(-1).mean().item(), **critic_stats, **online, **stats}
+
+    def control_kl(self, kl: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+        """The step's KL to the reference, measured as verl does (the mean over the sequences of all
+        ranks of their token means), moves the coefficient for the next step; logged beside the
+        coefficient this step used (reward/kl_coef)."""
+        a, used = self.run.cfg.algorithm, self.kl_coef
+        row_means = kl_row_means(kl, mask)
+        total, seqs = all_reduce([float(row_means.sum()), float(len(row_means))])
+        measured = total / max(seqs, 1.0)
+        self.kl_coef = next_kl_coef(used, measured, seqs, ctrl=a.kl_ctrl, target=a.kl_target, horizon=a.kl_horizon)
+        return {"reward/kl_penalty": measured, "reward/kl_coef": used}
 
 
 class OnlineRM:
     """The reward model of ``reward.name``'s `model` part, trained on during the run
-    (``ppo.rm_refresh_every``): a trainable copy of ``reward.model_path`` (its own AdamW at
+    (``ppo.rm_refresh_every``): a trainable copy of ``reward_model_path`` (its own AdamW at
     ``rm.lr``), the pairs of the policy's answers since the last refresh, and the reward manager
     that scores with its weights."""
 
@@ -116,11 +133,11 @@ class OnlineRM:
         self.labeler = get_reward_manager(c.rm.label_reward)
         refreshes = max(1, c.trainer.total_steps // c.ppo.rm_refresh_every)
         optim = dataclasses.replace(c.optim, lr=c.rm.lr, warmup_steps=0, lr_schedule="constant")
-        self.actor = build_value_actor(c.reward.model_path, dtype=c.model.dtype, device=run.ctx.device,
+        self.actor = build_value_actor(reward_model_path(c), dtype=c.model.dtype, device=run.ctx.device,
                                        world_size=run.ctx.world_size, optim=optim,
                                        total_updates=refreshes * c.ppo.rm_refresh_steps,
                                        checkpointing=c.trainer.gradient_checkpointing)
-        self.tok = load_tokenizer(c.reward.model_path)
+        self.tok = load_tokenizer(reward_model_path(c))
         self.pairs: list[PreferencePair] = []
         self.loaded = False  # the scorer holds the trained weights (after a refresh or a resume)
 
@@ -162,7 +179,7 @@ class OnlineRM:
 
     def load_state_dict(self, state: dict) -> None:
         self.pairs = [PreferencePair(*p) for p in state.get("rm_pairs", [])]
-        self.sync()  # the checkpoint's reward model, not reward.model_path's
+        self.sync()  # the checkpoint's reward model, not the one the run started from
 
 
 def model_part(reward) -> ModelReward:
@@ -183,13 +200,10 @@ def rm_means(results) -> dict[str, float]:
     return {"rm/score_mean": sum(vals) / len(vals)} if vals else {}
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((x * mask).sum() / mask.sum().clamp(min=1.0))
-
-
-def token_rewards(batch, kl_coef: float, kl_kind: str) -> tuple[torch.Tensor, float | None]:
+def token_rewards(batch, kl_coef: float, kl_kind: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[B, R] rewards: the sequence score on the last valid response token, minus ``kl_coef`` times
-    the per-token KL of the behaviour policy to the reference (when kl_coef != 0). Also the mean KL."""
+    the per-token KL of the behaviour policy to the reference (when kl_coef != 0). Also that [B, R]
+    KL (0 on padding), or None without the penalty."""
     mask = batch.response_mask
     rewards = torch.zeros_like(mask, dtype=torch.float32)
     last = last_valid_index(mask)
@@ -198,4 +212,4 @@ def token_rewards(batch, kl_coef: float, kl_kind: str) -> tuple[torch.Tensor, fl
     if kl_coef == 0.0 or batch.ref_logprobs is None:
         return rewards, None
     kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, kl_kind) * mask
-    return rewards - kl_coef * kl, masked_mean(kl, mask)
+    return rewards - kl_coef * kl, kl

@@ -5,8 +5,9 @@
 on a copy of ``model.path`` (after the SFT warm start when ``sft.steps`` > 0, the same one
 `fastcrit train` makes and reuses) with a value head (fresh on a causal LM). The result, ``<rm.output_dir>/final``,
 is a Hugging Face ``*ForTokenClassification`` directory that the `model` reward manager loads
-(``reward.model_path``) and ``transformers`` loads back. Accuracy (chosen scored above rejected) on
-the held-out pairs is measured before and after, printed, and written to ``summary.json``.
+(``reward.model_path``, by default this one) and ``transformers`` loads back. Accuracy (chosen
+scored above rejected) on the held-out pairs is measured before and after, printed, and written to
+``summary.json``.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from fastcrit.config import Config, ConfigError
+from fastcrit.config import Config, ConfigError, rm_output_dir
 from fastcrit.data.datasets import PreferencePair, load_dataset, load_preferences
 from fastcrit.data.prompts import encode_prompts
 from fastcrit.models.hf import load_tokenizer
@@ -37,10 +38,6 @@ from fastcrit.train.memory import return_memory
 from fastcrit.train.metrics import RunLog
 from fastcrit.train.shards import ChunkFiles, cut, dealt, missing_message, wait_for
 from fastcrit.train.value import build_value_actor, last_token_scores, last_token_values
-
-
-def rm_output_dir(cfg: Config) -> str:
-    return cfg.rm.output_dir or os.path.join(cfg.trainer.output_dir, "rm")
 
 
 def _encode(tok, pairs: list[PreferencePair]):

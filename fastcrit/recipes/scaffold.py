@@ -72,7 +72,7 @@ class Run:
     metrics: dict[str, float] = field(default_factory=dict)  # the shared pieces' metrics of the step
     memory: PhaseMemory | None = None  # "memory/<name>_..." of the current step's timed phases
     step: int = 0  # the current step (1-based; 0 before the first)
-    updates: int = 0  # update() calls in the current step
+    updates: int = 0  # mini-batch dealings (shuffle() calls) in the current step
 
     # -- the pieces of a step -------------------------------------------------------------------
 
@@ -177,15 +177,18 @@ class Run:
         with self.timer("update"):
             if budget > 0:  # rows move between ranks by work (Karmarkar-Karp)
                 batch, moved = balance_ranks(batch, objective.whole_groups)
-            # Mini-batches from (seed, step, call): every rank, and one process, deal the same.
-            self.updates += 1
-            shuffle = torch.Generator().manual_seed((c.trainer.seed * 1_000_003 + self.step) * 64 + self.updates)
             stats = update_policy(self.actor, batch, c.algorithm, temperature=self.temperature,
                                   micro_batch_size=c.trainer.micro_batch_size, grad_clip=c.optim.grad_clip,
                                   objective=objective, measure_gap=not self.recompute, max_tokens=budget,
-                                  packed=c.trainer.pack_sequences, generator=shuffle)
+                                  packed=c.trainer.pack_sequences, generator=self.shuffle())
             free_gradients(self.actor)  # not kept through generation
             return {**stats, **moved}  # the padding as rolled out, before the rows moved
+
+    def shuffle(self) -> torch.Generator:
+        """The generator that deals the step's next mini-batches (a policy update, PPO's critic), from
+        (seed, step, call): every rank, and one process, deal the same."""
+        self.updates += 1
+        return torch.Generator().manual_seed((self.cfg.trainer.seed * 1_000_003 + self.step) * 64 + self.updates)
 
     def sync(self) -> None:
         """Wake the engine and load all of the policy's weights into it (one ``load_weights``).

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from fastcrit.config import reward_model_path
 from fastcrit.reward import code  # noqa: F401  (registers "code")
 from fastcrit.reward import math_answer  # noqa: F401  (registers "math")
 from fastcrit.reward import raro  # noqa: F401  (registers "raro")
@@ -21,7 +22,7 @@ def make_reward(cfg, workdir: str, rank: int = 0, device="cpu") -> RewardManager
 
     The code manager gets the sandbox settings, ``reward.score`` and a result cache in ``workdir``
     (one file per rank) unless ``sandbox.cache_path`` names one; the model manager loads
-    ``reward.model_path`` in ``model.dtype`` on ``device``.
+    ``reward_model_path(cfg)`` in ``model.dtype`` on ``device``.
     """
     names = cfg.reward.name.split("+")
     parts = [(n, _one(n, cfg, workdir, rank, device)) for n in names]
@@ -35,6 +36,6 @@ def _one(name: str, cfg, workdir: str, rank: int, device) -> RewardManager:
         cache = os.path.join(workdir, f"sandbox_cache_rank{rank}.sqlite")
         return get_reward_manager(name, sandbox=cfg.sandbox, score=cfg.reward.score, cache_path=cache)
     if name == "model":
-        return get_reward_manager(name, path=cfg.reward.model_path, dtype=cfg.model.dtype, device=device,
+        return get_reward_manager(name, path=reward_model_path(cfg), dtype=cfg.model.dtype, device=device,
                                   batch_size=cfg.reward.model_batch_size)
     return get_reward_manager(name)

@@ -1,6 +1,11 @@
 """The `model` reward: a reward model's score of (prompt, response), its value head read at the last
 token of [chat-templated prompt, response, EOS] (verl's reward model form; `fastcrit rm` trains one).
 
+The last token is found by the attention mask, for a token- and a sequence-classification head
+alike, whatever the padding side. Transformers' own ``*ForSequenceClassification`` pooling looks
+for the pad id instead: it reads the token before the EOS when pad == EOS, and refuses batches of
+more than one row when the config has no pad id; its pooling is not used here.
+
 The reward model has its own tokenizer, so it scores the texts, not the policy's token ids; any
 local Hugging Face directory with a one-label token / sequence classification head loads (a causal
 LM would get an untrained head: refused, since its scores would mean nothing).
@@ -9,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from fastcrit.algos.advantages import last_valid_index
 from fastcrit.config import ConfigError
 from fastcrit.data.prompts import render_chat
 from fastcrit.models.hf import load_tokenizer, load_value_model
@@ -64,17 +70,23 @@ class ModelReward:
             targets[name].data.copy_(t.to(device=targets[name].device, dtype=targets[name].dtype))
 
     @torch.no_grad()
+    def score_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B] fp32 scores, on CPU, of the rows of ``input_ids`` [B, T] (padded on either side, with
+        any pad id): the scalar head applied to the hidden state of each row's last token whose
+        ``attention_mask`` [B, T] is 1."""
+        d, model = self.device, self.model
+        pos = (torch.cumsum(attention_mask, 1) - 1).clamp(min=0)
+        hidden = getattr(model, model.base_model_prefix)(
+            input_ids=input_ids.to(d), attention_mask=attention_mask.to(d), position_ids=pos.to(d),
+            use_cache=False).last_hidden_state
+        last = last_valid_index(attention_mask).to(d)
+        return model.score(hidden[torch.arange(len(last), device=d), last])[:, 0].float().cpu()
+
     def scores(self, items: list[RewardItem]) -> torch.Tensor:
         out = []
         for s in range(0, len(items), self.batch_size):
             rows = [rm_ids(self.tok, it.prompt, it.response) for it in items[s:s + self.batch_size]]
-            ids, mask = pad_left(rows, self.tok.pad_token_id)
-            pos = (torch.cumsum(mask, 1) - 1).clamp(min=0)
-            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                position_ids=pos.to(self.device)).logits
-            if logits.dim() == 3:  # token classification: [B, T, 1], the last (valid) token
-                logits = logits[:, -1]
-            out.append(logits[:, 0].float().cpu())
+            out.append(self.score_ids(*pad_left(rows, self.tok.pad_token_id)))
         return torch.cat(out) if out else torch.zeros(0)
 
     def __call__(self, items: list[RewardItem]) -> list[RewardResult]:

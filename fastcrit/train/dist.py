@@ -286,6 +286,14 @@ def barrier() -> None:
         dist.barrier()
 
 
+def masked_mean_over_ranks(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """The mean of ``x`` where ``mask`` is nonzero, over the entries of all ranks together (one
+    collective); 0 where no rank has one."""
+    m = mask.detach().double().cpu()
+    s, n = all_reduce([float((x.detach().double().cpu() * m).sum()), float(m.sum())])
+    return s / n if n > 0 else 0.0
+
+
 def std_over_ranks(values: torch.Tensor) -> float:
     """Sample standard deviation (n - 1, as ``Tensor.std``) of ``values`` of all ranks together;
     0 with fewer than two values (one collective when distributed)."""

@@ -291,12 +291,14 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
         critic = model_shape(cfg.ppo.critic_path or _resolve(cfg.model), "ppo.critic_path", value_head=True)
         static["critic weights + optimizer"] = 12.0 * critic.params / world
     if "model" in cfg.reward.name.split("+"):
+        from fastcrit.config import reward_model_path
+
         try:
-            rm = model_shape(cfg.reward.model_path, "reward.model_path", value_head=True)
+            rm = model_shape(reward_model_path(cfg), "reward.model_path", value_head=True)
         except ValueError:
             rm = dataclasses.replace(policy, params=policy.params - (0 if policy.tied else policy.vocab * policy.hidden)
                                      + policy.hidden)
-            notes.append(f"reward.model_path {cfg.reward.model_path!r} has no config: planned as a reward "
+            notes.append(f"reward.model_path {reward_model_path(cfg)!r} has no config: planned as a reward "
                          "model of the policy's size")
         else:
             notes += [rm.note] if rm.note else []

@@ -9,8 +9,9 @@ import torch.nn as nn
 from fastcrit.algos.advantages import last_valid_index
 from fastcrit.config import AlgorithmConfig, OptimConfig, PPOConfig
 from fastcrit.models.hf import load_value_model, parse_dtype
-from fastcrit.train.actor import (Actor, GlobalWeights, _micro_slices, optimizer_step, reads_weights, reshard,
-                                  wrap_trainable)
+from fastcrit.train.actor import (Actor, GlobalWeights, _micro_slices, _mini_batches, micro_plan, optimizer_step,
+                                  reads_weights, reshard, wrap_trainable)
+from fastcrit.train.dist import masked_mean_over_ranks
 from fastcrit.train.policy import graph_attention
 from fastcrit.types import RolloutBatch
 from fastcrit_kernels import value_loss
@@ -71,22 +72,23 @@ def update_values(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, ppo:
     """Clipped value regression of ``batch.values`` (rollout-time predictions) towards
     ``batch.returns``, ppo_epochs x mini_batches optimizer steps, loss aggregated as the policy's
     (over all ranks' tokens, see ``train.actor``; ``agg_scale``: seq-mean-token-sum-norm's divisor
-    when ``algorithm.loss_scale_factor`` is not set)."""
+    when ``algorithm.loss_scale_factor`` is not set). Rows are dealt to mini-batches as the policy's
+    are (by global group id and place, from ``generator``), and ranks run as many micro-batches (an
+    empty one with weight 0), so N ranks take the steps one process takes on the whole batch."""
     if algo.loss_scale_factor is not None:
         agg_scale = algo.loss_scale_factor
     if batch.values is None or batch.returns is None:
         raise ValueError("update_values: batch.values and batch.returns must be set")
-    B, sums, n_steps = len(batch), {}, 0
+    sums, n_steps = {}, 0
     for _ in range(algo.ppo_epochs):
-        order = torch.randperm(B, generator=generator) if algo.mini_batches > 1 else torch.arange(B)
-        for mini_idx in order.chunk(algo.mini_batches):
+        for mini_idx in _mini_batches(batch, algo.mini_batches, False, generator):
             mini = batch.select(mini_idx)
             weight = GlobalWeights(mini.response_mask, algo.loss_agg)
             actor.optimizer.zero_grad(set_to_none=True)
             stats: dict[str, float] = {}
-            for sl in _micro_slices(len(mini), micro_batch_size):
-                mb = mini.select(torch.arange(len(mini))[sl])
-                w = weight(mb.response_mask)
+            for idx in micro_plan(mini, micro_batch_size, 0, whole_groups=False):
+                mb = mini.select(idx) if len(idx) else batch.select(torch.zeros(1, dtype=torch.long))
+                w = weight(mb.response_mask) if len(idx) else 0.0
                 d = actor.device
                 loss, s = value_loss(_values(actor, mb), mb.values.to(d), mb.returns.to(d),
                                      mb.response_mask.to(d), clip=ppo.value_clip, agg=algo.loss_agg,
@@ -102,13 +104,12 @@ def update_values(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, ppo:
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var(returns - values) / Var(returns) over valid tokens (1 = perfect, 0 = a constant)."""
-    m = mask.float()
-    n = m.sum().clamp(min=1.0)
+    """1 - Var(returns - values) / Var(returns) over the valid tokens of all ranks together
+    (1 = perfect, 0 = a constant; collectives)."""
 
     def var(x):
-        mean = (x * m).sum() / n
-        return (((x - mean) ** 2) * m).sum() / n
+        mean = masked_mean_over_ranks(x, mask)
+        return masked_mean_over_ranks((x.double() - mean) ** 2, mask)
 
     vr = var(returns)
     return float(1.0 - var(returns - values) / vr) if vr > 0 else 0.0

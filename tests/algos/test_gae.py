@@ -43,6 +43,49 @@ def test_gae_with_gamma_lam_1_is_reward_to_go_minus_value():
     torch.testing.assert_close(ret, torch.ones(1, 3))
 
 
+def oracle_whiten(x, m):
+    """Mean and unbiased variance of the valid entries, in Python floats; 0 on the others."""
+    vals = [float(v) for v, k in zip(x.flatten(), m.flatten()) if k > 0]
+    mean = sum(vals) / len(vals)
+    var = sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)
+    return torch.tensor([[(float(v) - mean) / (var + 1e-8) ** 0.5 if k > 0 else 0.0 for v, k in zip(row, mrow)]
+                         for row, mrow in zip(x, m)])
+
+
+def whitening_batch():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 5, generator=g) * 2 + 1
+    x[3:] += 4.0  # the second half sits elsewhere: whitening each half alone would differ
+    m = (torch.rand(6, 5, generator=g) > 0.3).float()
+    m[0] = 0  # an empty row
+    return x, m
+
+
+def test_masked_whiten_matches_the_definition():
+    x, m = whitening_batch()
+    torch.testing.assert_close(masked_whiten(x, m), oracle_whiten(x, m), atol=1e-6, rtol=1e-6)
+
+
+def _whiten_my_half(ctx, x, m, out):
+    from fastcrit.train.dist import all_reduce
+
+    rows = slice(0, 3) if ctx.rank == 0 else slice(3, 6)
+    torch.save(masked_whiten(x[rows], m[rows], all_sum=all_reduce), f"{out}/rank{ctx.rank}.pt")
+
+
+def test_whitening_over_two_processes_is_the_whole_batchs(tmp_path):
+    """Each of 2 gloo ranks holds half the rows: with all_sum, the mean and variance are the whole
+    batch's (verl whitens the whole batch), not each half's."""
+    from fastcrit.train.dist import launch
+
+    x, m = whitening_batch()
+    launch(_whiten_my_half, (x, m, str(tmp_path)), 2, "cpu")
+    got = torch.cat([torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")])
+    torch.testing.assert_close(got, oracle_whiten(x, m), atol=1e-6, rtol=1e-6)
+    per_half = torch.cat([masked_whiten(x[:3], m[:3]), masked_whiten(x[3:], m[3:])])
+    assert (per_half - got).abs().max() > 0.1
+
+
 def test_masked_whiten():
     x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 4.0, 5.0]])
     m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
