@@ -237,3 +237,27 @@ def test_api_key_guards_every_route_but_health(tiny_model_path, capsys):
     with serve(tiny_model_path, "0.0.0.0", 0, served_model_name=NAME):
         pass
     assert "without an API key" in capsys.readouterr().err
+
+
+def test_concurrent_requests_with_different_settings_get_their_own_answers(client, server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    asks = [dict(max_tokens=6), dict(max_completion_tokens=3), dict(max_tokens=8, stop=["e"]),
+            dict(max_tokens=5, n=2), dict(max_tokens=6, logprobs=True, top_logprobs=1),
+            dict(max_tokens=6, frequency_penalty=1.0), dict(max_tokens=6, temperature=0.9, seed=5)]
+
+    def ask(kw):
+        kw = {"temperature": 0, **kw}
+        r = client.chat.completions.create(model=NAME, messages=HI, **kw)
+        return [(c.message.content, c.finish_reason) for c in r.choices], r.usage.completion_tokens
+
+    alone = [ask(kw) for kw in asks]
+    server.batch_window_s = 0.3  # so that the concurrent ones surely share a batch
+    try:
+        with ThreadPoolExecutor(len(asks)) as pool:
+            together = list(pool.map(ask, asks))
+    finally:
+        server.batch_window_s = 0.01
+    assert together == alone
+    assert server.stats["max_batch_seen"] > 1  # they shared engine batches
+    assert alone[1][1] <= 3  # max_completion_tokens
