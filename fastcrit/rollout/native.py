@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -115,7 +115,12 @@ class NativeEngine:
 
     # ------------------------------------------------------------------ Engine protocol
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
+                 on_step: Callable[[list[int], list[int]], None] | None = None) -> list[Rollout]:
+        """The Engine protocol's generate. ``on_step`` (this engine only; ``fastcrit serve`` streams
+        with it): after every decoding step, called with the sample indices ``k = i * n + j`` of
+        the samples that drew a token in it and those tokens (a sample's stop token included), from
+        the calling thread; what it raises stops the call."""
         self._check_usable("generate")
         self._validate(prompts, params)
         if not prompts:
@@ -134,7 +139,7 @@ class NativeEngine:
             for start in range(0, len(order), per_chunk):
                 idx = order[start:start + per_chunk]
                 for i, rollouts in zip(idx, self._generate_chunk(idx, [prompts[i] for i in idx], params,
-                                                                 stop_ids, seed)):
+                                                                 stop_ids, seed, on_step)):
                     by_prompt[i] = rollouts
         return [r for group in by_prompt for r in group]
 
@@ -275,7 +280,7 @@ class NativeEngine:
                                  f"the model's max_position_embeddings={self.max_positions}")
 
     def _generate_chunk(self, indices: list[int], prompts: list[list[int]], params: SamplingParams,
-                        stop_ids: torch.Tensor, seed: int | None) -> list[list[Rollout]]:
+                        stop_ids: torch.Tensor, seed: int | None, on_step=None) -> list[list[Rollout]]:
         dev, n, max_new = self.device, params.n, params.max_new_tokens
         num, plen = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((num, plen), self.pad_token_id, dtype=torch.long)
@@ -327,6 +332,9 @@ class NativeEngine:
             if ndone:  # rows that already stopped keep pad / 0 after their stop
                 tok, logp = tok.masked_fill(done, self.pad_token_id), logp.masked_fill(done, 0.0)
             out_tokens[:, step].index_copy_(0, rows, tok)
+            if on_step is not None:
+                live = (~done).nonzero().squeeze(1)
+                on_step([indices[r // n] * n + r % n for r in rows[live].tolist()], tok[live].tolist())
             out_logps[:, step].index_copy_(0, rows, logp)
             hit = torch.isin(tok, stop_ids)
             if stopper is not None:

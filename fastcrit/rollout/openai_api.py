@@ -305,37 +305,63 @@ def response(req: ApiRequest, tokenizer, model: str, prompt_tokens: int, choices
             "choices": out, "usage": _usage(prompt_tokens, choices)}
 
 
+class Chunks:
+    """Builds one stream's chunk objects; the server sends each as ``data: {...}``, then
+    ``data: [DONE]``. All chunks of a stream share one id; with ``include_usage`` every chunk has
+    ``usage: null`` but the last (``usage()``), as OpenAI sends them."""
+
+    def __init__(self, req: ApiRequest, tokenizer, model: str):
+        self.req, self.tokenizer, self.chat = req, tokenizer, req.kind == "chat"
+        self.base = {"id": f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}",
+                     "object": "chat.completion.chunk" if self.chat else "text_completion",
+                     "created": int(time.time()), "model": model}
+        if req.include_usage:
+            self.base["usage"] = None
+
+    def _one(self, choice: dict) -> dict:
+        return {**self.base, "choices": [choice]}
+
+    def role(self, i: int) -> dict:
+        """Chat only: choice ``i``'s first chunk."""
+        return self._one({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": None})
+
+    def piece(self, i: int, text: str, tokens: list | None = None, offset: int = 0) -> dict:
+        """Text of choice ``i`` (and the log-probs of ``tokens`` when asked; ``offset``: where the
+        piece starts in the choice's text)."""
+        ask = tokens is not None and self.req.logprobs is not None
+        if self.chat:
+            return self._one({"index": i, "delta": {"content": text},
+                              "logprobs": _chat_logprobs(self.tokenizer, tokens) if ask else None,
+                              "finish_reason": None})
+        return self._one({"index": i, "text": text,
+                          "logprobs": _text_logprobs(self.tokenizer, tokens, offset) if ask else None,
+                          "finish_reason": None})
+
+    def finish(self, i: int, reason: str) -> dict:
+        if self.chat:
+            return self._one({"index": i, "delta": {}, "logprobs": None, "finish_reason": reason})
+        return self._one({"index": i, "text": "", "logprobs": None, "finish_reason": reason})
+
+    def usage(self, prompt_tokens: int, choices: list[Choice]) -> dict:
+        return {**self.base, "choices": [], "usage": _usage(prompt_tokens, choices)}
+
+
 def stream_chunks(req: ApiRequest, tokenizer, model: str, prompt_tokens: int, choices: list[Choice]):
-    """The stream's objects in order (the caller frames each as ``data: {...}`` and ends with
-    ``data: [DONE]``): per choice a role chunk (chat), one chunk per listed token with its text
-    piece (and its log-probs when asked), and a finish chunk; then the usage chunk when asked."""
-    created = int(time.time())
-    chat = req.kind == "chat"
-    base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-            "object": "chat.completion.chunk" if chat else "text_completion", "created": created, "model": model}
-    if req.include_usage:
-        base["usage"] = None
-
-    def chunk(i, piece=None, toks=None, finish=None, role=False, offset=0):
-        if chat:
-            delta = {"role": "assistant", "content": ""} if role else ({} if piece is None else {"content": piece})
-            lp = _chat_logprobs(tokenizer, toks) if toks is not None and req.logprobs is not None else None
-            c = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
-        else:
-            lp = _text_logprobs(tokenizer, toks, offset) if toks is not None and req.logprobs is not None else None
-            c = {"index": i, "text": piece or "", "logprobs": lp, "finish_reason": finish}
-        return {**base, "choices": [c]}
-
+    """A whole stream from finished choices: per choice a role chunk (chat), one chunk per listed
+    token with its text piece (and its log-probs when asked), and a finish chunk; then the usage
+    chunk when asked."""
+    make = Chunks(req, tokenizer, model)
     for i, ch in enumerate(choices):
-        if chat:
-            yield chunk(i, role=True)
+        if make.chat:
+            yield make.role(i)
         offset = 0
         for tok in ch.tokens:
             if tok[1] or req.logprobs is not None:
-                yield chunk(i, tok[1], [tok], offset=offset)
+                yield make.piece(i, tok[1], [tok], offset)
             offset += len(tok[1])
         if offset < len(ch.text):  # text that no listed token carries (none in practice)
-            yield chunk(i, ch.text[offset:])
-        yield chunk(i, None if chat else "", finish=ch.finish_reason)
+            yield make.piece(i, ch.text[offset:])
+        yield make.finish(i, ch.finish_reason)
     if req.include_usage:
-        yield {**base, "choices": [], "usage": _usage(prompt_tokens, choices)}
+        yield make.usage(prompt_tokens, choices)

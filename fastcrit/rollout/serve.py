@@ -16,9 +16,11 @@ the string (special tokens added as the tokenizer adds them), or the token ids g
 
 Departures from the OpenAI API, each refused with a 400 naming the field rather than ignored: no
 tools / function calling, response_format other than text, echo, suffix, best_of other than n,
-images or audio. Streaming sends the answer after it is generated (the engine has no per-token
-callback): the chunks are those of a live stream, but the first arrives when the whole answer is
-ready. ``max_tokens`` defaults to ``default_max_tokens`` (chat) or 16 (completions, as OpenAI),
+images or audio. A stream is live: NativeEngine.generate's ``on_step`` hands each drawn token to
+the request's thread, which sends the text as it grows (a stop string's length - 1 characters held
+back, so no part of a stop string is ever sent). A stream that asks for logprobs, or one served by
+an engine without ``on_step``, is sent when its answer is complete, in the same chunks.
+``max_tokens`` defaults to ``default_max_tokens`` (chat) or 16 (completions, as OpenAI),
 each cut to the room the model's positions leave. ``temperature`` defaults to 1 as in OpenAI.
 A prompt over ``max_prompt_len`` tokens, or one that leaves no room for max_tokens within the
 model's positions, gets a 400 with ``code: context_length_exceeded`` as OpenAI sends.
@@ -32,6 +34,7 @@ threads the HTTP server starts.
 from __future__ import annotations
 
 import hmac
+import inspect
 import ipaddress
 import json
 import os
@@ -44,7 +47,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from fastcrit.rollout.chat import ConversationError, render_conversation
-from fastcrit.rollout.openai_api import (ApiRequest, RequestError, make_choice, parse_request, response,
+from fastcrit.rollout.openai_api import (ApiRequest, Chunks, RequestError, make_choice, parse_request, response,
                                          stream_chunks)
 from fastcrit.types import SamplingParams
 
@@ -63,6 +66,9 @@ class _Pending:
     done: threading.Event = field(default_factory=threading.Event)
     output: list | None = None  # params.n Rollouts
     error: str | None = None
+    # A live stream: (choice index, token id) per drawn token, then None when the prompt is done
+    stream: queue.Queue | None = None
+    first: int = 0  # the choice index of this prompt's first sample
 
 
 class ChatServer:
@@ -89,6 +95,8 @@ class ChatServer:
         self.log_requests = log_requests
         self.api_key = api_key or None
         self.created = int(time.time())
+        # the engine can report tokens as it draws them (NativeEngine's on_step): streams are live
+        self._live = "on_step" in inspect.signature(engine.generate).parameters
         self.stats = {"requests": 0, "batches": 0, "max_batch_seen": 0}
         self._tok_lock = threading.Lock()  # fast tokenizers may refuse concurrent use from threads
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
@@ -184,11 +192,15 @@ class ChatServer:
         params.max_new_tokens = max_tokens
         if is_greedy(params.temperature):
             params.seed = None  # greedy draws nothing; without a seed such requests share calls
-        items = [_Pending(p, params) for p in prompts]
+        live = req.stream and self._live and req.logprobs is None
+        events: queue.Queue | None = queue.Queue() if live else None
+        items = [_Pending(p, params, stream=events, first=k * params.n) for k, p in enumerate(prompts)]
         if self._closing.is_set():
             raise RequestError(503, "the server is shutting down", kind="server_error")
         for item in items:
             self._queue.put(item)
+        if live:
+            return req, self._live_chunks(req, items, sum(len(p) for p in prompts), events)
         for item in items:
             while not item.done.wait(0.5):
                 if not self._batcher.is_alive():  # closed between the check above and the put
@@ -202,6 +214,56 @@ class ChatServer:
             if req.stream:
                 return req, list(stream_chunks(req, self.tokenizer, self.model_name, prompt_tokens, choices))
             return req, response(req, self.tokenizer, self.model_name, prompt_tokens, choices)
+
+    def _live_chunks(self, req: ApiRequest, items: list[_Pending], prompt_tokens: int, events: queue.Queue):
+        """A stream's chunks as the engine draws the tokens. A choice's text is sent up to a stop
+        string it holds, else up to where one could still begin (its length - 1 characters held
+        back), and never with a character still split over tokens; what the finished choice (stop string cut) holds
+        beyond that goes with its last piece, so the pieces join to the whole answer's text."""
+        make = Chunks(req, self.tokenizer, self.model_name)
+        n, stops = req.params.n, req.params.stop
+        hold = max((len(x) for x in stops), default=1) - 1
+        total = len(items) * n
+        ids: list[list[int]] = [[] for _ in range(total)]
+        sent = [0] * total
+        if make.chat:
+            for i in range(total):
+                yield make.role(i)
+        pending = len(items)
+        while pending:
+            try:
+                ev = events.get(timeout=0.5)
+            except queue.Empty:
+                if not self._batcher.is_alive():
+                    yield RequestError(503, "the server is shutting down", kind="server_error").body()
+                    return
+                continue
+            if ev is None:
+                pending -= 1
+                continue
+            i, tok = ev
+            ids[i].append(tok)
+            with self._tok_lock:
+                text = self.tokenizer.decode(ids[i], skip_special_tokens=True)
+            safe = min(len(text.rstrip("\ufffd")), len(text) - hold)
+            for x in stops:  # the token that completes a stop string is this sample's last
+                at = text.find(x)
+                safe = min(safe, at) if at >= 0 else safe
+            if safe > sent[i]:
+                yield make.piece(i, text[sent[i]:safe])
+                sent[i] = safe
+        failed = next((it.error for it in items if it.error is not None), None)
+        if failed is not None:
+            yield RequestError(500, failed, kind="server_error").body()
+            return
+        with self._tok_lock:
+            choices = [make_choice(self.tokenizer, r, stops, pieces=False) for it in items for r in it.output]
+        for i, ch in enumerate(choices):
+            if len(ch.text) > sent[i]:
+                yield make.piece(i, ch.text[sent[i]:])
+            yield make.finish(i, ch.finish_reason)
+        if req.include_usage:
+            yield make.usage(prompt_tokens, choices)
 
     def model_card(self) -> dict:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "fastcrit",
@@ -243,9 +305,11 @@ class ChatServer:
             n = params.n
             try:
                 if params.seed is None:
-                    rollouts = self.engine.generate([it.ids for it in items], params)
+                    rollouts = self.engine.generate([it.ids for it in items], params,
+                                                    **self._on_step(items, n))
                 else:  # sample k of a call draws from seed + k: alone, each prompt's answers are the seed's
-                    rollouts = [r for it in items for r in self.engine.generate([it.ids], params)]
+                    rollouts = [r for it in items for r in self.engine.generate([it.ids], params,
+                                                                                **self._on_step([it], n))]
                 for k, it in enumerate(items):
                     it.output = rollouts[k * n:(k + 1) * n]
                 self.stats["requests"] += len(items)
@@ -255,6 +319,21 @@ class ChatServer:
             finally:
                 for it in items:
                     it.done.set()
+                    if it.stream is not None:
+                        it.stream.put(None)
+
+    def _on_step(self, items: list[_Pending], n: int) -> dict:
+        """``on_step=`` for a generate call over ``items`` when one of them streams, else nothing."""
+        if not any(it.stream is not None for it in items):
+            return {}
+
+        def on_step(ks: list[int], tokens: list[int]) -> None:
+            for k, t in zip(ks, tokens):
+                it = items[k // n]
+                if it.stream is not None:
+                    it.stream.put((it.first + k % n, t))
+
+        return {"on_step": on_step}
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -297,19 +376,30 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception:  # the connection is gone; nothing to tell
             pass
 
-    def _sse(self, chunks: list[dict]) -> None:
-        """Server-sent events: ``data: {...}`` per chunk, then ``data: [DONE]``; the connection closes
-        after (no Content-Length), as a streamed OpenAI response does."""
+    def _sse(self, chunks) -> None:
+        """Server-sent events: ``data: {...}`` per chunk as it comes, then ``data: [DONE]``; the
+        connection closes after (no Content-Length), as a streamed OpenAI response does. A failure
+        after the headers went out is sent as an ``{"error": ...}`` event, as vLLM does."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
-        for c in chunks:
-            self.wfile.write(b"data: " + json.dumps(c).encode("utf-8") + b"\n\n")
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
+        try:
+            try:
+                for c in chunks:
+                    self.wfile.write(b"data: " + json.dumps(c).encode("utf-8") + b"\n\n")
+                    self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                raise
+            except Exception as e:
+                err = RequestError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
+                self.wfile.write(b"data: " + json.dumps(err.body()).encode("utf-8") + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):  # the client left; the engine finishes anyway
+            pass
 
     def _read_body(self) -> bytes:
         """The body by Content-Length or chunked transfer coding; RequestError 411 / 413 / 400."""

@@ -658,3 +658,17 @@ def test_top_logprobs_are_the_distribution_the_logprobs_read(engine, prompts):
         for t, lp, top in zip(r.output_ids, r.logprobs, r.top_logprobs):
             assert lp <= top[0][1] + 1e-6 and (t not in dict(top) or dict(top)[t] == pytest.approx(lp))
     assert engine.generate(prompts[:1], greedy())[0].top_logprobs is None
+
+
+def test_on_step_reports_every_drawn_token_in_order(model_dir, prompts):
+    eng = NativeEngine(model_dir, max_batch=3)  # two chunks, and rows leave the batch as they stop
+    params = SamplingParams(n=2, max_new_tokens=9, temperature=0.9, seed=2, stop_token_ids=[5, 9, 17])
+    seen: dict[int, list[int]] = {}
+
+    def on_step(ks, tokens):
+        for k, t in zip(ks, tokens):
+            seen.setdefault(k, []).append(t)
+
+    out = eng.generate(prompts, params, on_step=on_step)
+    assert {k: r.output_ids for k, r in enumerate(out)} == seen
+    assert out == eng.generate(prompts, params)  # reporting changes nothing

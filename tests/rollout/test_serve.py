@@ -261,3 +261,42 @@ def test_concurrent_requests_with_different_settings_get_their_own_answers(clien
     assert together == alone
     assert server.stats["max_batch_seen"] > 1  # they shared engine batches
     assert alone[1][1] <= 3  # max_completion_tokens
+
+
+def _joined(chunks) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for c in chunks:
+        for ch in c.choices:
+            piece = ch.delta.content if hasattr(ch, "delta") else ch.text
+            out[ch.index] = out.get(ch.index, "") + (piece or "")
+    return out
+
+
+def test_streams_are_live_and_join_to_the_whole_answer(client, server):
+    # the first piece arrives while the engine is still generating (the request is not yet counted)
+    before = server.stats["requests"]
+    stream = greedy(client, max_tokens=1500, stream=True)
+    first = next(c for c in stream if c.choices and c.choices[0].delta.content)
+    assert first.choices[0].delta.content and server.stats["requests"] == before
+    stream.close()
+    # stop strings held back and cut, n > 1 interleaved, seeds: the same texts as without streaming
+    whole = greedy(client, max_tokens=40)
+    text = whole.choices[0].message.content
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    for kw in ({"stop": [stop]}, {"n": 2, "temperature": 0.9, "seed": 4}, {"stop": stop, "n": 3}):
+        kw = {"temperature": 0, "max_tokens": 40, **kw}
+        want = client.chat.completions.create(model=NAME, messages=HI, **kw)
+        got = _joined(client.chat.completions.create(model=NAME, messages=HI, stream=True, **kw))
+        assert got == {c.index: c.message.content for c in want.choices}, kw
+    want = client.completions.create(model=NAME, prompt=["The sea", "A ship"], max_tokens=20, temperature=0,
+                                     stop=[" "])
+    got = _joined(client.completions.create(model=NAME, prompt=["The sea", "A ship"], max_tokens=20,
+                                            temperature=0, stop=[" "], stream=True))
+    assert got == {c.index: c.text for c in want.choices}
+
+
+def test_a_stream_with_logprobs_carries_them_per_token(client):
+    chunks = list(greedy(client, max_tokens=6, stream=True, logprobs=True, top_logprobs=2))
+    entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    whole = greedy(client, max_tokens=6, logprobs=True, top_logprobs=2)
+    assert [(e.token, e.logprob) for e in entries] == [(e.token, e.logprob) for e in whole.choices[0].logprobs.content]
