@@ -39,7 +39,8 @@ How the protocol maps onto SGLang:
   that no longer fits beside what the trainer holds.
 
 Not covered: tensor parallelism across training processes (``tp_size > 1`` with ``trainer.nproc > 1``
-would start overlapping engines; the config refuses it), stop strings (only stop token ids), and
+would start overlapping engines; the config refuses it), ``logit_bias`` and ``top_logprobs``
+(refused; stop strings and penalties are sent as SGLang's own keys, untested on a GPU here), and
 bit-for-bit agreement with the native engine (different kernels; the GPU test compares within a
 tolerance).
 """
