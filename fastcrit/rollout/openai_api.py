@@ -131,8 +131,6 @@ def parse_request(body, kind: str) -> ApiRequest:
         raise RequestError(400, f"the request body must be a JSON object, got {type(body).__name__}")
     for name, neutral in _REFUSED.items():
         if name in body and body[name] not in neutral:
-            if name == "tool_choice" and body[name] == "auto" and body.get("tools"):
-                name = "tools"
             raise RequestError(400, f"{name}: {_REASON.get(name, 'is not supported by this server')}", name)
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
@@ -162,7 +160,7 @@ def parse_request(body, kind: str) -> ApiRequest:
         if lp is not None and not isinstance(lp, bool):
             raise RequestError(400, f"logprobs must be a boolean, got {type(lp).__name__}", "logprobs")
         top = _integer(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
-        if top is not None and not lp:
+        if top and not lp:
             raise RequestError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         logprobs = (top or 0) if lp else None
         prompts = None
