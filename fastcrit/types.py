@@ -39,6 +39,30 @@ class SamplingParams:
     # Sample k (= prompt i x n + j) of a call draws from seed + k alone; seed + k must stay below
     # 2**63 for SGLang (an int64), the native engine reads it mod 2**64.
     seed: int | None = None
+    # Stop strings (the native engine needs a tokenizer for them): a sample stops at the token whose
+    # decoded text completes one, with finish_reason "stop"; output_ids keep that token, and cutting
+    # the text at the string is the caller's (fastcrit.rollout.openai_api does it).
+    stop: list[str] = field(default_factory=list)
+    # Penalties on the logits before the temperature, as OpenAI / vLLM / SGLang define them:
+    # logit -= frequency_penalty * count + presence_penalty * (count > 0) over the tokens generated
+    # so far; repetition_penalty (1 = off) divides a positive logit and multiplies a negative one of
+    # every token seen in the prompt or the output so far (CTRL's rule, as vLLM and HF apply it).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    top_logprobs: int = 0  # > 0: each Rollout carries the top that-many (token, log-prob) per position
+
+    def key(self) -> tuple:
+        """A hashable tuple of every field (requests with equal keys can share one generate call)."""
+        return (self.n, self.max_new_tokens, self.temperature, self.top_p, self.top_k, tuple(self.stop_token_ids),
+                self.seed, tuple(self.stop), self.presence_penalty, self.frequency_penalty,
+                self.repetition_penalty, tuple(sorted(self.logit_bias.items())), self.top_logprobs)
+
+    def shapes_logits(self) -> bool:
+        """True when a penalty or a bias changes the logits before sampling."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
 
 
 @dataclass
@@ -54,7 +78,10 @@ class Rollout:
     prompt_ids: list[int]
     output_ids: list[int]  # includes the stop token when one ended the sample
     logprobs: list[float]  # len == len(output_ids)
-    finish_reason: str  # "stop" (EOS / stop token) or "length" (max_new_tokens); nothing else
+    finish_reason: str  # "stop" (EOS / stop token / stop string) or "length" (max_new_tokens); nothing else
+    # With SamplingParams.top_logprobs = k > 0: per position, the k most likely (token id, log-prob)
+    # pairs of the same distribution ``logprobs`` reads, most likely first; else None.
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass

@@ -13,8 +13,11 @@ What is and is not guaranteed:
   different server (vLLM, SGLang) renders with its own copy of the template and decodes with its own
   kernels; its greedy text can differ from ``LocalChat``'s.
 - A conversation is checked before anything runs: a list of messages, each a dict with ``role`` in
-  system / user / assistant and string ``content``. Tool calls, images and other roles are not
-  supported (departing from the OpenAI API, which has more roles and content parts).
+  system / developer / user / assistant / tool and ``content`` a string or a list of text parts
+  (``{"type": "text", "text": ...}``, joined with newlines as vLLM joins them). A developer message
+  is rendered as a system message (OpenAI's newer name for it; chat templates know only system), a
+  tool message as the template renders role ``tool``. Tool calls, images, audio and other part
+  types are refused, naming the field.
 - ``finish_reason == "prompt_too_long"`` means the conversation never reached the model: locally,
   its rendered prompt exceeds ``max_prompt_len`` (or leaves no room for ``max_new_tokens`` within the
   engine's ``max_positions``); over HTTP, the server refused it with a context-length 400 (OpenAI's
@@ -34,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 FINISH_REASONS = ("stop", "length", "prompt_too_long")
 
 # What other servers call a finish: TGI says eos_token / stop_sequence, some servers eos / end_turn;
@@ -96,11 +99,28 @@ def check_conversation(messages) -> None:
             raise ConversationError(f"{where}.role", "is missing")
         if m["role"] not in ROLES:
             raise ConversationError(f"{where}.role", f"{m['role']!r} is not one of {', '.join(ROLES)}")
+        for key in ("tool_calls", "function_call"):
+            if m.get(key):
+                raise ConversationError(f"{where}.{key}", "tool and function calls are not supported")
         if "content" not in m:
             raise ConversationError(f"{where}.content", "is missing")
-        if not isinstance(m["content"], str):
+        content = m["content"]
+        if isinstance(content, list):
+            for k, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise ConversationError(f"{where}.content[{k}].type",
+                                            f"{kind!r}: only text parts ({{'type': 'text', 'text': ...}}) are supported")
+                if not isinstance(part.get("text"), str):
+                    raise ConversationError(f"{where}.content[{k}].text", "must be a string")
+        elif not isinstance(content, str):
             raise ConversationError(f"{where}.content",
-                                    f"must be a string, got {type(m['content']).__name__} (content parts are not supported)")
+                                    f"must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def message_text(content) -> str:
+    """A checked message's content as one string: text parts joined with newlines (as vLLM does)."""
+    return content if isinstance(content, str) else "\n".join(part["text"] for part in content)
 
 
 def render_conversation(tokenizer, messages: list[dict]) -> list[int]:
@@ -111,7 +131,8 @@ def render_conversation(tokenizer, messages: list[dict]) -> list[int]:
     from jinja2 import TemplateError
 
     try:
-        text = tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
+        text = tokenizer.apply_chat_template([{"role": "system" if m["role"] == "developer" else m["role"],
+                                               "content": message_text(m["content"])} for m in messages],
                                              tokenize=False, add_generation_prompt=True)
     except TemplateError as e:
         raise ConversationError("messages", f"the chat template refused this conversation: {e}") from None

@@ -15,10 +15,14 @@ Sampling follows SGLang: a temperature below ``fastcrit.types.GREEDY_BELOW`` (1e
 otherwise top-k and top-p are applied to the sorted softmax(logits / T) (top-p on the cumulative
 mass of the unfiltered distribution, as SGLang's torch sampler does) and a token is drawn from what
 is left. Sampling stops at ``fastcrit.models.hf.eos_token_ids`` (tokenizer, config and generation
-config), the set the SGLang engine sends as stop ids, and at ``params.stop_token_ids``. The
-returned log-prob is log_softmax(logits / T) at the drawn token, before top-k / top-p, scored at
-T = 1 when greedy; the trainer reproduces it with one forward pass over prompt + response
-(tests/rollout check 1e-4 in fp32).
+config), the set the SGLang engine sends as stop ids, at ``params.stop_token_ids``, and at the
+token whose decoded text (special tokens kept) completes one of ``params.stop`` (stop strings,
+checked on the last ``4 * len + 8`` tokens of each live sample after every step). The returned
+log-prob is log_softmax(logits / T) at the drawn token, before top-k / top-p, scored at T = 1 when
+greedy; the trainer reproduces it with one forward pass over prompt + response (tests/rollout check
+1e-4 in fp32). Penalties and ``logit_bias`` (``SamplingParams.shapes_logits``) change the logits
+before all of this, so with them the log-probs are those of the penalised distribution, which a
+forward pass does not reproduce: they are for serving (``fastcrit serve``), not for training.
 
 What seeding does and does not cover: with ``params.seed`` set, sample ``k = i * n + j`` of a call
 (prompt i, its j-th sample) draws its random numbers from ``seed + k`` alone (counter-based,
@@ -33,12 +37,12 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
 from fastcrit.rollout.decode import StaticDecoder, fuse_weights, unsupported
-from fastcrit.types import Rollout, SamplingParams, is_greedy
+from fastcrit.types import Rollout, SamplingParams, is_greedy, scoring_temperature
 
 
 class NativeEngine:
@@ -102,6 +106,7 @@ class NativeEngine:
         if pad is None:
             pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
+        self.tokenizer = tokenizer  # decodes samples for stop strings (params.stop)
         self._asleep = False
         self._closed = False
         self.cpu_backup = cpu_backup
@@ -110,7 +115,12 @@ class NativeEngine:
 
     # ------------------------------------------------------------------ Engine protocol
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
+                 on_step: Callable[[list[int], list[int]], None] | None = None) -> list[Rollout]:
+        """The Engine protocol's generate. ``on_step`` (this engine only; ``fastcrit serve`` streams
+        with it): after every decoding step, called with the sample indices ``k = i * n + j`` of
+        the samples that drew a token in it and those tokens (a sample's stop token included), from
+        the calling thread; what it raises stops the call."""
         self._check_usable("generate")
         self._validate(prompts, params)
         if not prompts:
@@ -129,7 +139,7 @@ class NativeEngine:
             for start in range(0, len(order), per_chunk):
                 idx = order[start:start + per_chunk]
                 for i, rollouts in zip(idx, self._generate_chunk(idx, [prompts[i] for i in idx], params,
-                                                                 stop_ids, seed)):
+                                                                 stop_ids, seed, on_step)):
                     by_prompt[i] = rollouts
         return [r for group in by_prompt for r in group]
 
@@ -247,6 +257,17 @@ class NativeEngine:
         for t in params.stop_token_ids:
             if not 0 <= int(t) < self.vocab_size:
                 raise ValueError(f"SamplingParams.stop_token_ids: {t} is outside the vocabulary [0, {self.vocab_size})")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("SamplingParams.stop: stop strings need the engine's tokenizer; pass tokenizer=")
+        if not all(isinstance(x, str) for x in params.stop):
+            raise ValueError(f"SamplingParams.stop={params.stop!r} must be a list of strings")
+        if params.repetition_penalty <= 0:
+            raise ValueError(f"SamplingParams.repetition_penalty={params.repetition_penalty} must be > 0")
+        for t in params.logit_bias:
+            if not 0 <= int(t) < self.vocab_size:
+                raise ValueError(f"SamplingParams.logit_bias: {t} is outside the vocabulary [0, {self.vocab_size})")
+        if not 0 <= params.top_logprobs <= self.vocab_size:
+            raise ValueError(f"SamplingParams.top_logprobs={params.top_logprobs} must be in [0, {self.vocab_size}]")
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty; a prompt needs at least one token")
@@ -259,7 +280,7 @@ class NativeEngine:
                                  f"the model's max_position_embeddings={self.max_positions}")
 
     def _generate_chunk(self, indices: list[int], prompts: list[list[int]], params: SamplingParams,
-                        stop_ids: torch.Tensor, seed: int | None) -> list[list[Rollout]]:
+                        stop_ids: torch.Tensor, seed: int | None, on_step=None) -> list[list[Rollout]]:
         dev, n, max_new = self.device, params.n, params.max_new_tokens
         num, plen = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((num, plen), self.pad_token_id, dtype=torch.long)
@@ -288,18 +309,36 @@ class NativeEngine:
         rows = torch.arange(total, device=dev)  # original sample index of each live row
         done = torch.zeros(total, dtype=torch.bool, device=dev)  # live rows that already stopped
         uni = None  # [live rows, max_new]: each sample's uniform numbers, one per position
+        shaper = _LogitShaper(params, prompts, n, logits.shape[-1], dev) if params.shapes_logits() else None
+        stopper = _StopStrings(self.tokenizer, params.stop) if any(params.stop) else None
+        k_top = params.top_logprobs
+        if k_top:
+            top_ids = torch.zeros((total, max_new, k_top), dtype=torch.long, device=dev)
+            top_lps = torch.zeros((total, max_new, k_top), dtype=torch.float32, device=dev)
         if not is_greedy(params.temperature):
             ks = torch.tensor([i * n + j for i in indices for j in range(n)], dtype=torch.long, device=dev)
             uni = uniforms(seed, ks, max_new)
 
         ndone = 0  # live rows that already stopped (rows that stopped stay until compaction)
         for step in range(max_new):
+            if shaper is not None:
+                logits = shaper(logits)
             tok, logp = sample(logits, params, None if uni is None else uni[:, step])
+            if k_top:
+                t = scoring_temperature(params.temperature)
+                top = torch.log_softmax(logits if t == 1.0 else logits / t, dim=-1).topk(k_top, dim=-1)
+                top_ids[:, step].index_copy_(0, rows, top.indices)
+                top_lps[:, step].index_copy_(0, rows, top.values)
             if ndone:  # rows that already stopped keep pad / 0 after their stop
                 tok, logp = tok.masked_fill(done, self.pad_token_id), logp.masked_fill(done, 0.0)
             out_tokens[:, step].index_copy_(0, rows, tok)
+            if on_step is not None:
+                live = (~done).nonzero().squeeze(1)
+                on_step([indices[r // n] * n + r % n for r in rows[live].tolist()], tok[live].tolist())
             out_logps[:, step].index_copy_(0, rows, logp)
             hit = torch.isin(tok, stop_ids)
+            if stopper is not None:
+                hit |= stopper.hits(out_tokens, rows, step, done)
             if ndone:
                 hit &= ~done
             if bool(hit.any()):
@@ -309,9 +348,13 @@ class NativeEngine:
                 ndone = int(done.sum())
             if step == max_new - 1 or ndone == done.numel():
                 break
+            if shaper is not None:
+                shaper.add(tok)
             if ndone and not self.cuda_graph and ndone >= self.compact_fraction * done.numel():
                 keep = (~done).nonzero().squeeze(1)
                 dec.select(keep)
+                if shaper is not None:
+                    shaper.select(keep)
                 rows, tok, done, ndone = rows[keep], tok[keep], done[keep], 0
                 if uni is not None:
                     uni = uni[keep]
@@ -319,15 +362,90 @@ class NativeEngine:
 
         tokens, logps = out_tokens.tolist(), out_logps.tolist()
         lengths, stops = out_len.tolist(), stopped.tolist()
+        tops = None
+        if k_top:
+            tops = [[list(zip(i_row, l_row)) for i_row, l_row in zip(i_s, l_s)]
+                    for i_s, l_s in zip(top_ids.tolist(), top_lps.tolist())]
         result = []
         for r, (i, p) in enumerate(zip(indices, prompts)):
             group = []
             for s in range(r * n, r * n + n):
                 k = lengths[s]
                 group.append(Rollout(prompt_index=i, prompt_ids=list(p), output_ids=tokens[s][:k],
-                                     logprobs=logps[s][:k], finish_reason="stop" if stops[s] else "length"))
+                                     logprobs=logps[s][:k], finish_reason="stop" if stops[s] else "length",
+                                     top_logprobs=None if tops is None else tops[s][:k]))
             result.append(group)
         return result
+
+
+class _LogitShaper:
+    """Penalties and logit bias on the logits of the live rows [b, V] (SamplingParams.shapes_logits),
+    before the temperature, as vLLM orders them: bias, repetition, then frequency and presence."""
+
+    def __init__(self, params: SamplingParams, prompts: list[list[int]], n: int, vocab: int, device):
+        self.params = params
+        self.counts = torch.zeros((len(prompts) * n, vocab), dtype=torch.float32, device=device)
+        self.seen = None  # [b, V] bool: tokens of the prompt or the output so far (repetition penalty)
+        if params.repetition_penalty != 1.0:
+            seen = torch.zeros((len(prompts), vocab), dtype=torch.bool)
+            for r, p in enumerate(prompts):
+                seen[r, torch.tensor(p, dtype=torch.long)] = True
+            self.seen = seen.to(device).repeat_interleave(n, dim=0)
+        self.bias = None
+        if params.logit_bias:
+            bias = torch.zeros(vocab, dtype=torch.float32)
+            for t, v in params.logit_bias.items():
+                bias[int(t)] = float(v)
+            self.bias = bias.to(device)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        p = self.params
+        if self.bias is not None:
+            logits = logits + self.bias
+        if self.seen is not None:
+            rp = p.repetition_penalty
+            logits = torch.where(self.seen, torch.where(logits > 0, logits / rp, logits * rp), logits)
+        if p.frequency_penalty:
+            logits = logits - p.frequency_penalty * self.counts
+        if p.presence_penalty:
+            logits = logits - p.presence_penalty * (self.counts > 0).float()
+        return logits
+
+    def add(self, tok: torch.Tensor) -> None:
+        """Count the tokens [b] just drawn (rows that already stopped count their padding; unread)."""
+        r = torch.arange(tok.shape[0], device=tok.device)
+        self.counts[r, tok] += 1
+        if self.seen is not None:
+            self.seen[r, tok] = True
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.counts = self.counts[keep]
+        if self.seen is not None:
+            self.seen = self.seen[keep]
+
+
+class _StopStrings:
+    """Which live samples' text has just completed a stop string. A match must end in the newest
+    token (an earlier one would have stopped the sample before), and a string of L characters spans
+    at most 4L tokens (a character is at most 4 bytes), so decoding the last 4L + 8 tokens suffices;
+    the window's first tokens, which may decode differently out of context (a SentencePiece leading
+    space, a split character), lie before any match."""
+
+    def __init__(self, tokenizer, stops: list[str]):
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stops if s]
+        self.window = 4 * max(len(s) for s in self.stops) + 8
+
+    def hits(self, out_tokens: torch.Tensor, rows: torch.Tensor, step: int, done: torch.Tensor) -> torch.Tensor:
+        """[live rows] bool: the sample of each live row (``rows`` into ``out_tokens`` [total, max_new])
+        holds a stop string in its text up to ``step``; rows already ``done`` are False."""
+        lo = max(0, step + 1 - self.window)
+        windows = out_tokens[rows, lo:step + 1].tolist()
+        out = []
+        for ids, finished in zip(windows, done.tolist()):
+            text = "" if finished else self.tokenizer.decode(ids, skip_special_tokens=False)
+            out.append(any(s in text for s in self.stops))
+        return torch.tensor(out, dtype=torch.bool, device=done.device)
 
 
 class _HFDecoder:

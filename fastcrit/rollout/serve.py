@@ -1,124 +1,89 @@
 """A small OpenAI-compatible server for a local Hugging Face model, backed by the NativeEngine.
 
 ``fastcrit serve MODEL`` (or ``serve(model, host, port)`` in-process) answers
-``POST /v1/chat/completions`` (non-streaming), ``GET /v1/models`` and ``GET /health``. It is meant for
-tests, recipes and small proxy generators on one machine; vLLM or SGLang serve large ones.
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /v1/models/{id}``
+and ``GET /health``. It is meant for tests, evaluation harnesses, recipes and small proxy generators
+on one machine; vLLM or SGLang serve large ones. The request and response shapes (n, stop,
+logprobs, streaming, penalties, errors) live in fastcrit.rollout.openai_api.
 
 Requests that arrive together are gathered into one engine batch: after the first request of a batch
-the server waits ``batch_window_s`` for more (up to ``max_batch``), and requests that come while the
-engine is busy form the next batch. Requests with the same sampling settings (max_tokens,
-temperature, top_p, seed) share one ``generate`` call. Prompts are rendered exactly as
+the server waits ``batch_window_s`` for more (up to ``max_batch`` prompts), and requests that come
+while the engine is busy form the next batch. Prompts with equal sampling settings
+(``SamplingParams.key``) share one ``generate`` call. Chat prompts are rendered exactly as
 fastcrit.rollout.chat.LocalChat renders them, so a batch of greedy requests gets the texts LocalChat
-gets for the same conversations in one call.
+gets for the same conversations in one call; a completions prompt is the tokenizer's encoding of
+the string (special tokens added as the tokenizer adds them), or the token ids given.
 
-Departures from the OpenAI API: no streaming, n must be 1, no stop strings, tools, logprobs,
-penalties or response formats (each is refused with a 400 naming the field rather than ignored);
-roles are system / user / assistant with string content only; max_tokens defaults to
-``default_max_tokens`` (not "until the context is full"); ``temperature`` defaults to 1 as in OpenAI.
+Departures from the OpenAI API, each refused with a 400 naming the field rather than ignored: no
+tools / function calling, response_format other than text, echo, suffix, best_of other than n,
+images or audio. A stream is live: NativeEngine.generate's ``on_step`` hands each drawn token to
+the request's thread, which sends the text as it grows (a stop string's length - 1 characters held
+back, so no part of a stop string is ever sent). A stream that asks for logprobs, or one served by
+an engine without ``on_step``, is sent when its answer is complete, in the same chunks.
+``max_tokens`` defaults to ``default_max_tokens`` (chat) or 16 (completions, as OpenAI),
+each cut to the room the model's positions leave. ``temperature`` defaults to 1 as in OpenAI.
 A prompt over ``max_prompt_len`` tokens, or one that leaves no room for max_tokens within the
 model's positions, gets a 400 with ``code: context_length_exceeded`` as OpenAI sends.
-A seeded sampled (temperature > 0) request goes to the engine in a call of its own, so with the
-native engine its answer depends on the seed and the prompt, not on the requests around it.
-Not covered: there is no authentication, and no bound on queued requests beyond the threads the
-HTTP server starts.
+A seeded sampled (temperature > 0) prompt goes to the engine in a call of its own, so with the
+native engine its answer depends on the seed and the prompt, not on the requests around it (its
+j-th choice draws from seed + j).
+With an API key (``api_key=`` / ``--api-key`` / ``FASTCRIT_API_KEY``) every route but /health needs
+``Authorization: Bearer KEY``. Not covered: no TLS, and no bound on queued requests beyond the
+threads the HTTP server starts.
 """
 from __future__ import annotations
 
+import hmac
+import inspect
+import ipaddress
 import json
+import os
 import queue
 import sys
 import threading
 import time
-import uuid
+import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from fastcrit.rollout.chat import ConversationError, check_conversation, render_conversation
+from fastcrit.rollout.chat import ConversationError, render_conversation
+from fastcrit.rollout.openai_api import (ApiRequest, Chunks, RequestError, make_choice, parse_request, response,
+                                         stream_chunks)
+from fastcrit.types import SamplingParams
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
-# Sampling fields the server does not implement; a request that sets one to anything but its
-# neutral value gets a 400 naming it, so nobody silently gets other behaviour than they asked for.
-_UNSUPPORTED = {"stop": (None, [], ""), "logprobs": (None, False), "top_logprobs": (None, 0),
-                "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-                "response_format": (None, {"type": "text"}), "logit_bias": (None, {}),
-                "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0)}
-
-
-class RequestError(Exception):
-    """A request the server refuses; becomes an OpenAI-style error JSON with ``status``."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
+# path -> the methods it answers; any other method on a known path gets 405
+_ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/v1/chat/completions": ("POST",),
+           "/v1/completions": ("POST",)}
+_LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 
 
 @dataclass
 class _Pending:
     ids: list[int]
-    key: tuple  # (max_tokens, temperature, top_p, seed): requests with equal keys share a generate call
+    params: SamplingParams  # prompts with equal params.key() share a generate call
     done: threading.Event = field(default_factory=threading.Event)
-    output: tuple | None = None  # (text, finish_reason, completion_tokens)
+    output: list | None = None  # params.n Rollouts
     error: str | None = None
-
-
-def _number(body: dict, name: str, default, lo: float, hi: float, *, lo_open: bool = False) -> float:
-    v = body.get(name, default)
-    if v is None:
-        v = default
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise RequestError(400, f"{name} must be a number, got {type(v).__name__}", name)
-    if v < lo or (lo_open and v == lo) or v > hi:
-        raise RequestError(400, f"{name}={v} must be in {'(' if lo_open else '['}{lo}, {hi}]", name)
-    return float(v)
-
-
-def parse_request(body, default_max_tokens: int) -> tuple[list[dict], int, float, float, int | None]:
-    """Validate a chat-completions body; return (messages, max_tokens, temperature, top_p, seed).
-    Raises RequestError(400) naming the first bad field."""
-    if not isinstance(body, dict):
-        raise RequestError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    if body.get("stream"):
-        raise RequestError(400, "stream=true is not supported; send stream=false or leave it out", "stream")
-    n = body.get("n", 1)
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise RequestError(400, f"n={n!r} is not supported; this server returns exactly one choice (n=1)", "n")
-    for name, neutral in _UNSUPPORTED.items():
-        if name in body and body[name] not in neutral:
-            raise RequestError(400, f"{name} is not supported by this server", name)
-    if "messages" not in body:
-        raise RequestError(400, "messages is missing", "messages")
-    try:
-        check_conversation(body["messages"])
-    except ConversationError as e:
-        raise RequestError(400, str(e), e.param) from None
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    if max_tokens is None:
-        max_tokens = default_max_tokens
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise RequestError(400, f"{name}={max_tokens!r} must be an integer >= 1", name)
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise RequestError(400, f"seed must be an integer, got {type(seed).__name__}", "seed")
-    return body["messages"], max_tokens, temperature, top_p, seed
+    # A live stream: (choice index, token id) per drawn token, then None when the prompt is done
+    stream: queue.Queue | None = None
+    first: int = 0  # the choice index of this prompt's first sample
 
 
 class ChatServer:
     """A running server: ``url`` (http://host:port), ``model_name``, ``stats`` and ``close()``.
 
-    ``engine`` and ``tokenizer`` are the NativeEngine and tokenizer it answers with; ``stats`` counts
-    ``requests`` answered by the engine and engine ``batches`` and keeps ``max_batch_seen``.
+    ``engine`` and ``tokenizer`` are the NativeEngine and tokenizer it answers with (the engine
+    decodes with a tokenizer of its own, for stop strings, so the two never share one across
+    threads); ``stats`` counts ``requests`` (prompts) answered by the engine and engine ``batches``
+    and keeps ``max_batch_seen``. ``api_key``: when set, every route but /health needs
+    ``Authorization: Bearer <api_key>``.
     """
 
     def __init__(self, engine, tokenizer, *, model_name: str, host: str, port: int, max_batch: int,
                  batch_window_s: float, max_prompt_len: int | None, default_max_tokens: int,
-                 log_requests: bool = False):
+                 log_requests: bool = False, api_key: str | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -128,7 +93,10 @@ class ChatServer:
         self.max_prompt_len = max_prompt_len
         self.default_max_tokens = default_max_tokens
         self.log_requests = log_requests
+        self.api_key = api_key or None
         self.created = int(time.time())
+        # the engine can report tokens as it draws them (NativeEngine's on_step): streams are live
+        self._live = "on_step" in inspect.signature(engine.generate).parameters
         self.stats = {"requests": 0, "batches": 0, "max_batch_seen": 0}
         self._tok_lock = threading.Lock()  # fast tokenizers may refuse concurrent use from threads
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
@@ -182,51 +150,127 @@ class ChatServer:
 
     # ------------------------------------------------------------------ requests
 
-    def complete(self, body) -> dict:
-        """Answer one chat-completions body (already JSON-decoded); raises RequestError."""
+    def complete(self, body, kind: str = "chat") -> tuple[ApiRequest, dict | list[dict]]:
+        """Answer one chat-completions (``kind="chat"``) or completions (``"text"``) body, already
+        JSON-decoded: (the checked request, the response object, or the stream's chunk objects when
+        ``stream``). Raises RequestError."""
         from fastcrit.types import is_greedy
 
-        messages, max_tokens, temperature, top_p, seed = parse_request(body, self.default_max_tokens)
-        model = body.get("model")
-        if model is not None and model != self.model_name:
-            raise RequestError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+        req = parse_request(body, kind)
+        if req.model is not None and req.model != self.model_name:
+            raise RequestError(404, f"the model {req.model!r} does not exist; this server serves {self.model_name!r}",
                                "model", "model_not_found")
+        where = "messages" if kind == "chat" else "prompt"
         try:
             with self._tok_lock:
-                ids = render_conversation(self.tokenizer, messages)
+                if kind == "chat":
+                    prompts = [render_conversation(self.tokenizer, req.messages)]
+                else:
+                    prompts = [p if isinstance(p, list) else self.tokenizer.encode(p) for p in req.prompts]
         except ConversationError as e:
             raise RequestError(400, str(e), e.param) from None
-        if self.max_prompt_len is not None and len(ids) > self.max_prompt_len:
-            raise RequestError(400, f"the prompt has {len(ids)} tokens, more than the server's "
-                               f"max_prompt_len={self.max_prompt_len}", "messages", "context_length_exceeded")
-        if self.max_positions and len(ids) + max_tokens > self.max_positions:
+        vocab = getattr(self.engine, "vocab_size", None)
+        for p in prompts:
+            if vocab and not all(0 <= t < vocab for t in p):
+                raise RequestError(400, f"prompt holds a token id outside the vocabulary [0, {vocab})", "prompt")
+            if not p:
+                raise RequestError(400, "the prompt encodes to no tokens", where)
+        longest = max(len(p) for p in prompts)
+        if self.max_prompt_len is not None and longest > self.max_prompt_len:
+            raise RequestError(400, f"the prompt has {longest} tokens, more than the server's "
+                               f"max_prompt_len={self.max_prompt_len}", where, "context_length_exceeded")
+        max_tokens = req.max_tokens
+        if max_tokens is None:
+            max_tokens = self.default_max_tokens if kind == "chat" else COMPLETIONS_DEFAULT_MAX_TOKENS
+            if self.max_positions:  # a default never overflows: it takes the room that is left
+                max_tokens = max(1, min(max_tokens, self.max_positions - longest))
+        if self.max_positions and longest + max_tokens > self.max_positions:
             raise RequestError(400, f"this model's maximum context length is {self.max_positions} tokens; the "
-                               f"prompt has {len(ids)} and max_tokens={max_tokens}", "messages",
+                               f"prompt has {longest} and {req.max_tokens_field}={max_tokens}", where,
                                "context_length_exceeded")
-        item = _Pending(ids, (max_tokens, temperature, top_p, None if is_greedy(temperature) else seed))
+        params = req.params
+        params.max_new_tokens = max_tokens
+        if is_greedy(params.temperature):
+            params.seed = None  # greedy draws nothing; without a seed such requests share calls
+        live = req.stream and self._live and req.logprobs is None
+        events: queue.Queue | None = queue.Queue() if live else None
+        items = [_Pending(p, params, stream=events, first=k * params.n) for k, p in enumerate(prompts)]
         if self._closing.is_set():
             raise RequestError(503, "the server is shutting down", kind="server_error")
-        self._queue.put(item)
-        while not item.done.wait(0.5):
-            if not self._batcher.is_alive():  # closed between the check above and the put
-                raise RequestError(503, "the server is shutting down", kind="server_error")
-        if item.error is not None:
-            raise RequestError(500 if not self._closing.is_set() else 503, item.error, kind="server_error")
-        text, finish, completion_tokens = item.output
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": finish, "logprobs": None}],
-            "usage": {"prompt_tokens": len(ids), "completion_tokens": completion_tokens,
-                      "total_tokens": len(ids) + completion_tokens},
-        }
+        for item in items:
+            self._queue.put(item)
+        if live:
+            return req, self._live_chunks(req, items, sum(len(p) for p in prompts), events)
+        for item in items:
+            while not item.done.wait(0.5):
+                if not self._batcher.is_alive():  # closed between the check above and the put
+                    raise RequestError(503, "the server is shutting down", kind="server_error")
+            if item.error is not None:
+                raise RequestError(500 if not self._closing.is_set() else 503, item.error, kind="server_error")
+        pieces = req.stream or req.logprobs is not None
+        with self._tok_lock:
+            choices = [make_choice(self.tokenizer, r, params.stop, pieces=pieces) for it in items for r in it.output]
+            prompt_tokens = sum(len(p) for p in prompts)
+            if req.stream:
+                return req, list(stream_chunks(req, self.tokenizer, self.model_name, prompt_tokens, choices))
+            return req, response(req, self.tokenizer, self.model_name, prompt_tokens, choices)
+
+    def _live_chunks(self, req: ApiRequest, items: list[_Pending], prompt_tokens: int, events: queue.Queue):
+        """A stream's chunks as the engine draws the tokens. A choice's text is sent up to a stop
+        string it holds, else up to where one could still begin (its length - 1 characters held
+        back), and never with a character still split over tokens; what the finished choice (stop string cut) holds
+        beyond that goes with its last piece, so the pieces join to the whole answer's text."""
+        make = Chunks(req, self.tokenizer, self.model_name)
+        n, stops = req.params.n, req.params.stop
+        hold = max((len(x) for x in stops), default=1) - 1
+        total = len(items) * n
+        ids: list[list[int]] = [[] for _ in range(total)]
+        sent = [0] * total
+        if make.chat:
+            for i in range(total):
+                yield make.role(i)
+        pending = len(items)
+        while pending:
+            try:
+                ev = events.get(timeout=0.5)
+            except queue.Empty:
+                if not self._batcher.is_alive():
+                    yield RequestError(503, "the server is shutting down", kind="server_error").body()
+                    return
+                continue
+            if ev is None:
+                pending -= 1
+                continue
+            i, tok = ev
+            ids[i].append(tok)
+            with self._tok_lock:
+                text = self.tokenizer.decode(ids[i], skip_special_tokens=True)
+            safe = min(len(text.rstrip("\ufffd")), len(text) - hold)
+            for x in stops:  # the token that completes a stop string is this sample's last
+                at = text.find(x)
+                safe = min(safe, at) if at >= 0 else safe
+            if safe > sent[i]:
+                yield make.piece(i, text[sent[i]:safe])
+                sent[i] = safe
+        failed = next((it.error for it in items if it.error is not None), None)
+        if failed is not None:
+            yield RequestError(500, failed, kind="server_error").body()
+            return
+        with self._tok_lock:
+            choices = [make_choice(self.tokenizer, r, stops, pieces=False) for it in items for r in it.output]
+        for i, ch in enumerate(choices):
+            if len(ch.text) > sent[i]:
+                yield make.piece(i, ch.text[sent[i]:])
+            yield make.finish(i, ch.finish_reason)
+        if req.include_usage:
+            yield make.usage(prompt_tokens, choices)
+
+    def model_card(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "fastcrit",
+                "max_model_len": self.max_positions}
 
     def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
-                                            "owned_by": "fastcrit", "max_model_len": self.max_positions}]}
+        return {"object": "list", "data": [self.model_card()]}
 
     # ------------------------------------------------------------------ batching
 
@@ -251,25 +295,23 @@ class ChatServer:
                 return
 
     def _run(self, batch: list[_Pending]) -> None:
-        from fastcrit.types import SamplingParams
-
         groups: dict[tuple, list[_Pending]] = {}
         for item in batch:
-            groups.setdefault(item.key, []).append(item)
+            groups.setdefault(item.params.key(), []).append(item)
         self.stats["batches"] += 1
         self.stats["max_batch_seen"] = max(self.stats["max_batch_seen"], len(batch))
-        for (max_tokens, temperature, top_p, seed), items in groups.items():
+        for items in groups.values():
+            params = items[0].params
+            n = params.n
             try:
-                params = SamplingParams(n=1, max_new_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                        seed=seed)
-                if seed is None:
-                    rollouts = self.engine.generate([it.ids for it in items], params)
-                else:  # request k of a call draws from seed + k: alone, each answer is the seed's
-                    rollouts = [r for it in items for r in self.engine.generate([it.ids], params)]
-                with self._tok_lock:
-                    texts = [self.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in rollouts]
-                for it, r, text in zip(items, rollouts, texts):
-                    it.output = (text, r.finish_reason, len(r.output_ids))
+                if params.seed is None:
+                    rollouts = self.engine.generate([it.ids for it in items], params,
+                                                    **self._on_step(items, n))
+                else:  # sample k of a call draws from seed + k: alone, each prompt's answers are the seed's
+                    rollouts = [r for it in items for r in self.engine.generate([it.ids], params,
+                                                                                **self._on_step([it], n))]
+                for k, it in enumerate(items):
+                    it.output = rollouts[k * n:(k + 1) * n]
                 self.stats["requests"] += len(items)
             except Exception as e:  # one bad group must not take the server down; its requests get a 500
                 for it in items:
@@ -277,6 +319,21 @@ class ChatServer:
             finally:
                 for it in items:
                     it.done.set()
+                    if it.stream is not None:
+                        it.stream.put(None)
+
+    def _on_step(self, items: list[_Pending], n: int) -> dict:
+        """``on_step=`` for a generate call over ``items`` when one of them streams, else nothing."""
+        if not any(it.stream is not None for it in items):
+            return {}
+
+        def on_step(ks: list[int], tokens: list[int]) -> None:
+            for k, t in zip(ks, tokens):
+                it = items[k // n]
+                if it.stream is not None:
+                    it.stream.put((it.first + k % n, t))
+
+        return {"on_step": on_step}
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -288,68 +345,166 @@ class _HTTPServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
     protocol_version = "HTTP/1.1"
+    error_content_type = "application/json"
 
     def log_message(self, format, *args) -> None:  # noqa: A002 (the base class's signature)
         if self.server.app.log_requests:
             sys.stderr.write(f"fastcrit serve: {self.address_string()} {format % args}\n")
 
-    def _send(self, status: int, obj: dict) -> None:
+    def _send(self, status: int, obj: dict, headers: dict | None = None) -> None:
         data = json.dumps(obj).encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
-    def _error(self, err: RequestError) -> None:
-        self._send(err.status, err.body())
+    def _error(self, err: RequestError, headers: dict | None = None) -> None:
+        self._send(err.status, err.body(), headers)
 
-    def do_GET(self) -> None:  # noqa: N802
-        path = self.path.split("?", 1)[0].rstrip("/")
-        if path == "/health":
-            self._send(200, {"status": "ok"})
-        elif path == "/v1/models":
-            self._send(200, self.server.app.models())
-        else:
-            self._error(RequestError(404, f"no route GET {self.path}", kind="not_found_error"))
-
-    def do_POST(self) -> None:  # noqa: N802
-        path = self.path.split("?", 1)[0].rstrip("/")
-        length_header = self.headers.get("Content-Length")
+    def send_error(self, code, message=None, explain=None) -> None:
+        """What the base class answers itself (a bad request line, an unknown method, a header
+        too long): OpenAI's JSON error shape instead of an HTML page."""
+        self.close_connection = True
         try:
-            length = int(length_header) if length_header is not None else -1
+            text = message or self.responses.get(code, ("error",))[0]
+            self._error(RequestError(code, f"{text}{': ' + explain if explain else ''}",
+                                     kind="invalid_request_error" if code < 500 else "server_error"))
+        except Exception:  # the connection is gone; nothing to tell
+            pass
+
+    def _sse(self, chunks) -> None:
+        """Server-sent events: ``data: {...}`` per chunk as it comes, then ``data: [DONE]``; the
+        connection closes after (no Content-Length), as a streamed OpenAI response does. A failure
+        after the headers went out is sent as an ``{"error": ...}`` event, as vLLM does."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            try:
+                for c in chunks:
+                    self.wfile.write(b"data: " + json.dumps(c).encode("utf-8") + b"\n\n")
+                    self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                raise
+            except Exception as e:
+                err = RequestError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
+                self.wfile.write(b"data: " + json.dumps(err.body()).encode("utf-8") + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):  # the client left; the engine finishes anyway
+            pass
+
+    def _read_body(self) -> bytes:
+        """The body by Content-Length or chunked transfer coding; RequestError 411 / 413 / 400."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            parts, total = [], 0
+            while True:
+                line = self.rfile.readline(1024)
+                try:
+                    size = int(line.split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    raise RequestError(400, "a malformed chunk size in the chunked body") from None
+                if size == 0:
+                    while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):  # trailers
+                        pass
+                    return b"".join(parts)
+                total += size
+                if total > MAX_BODY_BYTES:
+                    raise RequestError(413, f"the body has more than {MAX_BODY_BYTES} bytes")
+                parts.append(self.rfile.read(size))
+                self.rfile.readline(1024)  # the CRLF after the chunk
+        length_header = self.headers.get("Content-Length")
+        if length_header is None:
+            if self.command in ("POST", "PUT", "PATCH"):
+                raise RequestError(411, "a Content-Length header or Transfer-Encoding: chunked is required")
+            return b""
+        try:
+            length = int(length_header)
         except ValueError:
             length = -1
         if length < 0:
-            self.close_connection = True
-            return self._error(RequestError(411, "a Content-Length header is required"))
+            raise RequestError(400, f"Content-Length {length_header!r} is not a byte count")
         if length > MAX_BODY_BYTES:
-            self.close_connection = True
-            return self._error(RequestError(413, f"the body has {length} bytes, more than {MAX_BODY_BYTES}"))
-        raw = self.rfile.read(length)
-        if path != "/v1/chat/completions":
-            return self._error(RequestError(404, f"no route POST {self.path}", kind="not_found_error"))
+            raise RequestError(413, f"the body has {length} bytes, more than {MAX_BODY_BYTES}")
+        return self.rfile.read(length)
+
+    def _route(self) -> None:
+        app = self.server.app
+        path = urllib.parse.urlsplit(self.path).path.rstrip("/") or "/"
+        try:
+            raw = self._read_body()
+        except RequestError as e:
+            self.close_connection = True  # what is left of the body cannot be told from the next request
+            return self._error(e)
+        if path != "/health" and app.api_key is not None:
+            auth = self.headers.get("Authorization", "")
+            if not (auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip().encode(),
+                                                                       app.api_key.encode())):
+                return self._error(RequestError(401, "a valid API key is required: send 'Authorization: Bearer "
+                                                "<key>'", code="invalid_api_key"),
+                                   {"WWW-Authenticate": "Bearer"})
+        model_id = None
+        if path.startswith("/v1/models/"):
+            model_id = urllib.parse.unquote(path[len("/v1/models/"):])
+            allowed = ("GET",)
+        elif path in _ROUTES:
+            allowed = _ROUTES[path]
+        else:
+            return self._error(RequestError(404, f"no route {self.command} {path}", kind="not_found_error",
+                                            code="not_found"))
+        if self.command not in allowed:
+            return self._error(RequestError(405, f"{path} answers {', '.join(allowed)}, not {self.command}",
+                                            code="method_not_allowed"), {"Allow": ", ".join(allowed)})
+        if path == "/health":
+            return self._send(200, {"status": "ok"})
+        if path == "/v1/models":
+            return self._send(200, app.models())
+        if model_id is not None:
+            if model_id != app.model_name:
+                return self._error(RequestError(404, f"the model {model_id!r} does not exist; this server serves "
+                                                f"{app.model_name!r}", "model", "model_not_found"))
+            return self._send(200, app.model_card())
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             return self._error(RequestError(400, f"the body is not valid JSON: {e}"))
         try:
-            self._send(200, self.server.app.complete(body))
+            req, out = app.complete(body, "chat" if path == "/v1/chat/completions" else "text")
         except RequestError as e:
-            self._error(e)
+            return self._error(e)
         except Exception as e:  # answer rather than drop the connection (a client would retry a drop)
-            self._error(RequestError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
+            return self._error(RequestError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
+        if req.stream:
+            self._sse(out)
+        else:
+            self._send(200, out)
+
+    def __getattr__(self, name: str):
+        # every method (GET, POST, DELETE, OPTIONS, any other word) goes through _route, which
+        # answers 404 / 405 in JSON, where the base class would send a 501 page
+        if name.startswith("do_"):
+            return self._route
+        raise AttributeError(name)
 
 
 def serve(model: str, host: str = "127.0.0.1", port: int = 8000, *, max_batch: int = 64,
           dtype: str = "float32", device: str = "cpu", max_prompt_len: int | None = None,
           default_max_tokens: int = 512, batch_window_s: float = 0.01, served_model_name: str | None = None,
-          log_requests: bool = False) -> ChatServer:
+          log_requests: bool = False, api_key: str | None = None) -> ChatServer:
     """Load ``model`` (a Hugging Face directory or model spec such as ``tiny``) into a NativeEngine and
     start serving it in background threads; port 0 picks a free port (see ``.url``).
 
     The served model name is ``served_model_name`` or ``model`` as given (vLLM does the same); a
-    request naming another model gets a 404, one naming none is served.
+    request naming another model gets a 404, one naming none is served. ``api_key``: every route but
+    /health then needs ``Authorization: Bearer <api_key>``; without one, binding to anything but a
+    loopback address prints a warning (vLLM and SGLang warn the same way).
     """
     from fastcrit.models.hf import load_tokenizer, resolve_model_path
     from fastcrit.rollout.native import NativeEngine
@@ -366,21 +521,35 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, *, max_batch: i
     tokenizer = load_tokenizer(path)
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"serve: the tokenizer at {path!r} has no chat template; a chat server needs one")
-    engine = NativeEngine(path, tokenizer, dtype=dtype, device=device, max_batch=max_batch)
+    if not api_key and not _is_loopback(host):
+        print(f"fastcrit serve: WARNING: listening on {host} without an API key: anyone who can reach this "
+              "port can use the model (set --api-key or FASTCRIT_API_KEY)", file=sys.stderr, flush=True)
+    # The engine decodes for stop strings in the batcher thread while request threads render
+    # prompts: a tokenizer of its own, since a fast tokenizer refuses use from two threads at once.
+    engine = NativeEngine(path, load_tokenizer(path), dtype=dtype, device=device, max_batch=max_batch)
     try:
         return ChatServer(engine, tokenizer, model_name=served_model_name or str(model), host=host, port=port,
                           max_batch=max_batch, batch_window_s=batch_window_s, max_prompt_len=max_prompt_len,
-                          default_max_tokens=default_max_tokens, log_requests=log_requests)
+                          default_max_tokens=default_max_tokens, log_requests=log_requests, api_key=api_key)
     except OSError:
         engine.close()
         raise
+
+
+def _is_loopback(host: str) -> bool:
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def cmd_serve(args) -> int:
     server = serve(args.model, args.host, args.port, max_batch=args.max_batch, dtype=args.dtype,
                    device=args.device, max_prompt_len=args.max_prompt_len,
                    default_max_tokens=args.default_max_tokens, served_model_name=args.served_model_name,
-                   log_requests=True)
+                   log_requests=True, api_key=args.api_key or os.environ.get("FASTCRIT_API_KEY") or None)
     print(f"fastcrit serve: {server.model_name!r} at {server.url}/v1 (Ctrl-C stops)", file=sys.stderr, flush=True)
     server.wait()
     return 0
@@ -397,6 +566,9 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--max-prompt-len", type=int, default=None,
                    help="refuse longer prompts with context_length_exceeded (default: the model's positions)")
-    p.add_argument("--default-max-tokens", type=int, default=512, help="max_tokens when a request gives none")
+    p.add_argument("--default-max-tokens", type=int, default=512,
+                   help="max_tokens when a chat request gives none (completions: 16, as OpenAI)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every route but /health (default: $FASTCRIT_API_KEY)")
     p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' (default: MODEL)")
     p.set_defaults(func=cmd_serve)

@@ -39,7 +39,8 @@ How the protocol maps onto SGLang:
   that no longer fits beside what the trainer holds.
 
 Not covered: tensor parallelism across training processes (``tp_size > 1`` with ``trainer.nproc > 1``
-would start overlapping engines; the config refuses it), stop strings (only stop token ids), and
+would start overlapping engines; the config refuses it), ``logit_bias`` and ``top_logprobs``
+(refused; stop strings and penalties are sent as SGLang's own keys, untested on a GPU here), and
 bit-for-bit agreement with the native engine (different kernels; the GPU test compares within a
 tolerance).
 """
@@ -84,6 +85,16 @@ def request_params(params: SamplingParams, count: int, stop_ids: Iterable[int],
         "top_p": float(params.top_p), "top_k": int(params.top_k),
         "stop_token_ids": sorted({int(t) for t in stop_ids} | {int(t) for t in params.stop_token_ids}),
     }
+    # SGLang's own keys for stop strings and penalties (sampling/sampling_params.py), sent only when
+    # set so that an unset one leaves SGLang's default
+    if params.stop:
+        base["stop"] = list(params.stop)
+    for name, off in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+        if getattr(params, name) != off:
+            base[name] = float(getattr(params, name))
+    if params.logit_bias or params.top_logprobs:
+        raise ValueError("SamplingParams.logit_bias and top_logprobs are not forwarded to SGLang by this engine; "
+                         "the native engine implements them")
     if params.seed is None or not deterministic:
         return base
     seed = int(params.seed)

@@ -176,8 +176,10 @@ def test_sampled_conversation_draws_from_its_seed_and_place_when_others_are_too_
 def test_local_chat_rejects_bad_conversations(local):
     with pytest.raises(ConversationError, match=r"conversations\[1\]\.messages\[0\]\.role: 'bot'"):
         local.chat([CONVERSATIONS[0], [{"role": "bot", "content": "x"}]], max_new_tokens=2)
-    with pytest.raises(ConversationError, match=r"messages\[0\]\.content: must be a string"):
+    with pytest.raises(ConversationError, match=r"messages\[0\]\.content\[0\]\.type: 'str': only text parts"):
         local.chat([[{"role": "user", "content": ["part"]}]], max_new_tokens=2)
+    with pytest.raises(ConversationError, match=r"messages\[0\]\.content: must be a string or a list of text parts"):
+        local.chat([[{"role": "user", "content": 3}]], max_new_tokens=2)
     with pytest.raises(ValueError, match="max_new_tokens=0"):
         local.chat(CONVERSATIONS[:1], max_new_tokens=0)
     with pytest.raises(ValueError, match="max_new_tokens=2048 leaves no room for a prompt"):
@@ -206,9 +208,14 @@ def test_serve_validates_requests_and_lists_the_model(server):
         ({"messages": []}, "messages"),
         ({"messages": ok, "max_tokens": 0}, "max_tokens"),
         ({"messages": ok, "max_tokens": "8"}, "max_tokens"),
-        ({"messages": ok, "stream": True}, "stream"),
-        ({"messages": ok, "n": 2}, "n"),
-        ({"messages": ok, "stop": ["\n"]}, "stop"),
+        ({"messages": ok, "stream": "yes"}, "stream"),
+        ({"messages": ok, "n": 0}, "n"),
+        ({"messages": ok, "stop": [5]}, "stop"),
+        ({"messages": ok, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"messages": ok, "response_format": {"type": "json_schema"}}, "response_format"),
+        ({"messages": ok, "top_logprobs": 2}, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+         "messages[0].content[0].type"),
         ({"messages": ok, "temperature": -0.5}, "temperature"),
     ]
     for body, param in cases:

@@ -32,6 +32,17 @@ def test_request_params_send_the_eos_set_and_the_params_stops():
                    "stop_token_ids": [2, 9, 11]}
 
 
+def test_request_params_send_stop_strings_and_penalties_only_when_set():
+    p = SamplingParams(stop=["\n\n", "Question:"], frequency_penalty=0.5, repetition_penalty=1.1)
+    got = request_params(p, 2, stop_ids=[1], deterministic=False)
+    assert got["stop"] == ["\n\n", "Question:"] and got["frequency_penalty"] == 0.5
+    assert got["repetition_penalty"] == 1.1 and "presence_penalty" not in got
+    assert "stop" not in request_params(SamplingParams(), 2, stop_ids=[1], deterministic=False)
+    for p in (SamplingParams(top_logprobs=2), SamplingParams(logit_bias={3: 1.0})):
+        with pytest.raises(ValueError, match="not forwarded to SGLang"):
+            request_params(p, 1, stop_ids=[1], deterministic=False)
+
+
 def test_a_seed_is_sent_only_to_a_deterministic_engine():
     p = SamplingParams(n=2, max_new_tokens=4, seed=100)
     shared = request_params(p, 4, stop_ids=[1], deterministic=False)
