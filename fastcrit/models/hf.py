@@ -419,3 +419,46 @@ def make_portable(directory: str) -> str:
     return directory
 
 
+
+def export_model(src: str | os.PathLike, out: str | os.PathLike, dtype: str | torch.dtype | None = None) -> str:
+    """Copy the model of a Hugging Face directory (e.g. a checkpoint's ``step_<N>``) to ``out``
+    alone: config, safetensors weights in ``dtype`` (default: the dtype its config.json names,
+    else fp32), tokenizer and generation config, portable as ``make_portable`` makes them;
+    nothing else of the directory (no optimizer state, no trainer state, no recipe files).
+    A value model (a ``*ForTokenClassification`` / ``*ForSequenceClassification`` such as PPO's
+    critic) is copied as one. ``out`` must not exist or be empty; it is written beside itself
+    and renamed into place, so it never holds half an export. Returns ``out``."""
+    import json
+    import shutil
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(src)
+    out = os.path.abspath(os.fspath(out))
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise ValueError(f"{out}: already exists and is not an empty directory")
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        raw = json.load(f)
+    if dtype is None:
+        named = raw.get("dtype") or raw.get("torch_dtype")
+        dtype = named if isinstance(named, str) and named in _DTYPES else "float32"
+    dt = parse_dtype(dtype)
+    archs = raw.get("architectures") or []
+    value = any(a.endswith(k) for a in archs for k in VALUE_HEAD_KINDS)
+    model = load_value_model(path, dtype=dt) if value else load_model(path, dtype=dt)
+    model.config.dtype = dt
+    has_tokenizer = any(os.path.isfile(os.path.join(path, n)) for n in ("tokenizer.json", "tokenizer_config.json"))
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True) if has_tokenizer else None
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
+    try:
+        save_pretrained_safetensors(model, tok, tmp)
+        os.chmod(tmp, 0o777 & ~umask())  # a directory's normal mode (mkdtemp's is 0700)
+        if os.path.isdir(out):
+            os.rmdir(out)
+        os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -231,3 +231,37 @@ def test_saved_files_get_a_normal_files_mode(tiny, tmp_path, mask):
     for name in names:
         assert oct(os.stat(os.path.join(out, name)).st_mode & 0o777) == oct(0o666 & ~mask), name
 
+
+def test_export_writes_the_model_alone(tiny, tmp_path, capsys):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from fastcrit.cli import main
+
+    model = load_model(tiny)
+    step = str(tmp_path / "run" / "checkpoints" / "step_3")
+    save_pretrained_safetensors(model, load_tokenizer(tiny), step)
+    os.makedirs(os.path.join(step, "dcp"))
+    for name in ("dcp/__0_0.distcp", "trainer_state.json", "rng_rank0.pt", "COMPLETE"):
+        open(os.path.join(step, name), "w").close()
+
+    out = str(tmp_path / "exported")
+    assert main(["export", str(tmp_path / "run"), out, "--dtype", "bf16"]) == 0  # a run: its newest
+    assert step in capsys.readouterr().out
+    assert sorted(os.listdir(out)) == ["chat_template.jinja", "config.json", "generation_config.json",
+                                       "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["dtype"] == "bfloat16"
+    assert _as_v4_reads(out)["rope_theta"] == model.config.rope_parameters["rope_theta"]
+    again = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    for (k, a), (k2, b) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert k == k2 and b.dtype == torch.bfloat16 and torch.equal(a.to(torch.bfloat16), b), k
+    mask = os.umask(0)
+    os.umask(mask)
+    assert oct(os.stat(out).st_mode & 0o777) == oct(0o777 & ~mask)
+
+    assert main(["export", step, str(tmp_path / "fp32")]) == 0  # the checkpoint's own dtype
+    assert load_model(str(tmp_path / "fp32")).config.dtype == torch.float32
+    assert main(["export", step, out]) == 2
+    assert "already exists" in capsys.readouterr().err
