@@ -128,7 +128,8 @@ def run_critique(cfg: Config) -> dict:
     c = cfg.ctrl
     out_dir = cfg.trainer.output_dir
     os.makedirs(out_dir, exist_ok=True)
-    problems = load_problem_set(cfg.data.val, cfg.data.format, limit=cfg.data.val_size, what="data.val")
+    problems = load_problem_set(cfg.data.val, cfg.data.format, limit=cfg.data.val_size, what="data.val",
+                                strict=cfg.data.strict)
     device = "cpu" if cfg.trainer.device == "cpu" else "cuda"
     proxy = make_proxy(cfg, device)  # the reviser; it also writes the solutions unless ctrl.generator
     writer = make_generator(cfg, device) if c.generator else proxy

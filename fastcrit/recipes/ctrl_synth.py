@@ -180,10 +180,11 @@ def _quiet(msg: str) -> None:
 
 
 def _problem_sets(cfg: Config, log) -> dict[str, list[Problem]]:
-    splits = {"train": load_problem_set(cfg.data.train, cfg.data.format, what="data.train", log=log)}
+    strict = cfg.data.strict
+    splits = {"train": load_problem_set(cfg.data.train, cfg.data.format, what="data.train", log=log, strict=strict)}
     if cfg.data.val:
         splits["val"] = load_problem_set(cfg.data.val, cfg.data.format, limit=cfg.data.val_size,
-                                         what="data.val", log=log)
+                                         what="data.val", log=log, strict=strict)
     return splits
 
 
