@@ -175,6 +175,7 @@ def test_train_runs_synthesis_sft_and_rl_with_metrics_and_overlap(workdir, tmp_p
     import sys
 
     monkeypatch.setattr("fastcrit.recipes.ctrl.tqdm", RecordingBar)
+    RecordingBar.made.clear()
     out = str(tmp_path / "run")
     cli("train", workdir, out, "trainer.total_steps=2", "trainer.save_every=1", "trainer.progress=true")
     # each evaluation pass (start, end) counts its rounds on a bar; the first also the 4 baselines
