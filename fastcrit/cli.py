@@ -318,6 +318,25 @@ def cmd_gen(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    """`fastcrit export CHECKPOINT OUT`: the model alone, as a Hugging Face directory."""
+    import os
+
+    from fastcrit.models.hf import export_model
+    from fastcrit.train.checkpoint import latest_checkpoint
+
+    src = args.checkpoint
+    if not os.path.isfile(os.path.join(src, "config.json")) and latest_checkpoint(src):
+        src = latest_checkpoint(src)  # a run's output directory: its newest complete checkpoint
+    try:
+        out = export_model(src, args.out, args.dtype)
+    except ValueError as e:
+        print(f"fastcrit export: {e}", file=sys.stderr)
+        return 2
+    print(f"exported {src} to {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastcrit", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -358,6 +377,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(func=cmd_gen)
+
+    ex = sub.add_parser("export", help="write a checkpoint's model alone (config, safetensors weights, "
+                                       "tokenizer, generation config) for transformers")
+    ex.add_argument("checkpoint", help="a checkpoints/step_<N> directory (or a run's output_dir: its newest), "
+                                       "or any Hugging Face model directory")
+    ex.add_argument("out", help="the directory to write (must not exist, or be empty)")
+    ex.add_argument("--dtype", choices=("bf16", "fp32", "fp16"), default=None,
+                    help="the weights' dtype (default: the checkpoint's own)")
+    ex.set_defaults(func=cmd_export)
 
     from fastcrit.bench import register as register_bench  # torch-free, cheap to import
     from fastcrit.data.cli import register as register_data

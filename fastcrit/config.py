@@ -36,7 +36,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    train: str = "reverse"  # a shipped task name ("reverse") or a .jsonl / .parquet path
+    train: str = "reverse"  # a shipped task name ("reverse") or a .jsonl / .json (array) / .parquet path
     val: str = "reverse:test"  # "<task>:<split>" or a path; "" = no validation
     # Programming problems (CTRL): the file's layout; "auto" detects fastcrit / humaneval / mbpp /
     # mbppplus / apps / taco / codecontests / livecodebench from the first row.
@@ -47,6 +47,10 @@ class DataConfig:
     max_prompt_len: int = 64  # prompts longer than this are skipped and counted, never truncated
     prompts_per_step: int = 8  # prompts per rollout step (x rollout.n samples)
     val_size: int = 64  # validation prompts per evaluation (greedy)
+    # Rows a loader skips (not valid JSON, missing fields, unconvertible problems, repeated ids) are
+    # counted and logged; true makes any one an error naming the first few. Prompts over
+    # max_prompt_len are not rows skipped by a loader: they stay counted and logged either way.
+    strict: bool = False
 
 
 @dataclass

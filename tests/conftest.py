@@ -78,3 +78,37 @@ def flash_attn_site(tmp_path, monkeypatch):
     importlib.invalidate_caches()
     yield FakeSite(tmp_path)
     forget()
+
+
+def _stderr_on_a_terminal(cmd) -> tuple[int, str]:
+    """Run ``cmd`` with stderr on a pseudo-terminal (stdout a pipe); its exit code and what the
+    terminal showed."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal's size
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    p.stdout.read()
+    return p.wait(timeout=120), shown.decode("utf-8", "replace")
+
+
+@pytest.fixture
+def on_a_terminal():
+    """``run(cmd) -> (exit code, what stderr showed)`` with stderr on a 100-column pseudo-terminal
+    (stdout a pipe): what a progress bar shows a user."""
+    return _stderr_on_a_terminal

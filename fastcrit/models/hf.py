@@ -313,5 +313,152 @@ def save_pretrained_safetensors(model_or_state_dict, tokenizer, directory: str, 
     save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
+    make_portable(directory)
     return directory
 
+
+def umask() -> int:
+    """The process's umask, read without changing it where /proc says it (else set and restored)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a new file gets here: 0o666 less the umask."""
+    return 0o666 & ~umask()
+
+
+def share_files(root: str) -> None:
+    """Give every file under ``root`` the mode of a normally created file (``file_mode``):
+    safetensors >= 0.8.1 writes its file 0600, which a teammate in the user's group cannot read."""
+    mode = file_mode()
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, mode)
+
+
+# 5.x writes a fast tokenizer built from tokenizer.json as this class, which 4.x does not know.
+_V5_ONLY_TOKENIZER_CLASS = {"TokenizersBackend": "PreTrainedTokenizerFast"}
+
+
+def _rewrite_json(path: str, fix) -> None:
+    import json
+
+    if not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if fix(data):
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True, ensure_ascii=False)
+            f.write("\n")
+
+
+def portable_config(config: dict) -> bool:
+    """Make a config.json written by transformers 5 say the same rotary embedding to 4.x; True if
+    it changed.
+
+    5.x keeps the rotary settings only in ``rope_parameters`` ({rope_type, rope_theta, scaling
+    keys}); 4.51-4.57 read top-level ``rope_theta`` (default 10000, silently) and ``rope_scaling``
+    ({rope_type, factor, ...}, None for plain rope) and ignore ``rope_parameters``. So both are
+    written from ``rope_parameters``: ``rope_theta`` (and ``partial_rotary_factor``) at the top,
+    the rest as ``rope_scaling`` unless the type is ``default``. 5.x reads them back to the same
+    ``rope_parameters`` (``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict``: a
+    ``rope_scaling`` replaces ``rope_parameters``, then the top-level ``rope_theta`` fills it in).
+    Per-layer-type rope (a nested ``rope_parameters``, 5.x only) is left as it is: 4.x has no way
+    to say it."""
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict) or "rope_theta" not in rope:
+        return False
+    before = dict(config)
+    config["rope_theta"] = rope["rope_theta"]
+    if "partial_rotary_factor" in rope:
+        config["partial_rotary_factor"] = rope["partial_rotary_factor"]
+    scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    config["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
+    return config != before
+
+
+def portable_tokenizer_config(config: dict) -> bool:
+    """Make a tokenizer_config.json written by transformers 5 load in 4.x to the same tokenizer;
+    True if it changed. 5.x writes the extra special tokens as a list ``extra_special_tokens``,
+    which 4.x reads as a dict of named tokens (``AttributeError: 'list' object has no attribute
+    'keys'``); their 4.x name, ``additional_special_tokens``, 5.x reads too. A tokenizer class 4.x
+    does not know is replaced by the one it loads ``tokenizer.json`` into (5.x picks the model
+    type's class either way)."""
+    before = dict(config)
+    extra = config.get("extra_special_tokens")
+    if isinstance(extra, list):
+        del config["extra_special_tokens"]
+        names = list(config.get("additional_special_tokens") or [])
+        config["additional_special_tokens"] = names + [t for t in extra if t not in names]
+    cls = config.get("tokenizer_class")
+    if cls in _V5_ONLY_TOKENIZER_CLASS:
+        config["tokenizer_class"] = _V5_ONLY_TOKENIZER_CLASS[cls]
+    return config != before
+
+
+def make_portable(directory: str) -> str:
+    """Make a Hugging Face directory written here load the same in transformers 4.51-4.57 and 5
+    (``portable_config``, ``portable_tokenizer_config``) and readable as a normal file is
+    (``share_files``). What this does NOT cover: the weights' dtype in 4.51-4.55, which read
+    ``torch_dtype`` (5.x writes ``dtype``) and load fp32 unless told otherwise."""
+    _rewrite_json(os.path.join(directory, "config.json"), portable_config)
+    _rewrite_json(os.path.join(directory, "tokenizer_config.json"), portable_tokenizer_config)
+    share_files(directory)
+    return directory
+
+
+
+def export_model(src: str | os.PathLike, out: str | os.PathLike, dtype: str | torch.dtype | None = None) -> str:
+    """Copy the model of a Hugging Face directory (e.g. a checkpoint's ``step_<N>``) to ``out``
+    alone: config, safetensors weights in ``dtype`` (default: the dtype its config.json names,
+    else fp32), tokenizer and generation config, portable as ``make_portable`` makes them;
+    nothing else of the directory (no optimizer state, no trainer state, no recipe files).
+    A value model (a ``*ForTokenClassification`` / ``*ForSequenceClassification`` such as PPO's
+    critic) is copied as one. ``out`` must not exist or be empty; it is written beside itself
+    and renamed into place, so it never holds half an export. Returns ``out``."""
+    import json
+    import shutil
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(src)
+    out = os.path.abspath(os.fspath(out))
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise ValueError(f"{out}: already exists and is not an empty directory")
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        raw = json.load(f)
+    if dtype is None:
+        named = raw.get("dtype") or raw.get("torch_dtype")
+        dtype = named if isinstance(named, str) and named in _DTYPES else "float32"
+    dt = parse_dtype(dtype)
+    archs = raw.get("architectures") or []
+    value = any(a.endswith(k) for a in archs for k in VALUE_HEAD_KINDS)
+    model = load_value_model(path, dtype=dt) if value else load_model(path, dtype=dt)
+    model.config.dtype = dt
+    has_tokenizer = any(os.path.isfile(os.path.join(path, n)) for n in ("tokenizer.json", "tokenizer_config.json"))
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True) if has_tokenizer else None
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
+    try:
+        save_pretrained_safetensors(model, tok, tmp)
+        os.chmod(tmp, 0o777 & ~umask())  # a directory's normal mode (mkdtemp's is 0700)
+        if os.path.isdir(out):
+            os.rmdir(out)
+        os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -14,9 +14,11 @@ GRPO broadcasts the sequence advantage over the critique's tokens).
 """
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
+from tqdm import tqdm
 
 from fastcrit.algos.advantages import outcome_advantages
 from fastcrit.data.critique import review_agrees
@@ -163,22 +165,29 @@ class CTRL:
         tokens = dict(critic_tokens=c.rollout.max_new_tokens, generator_tokens=c.proxy.rollout.max_new_tokens,
                       style=c.ctrl.prompts)
         temperature, k = c.ctrl.critique_temperature, c.ctrl.critique_samples
+        steps = 1 + (not is_greedy(temperature)) + (len(c.ctrl.baselines) if self.baselines is None else 0)
+        # rank 0's, under the training bar, gone once done; disable=None: none when stderr is no terminal
+        bar = tqdm(total=steps, desc="eval", unit="step", file=sys.stderr, dynamic_ncols=True, leave=False,
+                   disable=None if c.trainer.progress and run.ctx.is_main else True)
         self._wake_proxy()
         _, rep, _ = critique_round(self.critic, self.proxy, self.reward, repeat_attempts(share, k),
                                    temperature=temperature, seed=round_seed(c.trainer.seed, 1),
                                    top_p=c.ctrl.critique_top_p, **tokens)
+        bar.update(1)
         out = {**RoundReport(0, sum(a.passed for a in share) / len(share)).metrics("val/generator_"),
                **rep.metrics("val/")}
         if not is_greedy(temperature):
             _, greedy, _ = critique_round(self.critic, self.proxy, self.reward, share, **tokens)
             out.update(greedy.metrics("val/greedy_"))
+            bar.update(1)
         if self.baselines is None:
-            self.baselines = self._baselines(share)
+            self.baselines = self._baselines(share, bar)
+        bar.close()
         out.update(self.baselines)
         self.proxy.sleep()
         return all_reduce_mean(out)
 
-    def _baselines(self, share: list[Attempt]) -> dict[str, float]:
+    def _baselines(self, share: list[Attempt], bar=None) -> dict[str, float]:
         """``ctrl.baselines`` on this rank's held-out solutions, once (they involve no critic): the
         generator's greedy pass@1, and one round without a critique, with the generator critiquing
         itself, and with the execution feedback (fastcrit.recipes.ctrl_eval)."""
@@ -193,6 +202,8 @@ class CTRL:
                 else:
                     _, rep, _ = baseline_round(name, c, generator, self.proxy, self.reward, share, seed=c.trainer.seed)
                     out.update({f"val/{name}_{k}": v for k, v in figures(rep).items()})
+                if bar is not None:
+                    bar.update(1)
         finally:
             if generator is not self.proxy:
                 generator.close()

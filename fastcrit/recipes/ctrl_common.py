@@ -19,13 +19,13 @@ from fastcrit.train.checkpoint import latest_checkpoint
 
 
 def load_problem_set(spec: str, fmt: str, *, limit: int | None = None, what: str = "data.train",
-                     log=print) -> list[Problem]:
+                     log=print, strict: bool = False) -> list[Problem]:
     """Problems from a shipped task (``minicode``, ``minicode:test``), ``humaneval`` or a file in any
-    supported format; skipped rows are reported (first few, and how many)."""
+    supported format; skipped rows are reported (first few, and how many), or, ``strict``, refused."""
     if not spec:
         raise ConfigError(f"{what}: no problems named (a shipped task, 'humaneval', or a file)")
     path = spec if spec == "humaneval" else resolve_source(spec)
-    ps = load_problems(path, fmt, limit=limit)
+    ps = load_problems(path, fmt, limit=limit, strict=strict)
     if ps.skipped:
         for msg in ps.skipped[:5]:
             log(f"data: skipped {msg}")

@@ -26,7 +26,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from dataclasses import asdict
+
+from tqdm import tqdm
 
 from fastcrit.config import Config
 from fastcrit.data.ctrl_prompts import feedback_messages, hint_for, no_critique_messages
@@ -121,6 +124,20 @@ def format_table(methods: dict[str, dict], k: int) -> list[str]:
     return lines
 
 
+def critique_phases(cfg: Config) -> list[str]:
+    """The steps of `fastcrit critique`, in order, as its progress bar counts them: the greedy
+    baseline once, then per seed the sampled solutions (written and run), the critique rounds,
+    and each other baseline."""
+    c = cfg.ctrl
+    others = [b for b in c.baselines if b != "generator_greedy"]
+    steps = ["generator greedy"] if "generator_greedy" in c.baselines else []
+    for i in range(c.eval_seeds):
+        seed = cfg.trainer.seed + i
+        steps += [f"seed {seed}: solutions", f"seed {seed}: {c.rounds} critique round{'s' * (c.rounds != 1)}"]
+        steps += [f"seed {seed}: {b}" for b in others]
+    return steps
+
+
 def run_critique(cfg: Config) -> dict:
     """The evaluation (module docstring) on ``data.val``; prints the table and returns the summary."""
     from fastcrit.recipes.ctrl_common import critic_chat, load_problem_set, make_generator, make_proxy
@@ -128,7 +145,8 @@ def run_critique(cfg: Config) -> dict:
     c = cfg.ctrl
     out_dir = cfg.trainer.output_dir
     os.makedirs(out_dir, exist_ok=True)
-    problems = load_problem_set(cfg.data.val, cfg.data.format, limit=cfg.data.val_size, what="data.val")
+    problems = load_problem_set(cfg.data.val, cfg.data.format, limit=cfg.data.val_size, what="data.val",
+                                strict=cfg.data.strict)
     device = "cpu" if cfg.trainer.device == "cpu" else "cuda"
     proxy = make_proxy(cfg, device)  # the reviser; it also writes the solutions unless ctrl.generator
     writer = make_generator(cfg, device) if c.generator else proxy
@@ -142,13 +160,26 @@ def run_critique(cfg: Config) -> dict:
                                    **{b: [] for b in c.baselines if b != "generator_greedy"}}
     records, baseline_records, first_reports = [], [], None
     tokens = cfg.proxy.rollout.max_new_tokens
+    phases = critique_phases(cfg)
+    # stderr, as the training bar; disable=None: none when stderr is not a terminal
+    bar = tqdm(total=len(phases), desc="critique", unit="step", file=sys.stderr, dynamic_ncols=True,
+               disable=None if cfg.trainer.progress else True)
+    phase = iter(phases)
+    bar.set_postfix_str(next(phase, ""))
+
+    def step() -> None:  # a phase is done: count it, name the next
+        bar.update(1)
+        bar.set_postfix_str(next(phase, ""))
+
     try:
         if "generator_greedy" in c.baselines:
             runs["generator_greedy"].append({"pass@1": greedy_pass_at_1(writer, reward, problems, cfg)})
+            step()
         for seed in seeds:
             sols = sample_solutions(writer, problems, k=k, temperature=temperature, max_new_tokens=tokens,
                                     seed=solution_seed(seed), style=c.prompts, top_p=c.solution_top_p)
             attempts = execute(reward, [p for p, _ in sols], [t for _, t in sols])
+            step()
             reports, recs = critique_rounds(critic, proxy, reward, attempts, rounds=c.rounds,
                                             critic_tokens=cfg.rollout.max_new_tokens, generator_tokens=tokens,
                                             temperature=c.critique_temperature, samples=c.critique_samples,
@@ -158,6 +189,7 @@ def run_critique(cfg: Config) -> dict:
             runs["generator"].append({"pass@1": reports[0].pass_at_1, "pass@k": reports[0].pass_at_k})
             for rep in reports[1:]:
                 runs[f"critic_round_{rep.round}"].append(figures(rep))
+            step()
             for name in c.baselines:
                 if name == "generator_greedy":
                     continue
@@ -165,7 +197,9 @@ def run_critique(cfg: Config) -> dict:
                 rep.pass_at_k = pass_at_k(after, k * (c.critique_samples if name == "self_critique" else 1))
                 runs[name].append(figures(rep))
                 baseline_records += [dict(r, seed=seed, method=name) for r in recs]
+                step()
     finally:
+        bar.close()
         reward.close()
         proxy.close()
         if writer is not proxy:

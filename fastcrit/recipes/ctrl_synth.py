@@ -49,8 +49,11 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
+
+from tqdm import tqdm
 
 from fastcrit.config import Config, ConfigError
 from fastcrit.data.problems import Problem
@@ -180,10 +183,11 @@ def _quiet(msg: str) -> None:
 
 
 def _problem_sets(cfg: Config, log) -> dict[str, list[Problem]]:
-    splits = {"train": load_problem_set(cfg.data.train, cfg.data.format, what="data.train", log=log)}
+    strict = cfg.data.strict
+    splits = {"train": load_problem_set(cfg.data.train, cfg.data.format, what="data.train", log=log, strict=strict)}
     if cfg.data.val:
         splits["val"] = load_problem_set(cfg.data.val, cfg.data.format, limit=cfg.data.val_size,
-                                         what="data.val", log=log)
+                                         what="data.val", log=log, strict=strict)
     return splits
 
 
@@ -221,6 +225,9 @@ def _run_chunks(ctx: DistContext, cfg: Config, splits: dict[str, list[Problem]],
         writer, owned = make_writer(cfg, ctx.device, generator)
         rank_cfg = dataclasses.replace(cfg, sandbox=rank_sandbox(cfg.sandbox, local_world_size(ctx.world_size)))
         reward = make_reward(rank_cfg, files.directory, ctx.rank)  # its result cache goes with the parts
+        # rank 0's chunks, on stderr; disable=None: none when stderr is not a terminal
+        bar = tqdm(total=len(chunks), desc="ctrl-synth", unit="chunk", file=sys.stderr, dynamic_ncols=True,
+                   disable=None if cfg.trainer.progress and ctx.is_main else True)
         for c in chunks:
             t0 = time.perf_counter()
             k = solutions_per_problem(cfg, c.split)
@@ -237,9 +244,12 @@ def _run_chunks(ctx: DistContext, cfg: Config, splits: dict[str, list[Problem]],
                            + [{"filtered": dict(w.filtered), "examples": w.examples}]))
             passed = sum(a.passed for a in made.attempts) / max(len(made.attempts), 1)
             dropped = "" if w is None or not w.filtered else f", critiques dropped {dict(w.filtered)}"
-            print(f"ctrl-synth: rank {ctx.rank}: {c.name} ({c.split} problems {c.start}-{c.stop - 1}): "
-                  f"{len(made.attempts)} solutions, pass@1 {passed:.3f}{dropped}, "
-                  f"{time.perf_counter() - t0:.1f} s", flush=True)
+            bar.write(f"ctrl-synth: rank {ctx.rank}: {c.name} ({c.split} problems {c.start}-{c.stop - 1}): "
+                      f"{len(made.attempts)} solutions, pass@1 {passed:.3f}{dropped}, "
+                      f"{time.perf_counter() - t0:.1f} s", file=sys.stdout)  # above the bar
+            sys.stdout.flush()
+            bar.update(1)
+        bar.close()
     finally:
         if reward is not None:
             reward.close()

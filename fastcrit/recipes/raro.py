@@ -300,7 +300,7 @@ def write_warm_start(ctx, cfg) -> str:
     """``<trainer.output_dir>/raro_sft.jsonl``: both roles' SFT rows from data.train (rank 0 writes)."""
     path = os.path.join(cfg.trainer.output_dir, "raro_sft.jsonl")
     if ctx.is_main and not os.path.exists(path):
-        data = load_dataset(cfg.data.train, cfg.data.prompt_key, cfg.data.answer_key)
+        data = load_dataset(cfg.data.train, cfg.data.prompt_key, cfg.data.answer_key, strict=cfg.data.strict)
         examples = [e for e in data.examples if e.answer]
         if len(examples) < 2:
             raise ConfigError(f"data.train {cfg.data.train!r}: RARO's warm start needs at least two "

@@ -98,7 +98,7 @@ def on_policy_pairs(ctx: DistContext, cfg: Config, model_path: str, tok, out_dir
     chunks are cut the same under any world size, so the pairs are those of one process. A later run
     with the same settings reuses the chunks; other settings make another directory."""
     c = cfg.rm
-    data = load_dataset(cfg.data.train, cfg.data.prompt_key, cfg.data.answer_key)
+    data = load_dataset(cfg.data.train, cfg.data.prompt_key, cfg.data.answer_key, strict=cfg.data.strict)
     prompts, too_long = encode_prompts(tok, data.examples[:c.prompts], system=cfg.data.system_prompt,
                                        max_len=cfg.data.max_prompt_len)
     # pairs need different answers: a greedy rollout.temperature samples at 1 here
@@ -169,7 +169,7 @@ def run_rm(ctx: DistContext, cfg: Config) -> dict:
     if c.label_reward:
         pairs, skipped, sampled = on_policy_pairs(ctx, cfg, model_path, tok, out_dir)
     else:
-        pairs, skipped = load_preferences(c.data)
+        pairs, skipped = load_preferences(c.data, strict=cfg.data.strict)
     random.Random(cfg.trainer.seed).shuffle(pairs)
     n_val = max(1, int(len(pairs) * c.val_fraction))
     val, train = pairs[:n_val], pairs[n_val:]

@@ -107,7 +107,7 @@ class Run:
         chat-templated prompt ids with ``system`` (default ``data.system_prompt``); skipped rows and
         over-long prompts are logged."""
         c = self.cfg.data
-        data = load_dataset(spec, c.prompt_key, c.answer_key, split)
+        data = load_dataset(spec, c.prompt_key, c.answer_key, split, strict=c.strict)
         examples = [e for e in data.examples if keep is None or keep(e)]
         n_out = len(data.examples) - len(examples)
         dropped = [f"{spec}: {n_out} examples {why}"] if n_out else []

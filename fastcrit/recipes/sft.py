@@ -49,7 +49,7 @@ def run_sft(ctx: DistContext, cfg: Config, model_path: str | None = None) -> str
     prepare_output_dir(cfg, ctx, out_dir)
     model_path = model_path or resolve_model(cfg, ctx)
     tok = load_tokenizer(model_path)
-    data = load_dataset(cfg.sft.data, cfg.data.prompt_key, cfg.data.answer_key)
+    data = load_dataset(cfg.sft.data, cfg.data.prompt_key, cfg.data.answer_key, strict=cfg.data.strict)
     prompts, too_long = encode_prompts(tok, data.examples, system=cfg.data.system_prompt,
                                        max_len=cfg.data.max_prompt_len)
     log = RunLog(out_dir, enabled=ctx.is_main, total=cfg.sft.steps, start=0,

@@ -41,6 +41,8 @@ def register(subparsers, problem_jobs=None) -> argparse.ArgumentParser:
     r.add_argument("--memory-mb", type=int, default=None, help="default memory limit for jobs without one")
     r.add_argument("--max-concurrency", type=int, default=256)
     r.add_argument("--remote", default=None, help="URL of a SandboxFusion server to use instead of local workers")
+    r.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (there is none either when stderr is not a terminal)")
     r.set_defaults(func=cmd_run, problem_jobs=problem_jobs)
 
     b = sub.add_parser("bench", help="executions per second on HumanEval's canonical solutions")
@@ -52,9 +54,17 @@ def register(subparsers, problem_jobs=None) -> argparse.ArgumentParser:
 
 
 def json_lines(path: str):
-    """(line number, value, None) per non-empty line of a JSONL file, or (line number, None, why)."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
+    """(line number, value, None) per non-empty line of a JSONL file (UTF-8, a BOM allowed), or
+    (line number, None, why): a line that is not valid JSON or not UTF-8 text."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield lineno, None, f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line)"
+                continue
             if not line.strip():
                 continue
             try:
@@ -89,7 +99,7 @@ def _is_problem_file(path: str) -> bool:
     first object is not a job (it has no 'code')."""
     if path == "humaneval" or path.endswith(_PROBLEM_FILES):
         return True
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
         for line in f:
             if line.strip():
                 try:
@@ -136,6 +146,8 @@ def cmd_run(args) -> int:
     from . import make_pool
     from .pool import new_event_loop
 
+    from tqdm import tqdm  # a dependency of fastcrit; pure Python, no torch
+
     async def go():
         n_pass = 0
         rate_sum = 0.0
@@ -143,16 +155,22 @@ def cmd_run(args) -> int:
         pool = make_pool(cfg)
         done: dict = {}  # results that finished before an earlier one: written in input order
         nxt = 0
+        # disable=None: off when stderr is not a terminal (a log file, a pipe)
+        bar = tqdm(total=len(jobs), desc="sandbox", unit="job", file=sys.stderr, dynamic_ncols=True,
+                   disable=True if args.no_progress else None)
         async with pool:
             async for i, r in pool.stream(jobs):
                 done[i] = r
                 n_pass += r.all_passed
                 rate_sum += r.pass_rate
+                bar.update(1)
+                bar.set_postfix(passed=n_pass, refresh=False)
                 while nxt in done:
                     out.write(json.dumps(done.pop(nxt).to_dict()) + "\n")
                     nxt += 1
                 out.flush()
             stats = pool.stats()
+        bar.close()
         dt = time.perf_counter() - t0
         summary = {"jobs": len(jobs), "all_passed": n_pass, "mean_pass_rate": rate_sum / len(jobs) if jobs else 0.0,
                    "skipped_lines": len(errors), "seconds": round(dt, 3),

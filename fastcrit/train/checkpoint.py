@@ -1,7 +1,9 @@
 """Checkpoints: a Hugging Face directory to load anywhere, plus what an exact resume needs.
 
 ``<output_dir>/checkpoints/step_<N>/`` holds
-- ``config.json``, ``model.safetensors``, tokenizer files: `AutoModelForCausalLM.from_pretrained` loads it;
+- ``config.json``, ``model.safetensors``, tokenizer files: `AutoModelForCausalLM.from_pretrained` loads it,
+  in transformers 4.51-4.57 as in 5 (``fastcrit.models.hf.make_portable``); ``fastcrit export`` copies
+  this part alone;
 - ``dcp/``: model and optimizer state, sharded per rank (torch.distributed.checkpoint);
 - ``trainer_state.json``: step, scheduler and the data position; ``rng_rank<r>.pt``: RNG states;
 - ``COMPLETE``: written last (kept for directories saved before the rename below, which have no
@@ -13,6 +15,8 @@ directory, and the parent after the rename), so ``step_<N>`` only ever exists co
 the process is killed. Left-overs of a killed save (``.tmp_*`` directories, a ``step_<N>`` without
 ``COMPLETE``) are removed at the next start (`clean_checkpoints`). ``keep_last`` prunes older
 checkpoints after each save, never the one just written.
+
+Every file gets the mode of a normally created one (0o666 less the umask), the weights included.
 
 What this does NOT cover: a file system that loses renames or fsynced data (some network file
 systems), or two runs writing one output directory at once.
@@ -30,7 +34,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from fastcrit.models.hf import parse_dtype, save_pretrained_safetensors
+from fastcrit.models.hf import parse_dtype, save_pretrained_safetensors, share_files
 from fastcrit.train.dist import DistContext, barrier
 from fastcrit.train.actor import Actor
 from fastcrit.train.policy import gathered_buckets
@@ -214,6 +218,7 @@ def save_checkpoint(actor: Actor, tokenizer, ctx: DistContext, output_dir: str, 
     barrier()  # every rank's files are written
     if ctx.is_main:
         open(os.path.join(path, "COMPLETE"), "w").close()
+        share_files(path)  # every file as readable as the umask allows, whatever library wrote it
         _fsync_tree(path)
         if os.path.exists(final):
             _discard(final)

@@ -493,3 +493,42 @@ def test_cli_convert(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     assert data_cli.main(["data", "convert", src, str(out), "--format", "apps"]) == 2
     assert "no usable problems" in capsys.readouterr().err
+
+
+def test_problem_files_take_utf8_with_a_bom_json_arrays_and_strict(tmp_path, capsys):
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(("\n".join(json.dumps(r) for r in (APPS_STDIO, APPS_CODEWARS)) + "\n").encode("utf-8-sig"))
+    assert [p.id for p in load_problems(str(bom)).problems] == ["apps/4001", "apps/2401"]
+    arr = tmp_path / "apps.json"
+    arr.write_text("[\n" + ",\n".join(json.dumps(r) for r in (APPS_STDIO, {"question": "x"}, APPS_CODEWARS)) + "\n]")
+    ps = load_problems(str(arr))
+    assert [p.id for p in ps.problems] == ["apps/4001", "apps/2401"]
+    assert ps.skipped == [f"{arr}:3: missing field 'input_output'"]
+    with pytest.raises(DatasetError, match=rf"^{arr}: 1 row skipped and data.strict is true: {arr}:3: "):
+        load_problems(str(arr), strict=True)
+    # the data CLI: a bad byte is one line naming file and line; a row of no format names --format
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(json.dumps(APPS_STDIO).encode() + b"\n" + b'{"question": "\xff"}\n')
+    assert data_cli.main(["data", "convert", str(bad), str(tmp_path / "o.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"fastcrit data convert: {bad}:2: not UTF-8 text (byte 0xff at byte 15 of the line); " \
+                  "save the file as UTF-8\n"
+    other = write_jsonl(tmp_path / "other.jsonl", [{"prompt": "x", "answer": "y"}, APPS_STDIO])
+    assert data_cli.main(["data", "convert", other, str(tmp_path / "o.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "match no known format (name one with --format, or data.format in a config: fastcrit, " in out
+    assert "fmt=" not in out
+
+
+def test_convert_shows_a_progress_bar_on_a_terminal_only(tmp_path, on_a_terminal):
+    import subprocess
+    import sys
+
+    src = write_jsonl(tmp_path / "apps.jsonl", [APPS_STDIO, APPS_CODEWARS])
+    cmd = [sys.executable, "-m", "fastcrit.data.cli", "data", "convert", src, str(tmp_path / "o.jsonl")]
+    rc, shown = on_a_terminal(cmd)
+    assert rc == 0 and "reading apps.jsonl: 2row [" in shown, shown
+    rc, shown = on_a_terminal(cmd + ["--no-progress"])
+    assert rc == 0 and "reading" not in shown
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stderr == ""

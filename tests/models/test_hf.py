@@ -157,3 +157,111 @@ def test_a_working_flash_attn_2_passes(flash_attn_site, with_fa4):
         flash_attn_site.dist("flash-attn-4", "4.0.0b36", FA4)
     flash_attn_site.dist("flash-attn", "2.8.3.post2", FA2_OK)
     assert flash_attn_2_problem() is None
+
+
+# --- checkpoints that transformers 4.51-4.57 and 5 read the same ------------------------------------
+
+def _as_v4_reads(directory):
+    """What transformers 4.51-4.57 take from a saved directory, by their code: Qwen2Config's
+    ``rope_theta`` (default 10000) and ``rope_scaling`` (None = plain rope), and the tokenizer's
+    ``extra_special_tokens`` (``PreTrainedTokenizerBase.__init__`` calls its ``.keys()``), its
+    ``additional_special_tokens`` and ``tokenizer_class`` (looked up by name; ``TokenizersBackend``
+    exists only in 5.x)."""
+    import json
+
+    with open(os.path.join(directory, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(directory, "tokenizer_config.json")) as f:
+        tok = json.load(f)
+    extra = tok.get("extra_special_tokens", {})
+    named = list(extra.keys())  # AttributeError on a list, as in 4.x
+    assert tok.get("tokenizer_class") in (None, "PreTrainedTokenizerFast", "Qwen2Tokenizer", "Qwen2TokenizerFast")
+    return {"rope_theta": config.get("rope_theta", 10000.0), "rope_scaling": config.get("rope_scaling"),
+            "special": named + list(tok.get("additional_special_tokens") or [])}
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "default", "rope_theta": 1e6},
+                                  {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}])
+def test_a_saved_directory_reads_the_same_in_transformers_4_and_5(tiny, tmp_path, rope):
+    import json
+
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from fastcrit.models.tokenizer import IM_START
+
+    model = load_model(tiny)
+    config = AutoConfig.from_pretrained(tiny)
+    config.rope_parameters = dict(rope)
+    model = AutoModelForCausalLM.from_config(config).eval()  # the rotary buffers of this rope
+    model.load_state_dict(load_model(tiny).state_dict())
+    out = save_pretrained_safetensors(model, load_tokenizer(tiny), str(tmp_path / "ckpt"))
+
+    v4 = _as_v4_reads(out)
+    assert v4["rope_theta"] == rope["rope_theta"]
+    want_scaling = None if rope["rope_type"] == "default" else {k: v for k, v in rope.items() if k != "rope_theta"}
+    assert v4["rope_scaling"] == want_scaling
+    assert IM_START in v4["special"]
+
+    # transformers 5 reads the same rope back, the same logits, the same tokenizer
+    again = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    assert again.config.rope_parameters == rope
+    ids = torch.tensor([[3, 50, 60, 7, 9, 11, 200]])
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, model(ids).logits, atol=0, rtol=0)
+    a, b = load_tokenizer(tiny), AutoTokenizer.from_pretrained(out, local_files_only=True)
+    assert b.all_special_tokens == a.all_special_tokens
+    text = f"{IM_START}user\nreverse 'héllo' 123<|im_end|>\n"
+    assert b(text).input_ids == a(text).input_ids
+    chat = [{"role": "user", "content": "x"}]
+    assert b.apply_chat_template(chat, tokenize=False) == a.apply_chat_template(chat, tokenize=False)
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["rope_parameters"] == rope  # still there for 5.x
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002, 0o077])
+def test_saved_files_get_a_normal_files_mode(tiny, tmp_path, mask):
+    """safetensors >= 0.8.1 writes its file 0600; every saved file must be 0o666 less the umask."""
+    old = os.umask(mask)
+    try:
+        out = save_pretrained_safetensors(load_model(tiny), load_tokenizer(tiny), str(tmp_path / "c"))
+    finally:
+        os.umask(old)
+    names = sorted(os.listdir(out))
+    assert "model.safetensors" in names and "tokenizer_config.json" in names
+    for name in names:
+        assert oct(os.stat(os.path.join(out, name)).st_mode & 0o777) == oct(0o666 & ~mask), name
+
+
+def test_export_writes_the_model_alone(tiny, tmp_path, capsys):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from fastcrit.cli import main
+
+    model = load_model(tiny)
+    step = str(tmp_path / "run" / "checkpoints" / "step_3")
+    save_pretrained_safetensors(model, load_tokenizer(tiny), step)
+    os.makedirs(os.path.join(step, "dcp"))
+    for name in ("dcp/__0_0.distcp", "trainer_state.json", "rng_rank0.pt", "COMPLETE"):
+        open(os.path.join(step, name), "w").close()
+
+    out = str(tmp_path / "exported")
+    assert main(["export", str(tmp_path / "run"), out, "--dtype", "bf16"]) == 0  # a run: its newest
+    assert step in capsys.readouterr().out
+    assert sorted(os.listdir(out)) == ["chat_template.jinja", "config.json", "generation_config.json",
+                                       "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["dtype"] == "bfloat16"
+    assert _as_v4_reads(out)["rope_theta"] == model.config.rope_parameters["rope_theta"]
+    again = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    for (k, a), (k2, b) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert k == k2 and b.dtype == torch.bfloat16 and torch.equal(a.to(torch.bfloat16), b), k
+    mask = os.umask(0)
+    os.umask(mask)
+    assert oct(os.stat(out).st_mode & 0o777) == oct(0o777 & ~mask)
+
+    assert main(["export", step, str(tmp_path / "fp32")]) == 0  # the checkpoint's own dtype
+    assert load_model(str(tmp_path / "fp32")).config.dtype == torch.float32
+    assert main(["export", step, out]) == 2
+    assert "already exists" in capsys.readouterr().err

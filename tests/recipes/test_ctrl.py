@@ -157,9 +157,30 @@ def test_reward_rules_invalid_format_scores_zero_and_is_never_executed(workdir):
         reward.close()
 
 
-def test_train_runs_synthesis_sft_and_rl_with_metrics_and_overlap(workdir, tmp_path):
+class RecordingBar:
+    made: list = []
+
+    def __init__(self, **kw):
+        self.kw, self.n, self.closed = kw, 0, False
+        RecordingBar.made.append(self)
+
+    def update(self, n):
+        self.n += n
+
+    def close(self):
+        self.closed = True
+
+
+def test_train_runs_synthesis_sft_and_rl_with_metrics_and_overlap(workdir, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setattr("fastcrit.recipes.ctrl.tqdm", RecordingBar)
+    RecordingBar.made.clear()
     out = str(tmp_path / "run")
-    cli("train", workdir, out, "trainer.total_steps=2", "trainer.save_every=1")
+    cli("train", workdir, out, "trainer.total_steps=2", "trainer.save_every=1", "trainer.progress=true")
+    # each evaluation pass (start, end) counts its rounds on a bar; the first also the 4 baselines
+    assert [(b.kw["total"], b.n, b.closed) for b in RecordingBar.made] == [(5, 5, True), (1, 1, True)]
+    assert all(b.kw["file"] is sys.stderr and b.kw["disable"] is None for b in RecordingBar.made)
     r = rows(out)
     assert [x["step"] for x in r] == [1, 2]
     for key in ("critique/valid_rate", "critique/judgment_acc", "critique/review_agrees", "revision/pass_rate",

@@ -33,6 +33,24 @@ def test_pass_at_k_counts_a_problem_once_one_of_its_chains_passes():
     assert pass_at_k(a, 3) == 0.5 and pass_at_k(a, 1) == pytest.approx(1 / 6) and pass_at_k(a, 6) == 1.0
 
 
+BARS = []  # the progress bars `fastcrit critique` made in the run below
+
+
+class RecordingBar:
+    def __init__(self, **kw):
+        self.kw, self.n, self.shown, self.closed = kw, 0, [], False
+        BARS.append(self)
+
+    def update(self, n):
+        self.n += n
+
+    def set_postfix_str(self, text):
+        self.shown.append(text)
+
+    def close(self):
+        self.closed = True
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     from fastcrit.models.hf import resolve_model_path
@@ -50,7 +68,9 @@ def run(tmp_path_factory):
     argv = ["critique", CPU_CONFIG]
     for s in sets:
         argv += ["--set", s]
-    assert main(argv) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("fastcrit.recipes.ctrl_eval.tqdm", RecordingBar)
+        assert main(argv) == 0
     with open(os.path.join(out, "critique_summary.json")) as f:
         return out, json.load(f)
 
@@ -69,6 +89,18 @@ def test_the_table_has_every_method_over_every_seed(run):
     for name in ("critic_round_1", "self_critique"):  # a critic's round has verdicts
         assert {"judgment_acc", "valid_rate", "delta_up", "delta_down"} <= set(s["methods"][name])
     assert "judgment_acc" not in s["methods"]["no_critique"]
+
+
+def test_a_progress_bar_counts_every_phase(run):
+    import sys
+
+    (bar,) = BARS
+    phases = ["generator greedy"] + [f"seed {s}: {what}" for s in (0, 1) for what in
+                                     ("solutions", "2 critique rounds", "no_critique", "self_critique",
+                                      "execution_feedback")]
+    assert bar.kw["total"] == bar.n == len(phases) and bar.closed
+    assert bar.shown == phases + [""]  # each phase named while it runs
+    assert bar.kw["file"] is sys.stderr and bar.kw["disable"] is None  # none when stderr is no terminal
 
 
 def test_records_cover_every_chain_of_every_seed(run):

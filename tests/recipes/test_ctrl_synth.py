@@ -200,3 +200,31 @@ def test_rank_sandbox_shares_the_node_among_its_ranks():
     assert (few.workers, few.max_concurrency, few.remote_concurrency) == (1, 1, 1)  # at least one each
     every_cpu = rank_sandbox(SandboxConfig(workers=0), 2)  # 0 = every CPU of the node, shared out
     assert every_cpu.workers == max(1, (os.cpu_count() or 1) // 2)
+
+
+def test_synth_counts_its_chunks_on_a_progress_bar(setup, tmp_path, monkeypatch, capsys):
+    bars = []
+
+    class RecordingBar:
+        def __init__(self, **kw):
+            self.kw, self.n, self.closed = kw, 0, False
+            bars.append(self)
+
+        def update(self, n):
+            self.n += n
+
+        def write(self, text, file=None):
+            print(text, file=file)
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr("fastcrit.recipes.ctrl_synth.tqdm", RecordingBar)
+    out = str(tmp_path / "bar")
+    sets = [s for s in setup["sets"] if not s.startswith("trainer.progress=")]
+    assert run_cli("ctrl-synth", CPU_CONFIG, sets, f"trainer.output_dir={out}") == 0  # progress: the default
+    (bar,) = bars
+    assert bar.kw["total"] == bar.n == len(CHUNKS) and bar.closed
+    assert bar.kw["file"] is sys.stderr and bar.kw["disable"] is None  # none when stderr is no terminal
+    assert sorted(chunks_done(capsys.readouterr().out)) == CHUNKS  # each chunk's line, above the bar
+    assert_same_files(setup["ref"], os.path.join(out, "synth"))

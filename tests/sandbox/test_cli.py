@@ -68,3 +68,34 @@ def test_a_problem_file_needs_the_full_cli(tmp_path):
     p = subprocess.run([sys.executable, "-m", "fastcrit.sandbox.cli", "sandbox", "run", str(path)],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "needs the full CLI" in p.stderr
+
+
+def test_run_shows_a_progress_bar_on_a_terminal_only(tmp_path, jail_probe, on_a_terminal):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_bytes("".join(json.dumps({"id": i, "code": f"print({i})", "kind": "stdio",
+                                         "tests": [{"input": "", "output": f"{i}\n"}]}) + "\n"
+                             for i in range(3)).encode("utf-8-sig"))
+    cmd = [sys.executable, "-m", "fastcrit.sandbox.cli", "sandbox", "run", str(jobs), "--workers", "1"]
+    if not jail_probe.ok:
+        cmd += ["--isolation", "none"]
+    rc, shown = on_a_terminal(cmd)
+    assert rc == 0 and "sandbox: 100%" in shown and "3/3" in shown, shown
+    assert '"jobs": 3' in shown and '"all_passed": 3' in shown  # the BOM kept the first job
+    rc, shown = on_a_terminal(cmd + ["--no-progress"])
+    assert rc == 0 and "sandbox:" not in shown and '"jobs": 3' in shown
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # stderr a pipe: no bar
+    assert p.returncode == 0 and "sandbox:" not in p.stderr and "100%" not in p.stderr
+
+
+def test_a_line_that_is_not_utf8_is_reported_with_its_line(tmp_path, jail_probe):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_bytes(json.dumps({"id": "a", "code": "print(1)", "kind": "stdio",
+                                 "tests": [{"input": "", "output": "1\n"}]}).encode() + b"\n"
+                     + b'{"id": "b", "code": "print(\'\xe9\')", "kind": "stdio", "tests": []}\n')
+    cmd = [sys.executable, "-m", "fastcrit.sandbox.cli", "sandbox", "run", str(jobs), "--workers", "1"]
+    if not jail_probe.ok:
+        cmd += ["--isolation", "none"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert f"{jobs}:2: skipped: not UTF-8 text (byte 0xe9 at byte 29 of the line)" in p.stderr
+    assert [json.loads(line)["id"] for line in p.stdout.splitlines()] == ["a"]

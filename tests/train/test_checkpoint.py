@@ -113,3 +113,40 @@ def test_a_metrics_line_cut_by_a_kill_is_dropped_on_resume(tmp_path):
     path.write_text(rows[0] + rows[1].rstrip("\n"))  # whole, but cut before its newline
     RunLog(str(tmp_path), enabled=True, total=5, start=2, progress=False).log({"step": 3})
     assert [json.loads(ln)["step"] for ln in path.read_text().splitlines()] == [1, 2, 3]
+
+
+def _save_one(ctx, path, out, mask):
+    from fastcrit.config import OptimConfig
+    from fastcrit.train.actor import build_actor
+    from fastcrit.train.checkpoint import save_checkpoint
+    from fastcrit.models.hf import load_tokenizer
+
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
+                        optim=OptimConfig(lr=1e-2))
+    old = os.umask(mask)
+    try:
+        save_checkpoint(actor, load_tokenizer(path), ctx, out, 1, {"model_path": path},
+                        extra_files={"recipe_state.pt": {"x": 1}})
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002])
+def test_every_file_of_a_checkpoint_gets_a_normal_files_mode(tiny_model_path, tmp_path, mask):
+    """Readable by the user's group as any file the user writes: 0o666 less the umask (safetensors
+    >= 0.8.1 writes its file 0600), and directories 0o777 less the umask."""
+    from fastcrit.train.dist import launch
+
+    out = str(tmp_path / "run")
+    launch(_save_one, (tiny_model_path, out, mask), 1, "cpu")
+    step = os.path.join(out, "checkpoints", "step_1")
+    files = []
+    for dirpath, dirs, names in os.walk(step):
+        for d in dirs:
+            assert oct(os.stat(os.path.join(dirpath, d)).st_mode & 0o777) == oct(0o777 & ~mask), d
+        files += [os.path.join(dirpath, n) for n in names]
+    assert {"model.safetensors", "config.json", "tokenizer_config.json", "trainer_state.json",
+            "recipe_state.pt", "COMPLETE"} <= {os.path.basename(f) for f in files}
+    assert any("/dcp/" in f for f in files)
+    for f in files:
+        assert oct(os.stat(f).st_mode & 0o777) == oct(0o666 & ~mask), f
