@@ -377,3 +377,26 @@ def test_a_run_stopped_by_sigterm_closes_its_trackers(tmp_path):
         history = wandb_history(records)
         assert sorted(history) == sorted(rows) and all(same(history[s], numeric(rows[s])) for s in rows)
         assert wandb_exit_code(records) == 143
+
+
+def test_reward_model_stage_logs_its_rows_and_summary(tmp_path):
+    """`fastcrit rm`: <output_dir>/rm/tensorboard holds rm/metrics.jsonl's rows and rm/summary.json's
+    numbers."""
+    from fastcrit.cli import main
+
+    out = str(tmp_path / "run")
+    argv = ["rm", os.path.join(ROOT, "configs", "cpu", "ppo.yaml")]
+    for s in SETS[:6] + ["data.prompts_per_step=2", "sft.steps=0", "rm.steps=3", "rm.batch_size=8",
+                         "rm.val_fraction=0.01", "trainer.progress=false", "trainer.compute_threads=1",
+                         f"trainer.output_dir={out}", "trainer.loggers=[tensorboard]"]:
+        argv += ["--set", s]
+    assert main(argv) == 0
+    rm = os.path.join(out, "rm")
+    rows, tb = jsonl_rows(rm), tb_scalars(os.path.join(rm, "tensorboard"))
+    summary = json.load(open(os.path.join(rm, "summary.json")))
+    assert sorted(tb) == sorted(rows) == [1, 2, 3]
+    assert same(tb[1], tb_tags(numeric(rows[1]))) and same(tb[2], tb_tags(numeric(rows[2])))
+    assert same({k: v for k, v in tb[3].items() if not k.startswith("summary/")}, tb_tags(numeric(rows[3])))
+    assert same({k: v for k, v in tb[3].items() if k.startswith("summary/")},
+                tb_tags({f"summary/{k}": float(v) for k, v in summary.items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool)}))
