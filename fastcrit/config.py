@@ -382,6 +382,17 @@ class TrainerConfig:
     skip_plan: bool = False
     resume: bool = True  # continue from the newest checkpoint in output_dir when there is one
     progress: bool = True
+    # Where the metrics rows go (fastcrit.train.trackers), rank 0 only, the same keys at the same
+    # steps as metrics.jsonl, which is always written ("jsonl" may be named or not), and the summary:
+    # "tensorboard": event files in <output_dir>/tensorboard (pip install 'fastcrit[tensorboard]');
+    # "wandb": a Weights & Biases run (pip install wandb). SFT and reward-model stages log to their
+    # own directories (<output_dir>/sft/tensorboard; W&B runs "<name>-sft", "<name>-rm").
+    loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = field(default_factory=lambda: ["jsonl"])
+    wandb_project: str = "fastcrit"
+    wandb_name: str = ""  # the W&B run's name; "" = the output directory's name
+    # "" = W&B's own choice (the WANDB_MODE environment variable, else online); "offline" writes the
+    # run under <output_dir>/wandb only (`wandb sync` uploads it later)
+    wandb_mode: Literal["", "online", "offline"] = ""
     compute_threads: int = 0  # torch threads per process; 0 = leave torch's default
 
     @property

@@ -9,10 +9,12 @@ import torch
 from fastcrit.config import Config, ConfigError, dump_yaml
 from fastcrit.models.hf import flash_attn_2_problem, model_spec, resolve_model_path
 from fastcrit.train.dist import DistContext, barrier
+from fastcrit.train.trackers import check_installed
 
 
 def check_hardware(cfg: Config, config_path: str | None) -> None:
-    """Fail at once, with the way out, when the config asks for hardware this machine lacks."""
+    """Fail at once, with the way out, when the config asks for hardware (or a tracker's package,
+    ``trainer.loggers``) this machine lacks."""
     where = config_path or "the config"
     if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
         twin = cpu_twin(config_path)
@@ -29,6 +31,10 @@ def check_hardware(cfg: Config, config_path: str | None) -> None:
         if problem is not None:
             raise ConfigError(f"{where}: trainer.pack_sequences on CUDA runs on flash-attn 2's varlen "
                               f"path: {problem}")
+    try:  # a tracker whose package is missing stops the run here, not after the SFT warm start
+        check_installed(cfg.trainer.loggers)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def cpu_twin(config_path: str | None) -> str:

@@ -36,6 +36,7 @@ from fastcrit.train.checkpoint import save_hf
 from fastcrit.train.dist import DistContext, all_reduce_mean, barrier, stop_if_asked
 from fastcrit.train.memory import return_memory
 from fastcrit.train.metrics import RunLog
+from fastcrit.train.trackers import TrackerSettings
 from fastcrit.train.shards import ChunkFiles, cut, dealt, missing_message, wait_for
 from fastcrit.train.value import build_value_actor, last_token_scores, last_token_values
 
@@ -175,47 +176,48 @@ def run_rm(ctx: DistContext, cfg: Config) -> dict:
     val, train = pairs[:n_val], pairs[n_val:]
     if len(train) < c.batch_size:
         raise ValueError(f"rm.data {c.data!r}: {len(train)} training pairs, fewer than rm.batch_size={c.batch_size}")
-    log = RunLog(out_dir, enabled=ctx.is_main, total=c.steps, start=0, progress=cfg.trainer.progress,
-                 desc="rm", show={"loss": "rm/loss", "acc": "rm/acc"})
-    for msg in skipped:
-        log.write(f"rm: skipped {msg}")
-    if sampled:
-        log.write(f"rm: {len(pairs)} on-policy pairs from {sampled['answers']} answers to {sampled['prompts']} "
-                  f"prompts (mean {c.label_reward} score {sampled['label_mean']:.3f})")
-    optim = dataclasses.replace(cfg.optim, lr=c.lr, warmup_steps=c.warmup_steps)
-    actor = build_value_actor(model_path, dtype=cfg.model.dtype, device=ctx.device,
-                              world_size=ctx.world_size, optim=optim, total_updates=c.steps,
-                              checkpointing=cfg.trainer.gradient_checkpointing)
-    micro = cfg.trainer.micro_batch_size
-    start = accuracy(actor, tok, val, micro)
-    log.write(f"rm: {len(train)} training pairs, {len(val)} held out; held-out accuracy at the start "
-              f"{start['acc']:.3f}")
-    for step in range(1, c.steps + 1):
-        t0 = time.perf_counter()
-        idx = step_indices(len(train), c.batch_size, step, cfg.trainer.seed, ctx.rank, ctx.world_size)
-        out = bradley_terry_step(actor, tok, [train[i] for i in idx], micro, cfg.optim.grad_clip)
-        loss, acc = out.pop("loss"), out.pop("acc")
-        stats = all_reduce_mean({"rm/loss": loss, "rm/acc": acc})
-        log.log({"step": step, **stats, **{f"rm/{k}": v for k, v in out.items()},
-                 "time/step_s": time.perf_counter() - t0})
-        if step < c.steps:  # SIGTERM / SIGINT: stop here, unsaved (a rerun trains it over)
-            stop_if_asked()
-    end = accuracy(actor, tok, val, micro)
-    final = os.path.join(out_dir, "final")
-    save_hf(actor, tok, final, ctx, cfg.model.dtype)
-    del actor  # training comes next: this model's shards and optimizer state go
-    return_memory(ctx.device)
-    summary = {"pairs_train": len(train), "pairs_val": len(val), "skipped_rows": len(skipped),
-               **({f"sampled_{k}": v for k, v in sampled.items()}),
-               "val_acc_start": start["acc"], "val_acc_end": end["acc"],
-               "val_margin_start": start["margin"], "val_margin_end": end["margin"], "model": final}
-    barrier()
-    if ctx.is_main:
-        open(os.path.join(final, "COMPLETE"), "w").close()
-        with open(os.path.join(out_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=1)
-        print(f"rm: held-out accuracy {start['acc']:.3f} -> {end['acc']:.3f} "
-              f"(chosen scored above rejected, {len(val)} pairs); reward model: {final}", flush=True)
-    log.close()
+    with RunLog(out_dir, enabled=ctx.is_main, total=c.steps, start=0, progress=cfg.trainer.progress,
+                desc="rm", show={"loss": "rm/loss", "acc": "rm/acc"},
+                trackers=TrackerSettings.of(cfg, "rm")) as log:  # closed on every way out
+        for msg in skipped:
+            log.write(f"rm: skipped {msg}")
+        if sampled:
+            log.write(f"rm: {len(pairs)} on-policy pairs from {sampled['answers']} answers to {sampled['prompts']} "
+                      f"prompts (mean {c.label_reward} score {sampled['label_mean']:.3f})")
+        optim = dataclasses.replace(cfg.optim, lr=c.lr, warmup_steps=c.warmup_steps)
+        actor = build_value_actor(model_path, dtype=cfg.model.dtype, device=ctx.device,
+                                  world_size=ctx.world_size, optim=optim, total_updates=c.steps,
+                                  checkpointing=cfg.trainer.gradient_checkpointing)
+        micro = cfg.trainer.micro_batch_size
+        start = accuracy(actor, tok, val, micro)
+        log.write(f"rm: {len(train)} training pairs, {len(val)} held out; held-out accuracy at the start "
+                  f"{start['acc']:.3f}")
+        for step in range(1, c.steps + 1):
+            t0 = time.perf_counter()
+            idx = step_indices(len(train), c.batch_size, step, cfg.trainer.seed, ctx.rank, ctx.world_size)
+            out = bradley_terry_step(actor, tok, [train[i] for i in idx], micro, cfg.optim.grad_clip)
+            loss, acc = out.pop("loss"), out.pop("acc")
+            stats = all_reduce_mean({"rm/loss": loss, "rm/acc": acc})
+            log.log({"step": step, **stats, **{f"rm/{k}": v for k, v in out.items()},
+                     "time/step_s": time.perf_counter() - t0})
+            if step < c.steps:  # SIGTERM / SIGINT: stop here, unsaved (a rerun trains it over)
+                stop_if_asked()
+        end = accuracy(actor, tok, val, micro)
+        final = os.path.join(out_dir, "final")
+        save_hf(actor, tok, final, ctx, cfg.model.dtype)
+        del actor  # training comes next: this model's shards and optimizer state go
+        return_memory(ctx.device)
+        summary = {"pairs_train": len(train), "pairs_val": len(val), "skipped_rows": len(skipped),
+                   **({f"sampled_{k}": v for k, v in sampled.items()}),
+                   "val_acc_start": start["acc"], "val_acc_end": end["acc"],
+                   "val_margin_start": start["margin"], "val_margin_end": end["margin"], "model": final}
+        barrier()
+        log.summary(c.steps, summary)
+        if ctx.is_main:
+            open(os.path.join(final, "COMPLETE"), "w").close()
+            with open(os.path.join(out_dir, "summary.json"), "w") as f:
+                json.dump(summary, f, indent=1)
+            print(f"rm: held-out accuracy {start['acc']:.3f} -> {end['acc']:.3f} "
+                  f"(chosen scored above rejected, {len(val)} pairs); reward model: {final}", flush=True)
     barrier()
     return summary

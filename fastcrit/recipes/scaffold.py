@@ -53,6 +53,7 @@ from fastcrit.train.dist import DistContext, agree_to_stop, all_reduce, all_redu
 from fastcrit.train.memory import PhaseMemory, return_memory
 from fastcrit.train.metrics import RunLog
 from fastcrit.train.preempt import Stopped
+from fastcrit.train.trackers import TrackerSettings
 from fastcrit.types import Rollout, RolloutBatch, SamplingParams, scoring_temperature
 
 
@@ -253,7 +254,7 @@ def setup_run(ctx: DistContext, cfg: Config) -> Run:
     engine = make_engine(cfg.rollout, model_path, dtype=cfg.model.dtype, device=ctx.device,
                          seed=cfg.trainer.seed + ctx.rank)
     log = RunLog(out, enabled=ctx.is_main, total=cfg.trainer.total_steps, start=None,
-                 progress=cfg.trainer.progress)
+                 progress=cfg.trainer.progress, trackers=TrackerSettings.of(cfg))
     return Run(ctx, cfg, out, model_path, tok, actor, ref, engine, log, memory=PhaseMemory(ctx.device))
 
 
@@ -292,6 +293,12 @@ def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any])
     start included) it stops without one, at the next point all ranks reach (an SFT step's end, or
     here before the first step). A signal during the last step lets the run finish."""
     run = setup_run(ctx, cfg)
+    with run.log:  # its trackers close on every way out: an error, a stop, the end
+        return _steps(run, make_recipe)
+
+
+def _steps(run: Run, make_recipe: Callable[[Run], Any]) -> dict:
+    ctx, cfg = run.ctx, run.cfg
     recipe = make_recipe(run)
     t = cfg.trainer
     try:
@@ -332,7 +339,7 @@ def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any])
         if hasattr(recipe, "close"):
             recipe.close()
         run.engine.close()
-        run.log.close()
+        run.log.close_bar()
     return _summarise(run, recipe, start, history, first, last)
 
 
@@ -371,6 +378,7 @@ def _summarise(run: Run, recipe, start: int, history: list[float], first: dict, 
     if hasattr(recipe, "summary"):
         summary.update(recipe.summary(first, last))
     summary["checkpoint"] = latest_checkpoint(run.out)
+    run.log.summary(run.cfg.trainer.total_steps, summary)
     if run.ctx.is_main:
         with open(os.path.join(run.out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)

@@ -11,8 +11,9 @@ Two cases always take the torch path, whatever was asked: float64 inputs (the ke
 fp32, and fp64 tiles would not fit a GPU's shared memory) and ``auto`` where triton is not
 installed. ``backend="triton"`` without triton is an error.
 
-Triton is optional: when ``import triton`` fails, ``jit`` turns each kernel into a stand-in that
-raises on launch, and the torch path works alone.
+Triton is optional (``pip install 'fastcrit-kernels[triton]'``; CUDA builds of torch on Linux
+bring it): when ``import triton`` fails, ``jit`` turns each kernel into a stand-in that raises on
+launch, and the torch path works alone.
 """
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ except ImportError:  # the torch path needs neither
 
 HAS_TRITON = triton is not None
 BACKENDS = ("auto", "triton", "torch")
+# The way out a call that needs triton names where it is missing.
+INSTALL_TRITON = ("pip install 'fastcrit-kernels[triton]' (or 'fastcrit[triton]', or triton itself; a CUDA "
+                  "build of torch on Linux brings it), or use backend='torch' (or 'auto'), the CPU path")
 
 
 class _KernelWithoutTriton:
@@ -42,8 +46,7 @@ class _KernelWithoutTriton:
         self.__name__ = fn.__name__
 
     def __getitem__(self, grid):
-        raise RuntimeError(f"{self.__name__} is a Triton kernel and triton is not installed; "
-                           "use backend='torch' (or 'auto')")
+        raise RuntimeError(f"{self.__name__} is a Triton kernel and triton is not installed: {INSTALL_TRITON}")
 
 
 def jit(fn=None, *, do_not_specialize=()):
@@ -84,8 +87,7 @@ def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
     if backend == "auto":
         backend = "triton" if on_cuda and HAS_TRITON else "torch"
     if backend == "triton" and not HAS_TRITON:
-        raise RuntimeError("backend='triton' needs triton, which is not installed; use backend='torch' "
-                           "(or 'auto')")
+        raise RuntimeError(f"backend='triton' needs triton, which is not installed: {INSTALL_TRITON}")
     if backend == "triton" and not on_cuda and not triton_interpreting():
         raise RuntimeError(
             "backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before importing "

@@ -31,7 +31,7 @@ def test_fp64_and_missing_triton_choose_torch(monkeypatch):
         assert resolve_backend(backend, torch.zeros(3), x64) == "torch"
     monkeypatch.setattr(_dispatch, "HAS_TRITON", False)
     assert resolve_backend("auto", torch.zeros(3)) == "torch"
-    with pytest.raises(RuntimeError, match="triton, which is not installed"):
+    with pytest.raises(RuntimeError, match=r"triton, which is not installed: pip install 'fastcrit-kernels\[triton\]'"):
         resolve_backend("triton", torch.zeros(3))
 
 
