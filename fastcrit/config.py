@@ -167,9 +167,11 @@ class RAROConfig:
     # A share warm_start_wrong of the policy's warm-start answers that are not cut get one mistake
     # that keeps their length, always in the same place, so that a greedy starting policy makes it
     # too: "repeat", the last word replaced by the one before it ("e d c b a" -> "e d c b b"); "swap",
-    # the last two words swapped ("e d c a b"). Meant for short answers of words, such as reverse's.
+    # the last two words swapped ("e d c a b"); "z", the last word replaced by "z" ("e d c b z", a
+    # mistake a critic can see without reading the question). Meant for short answers of words,
+    # such as reverse's.
     warm_start_wrong: float = 0.0
-    warm_start_mistake: Literal["repeat", "swap"] = "repeat"
+    warm_start_mistake: Literal["repeat", "swap", "z"] = "repeat"
     warm_start_critic: Literal["expert", "cut", "wrong", "random"] = "expert"
     # The share of questions that also get a critic row (1.0: every one). Fewer critic rows than
     # policy rows start RL with a policy that has its format and a critic that has seen the task

@@ -300,8 +300,9 @@ def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
 def with_mistake(answer: str, kind: str) -> str:
     """``answer`` with the warm start's mistake ``kind`` (``raro.warm_start_mistake``) in its last
     two words (split on single spaces), its length kept: ``"repeat"`` writes the second-to-last word
-    again in place of the last ("e d c b a" -> "e d c b b"), ``"swap"`` swaps the two ("e d c a b").
-    An answer of one word, or whose last two words are equal, comes back unchanged."""
+    again in place of the last ("e d c b a" -> "e d c b b"), ``"swap"`` swaps the two ("e d c a b"),
+    ``"z"`` writes "z" in place of the last ("e d c b z": a mistake seen in the answer alone). An
+    answer of one word, or that the mistake leaves as it was, comes back unchanged."""
     words = answer.split(" ")
     if len(words) < 2:
         return answer
@@ -309,8 +310,10 @@ def with_mistake(answer: str, kind: str) -> str:
         words[-1] = words[-2]
     elif kind == "swap":
         words[-2], words[-1] = words[-1], words[-2]
+    elif kind == "z":
+        words[-1] = "z"
     else:
-        raise ValueError(f"raro.warm_start_mistake: unknown mistake {kind!r} (repeat | swap)")
+        raise ValueError(f"raro.warm_start_mistake: unknown mistake {kind!r} (repeat | swap | z)")
     return " ".join(words)
 
 

@@ -128,7 +128,7 @@ def test_warm_start_critic_share_keeps_every_policy_row_and_that_share_of_critic
         load_config(None, ["raro.warm_start_critic_share=0"])
 
 
-@pytest.mark.parametrize("kind, mistaken", [("repeat", "e d c b b"), ("swap", "e d c a b")])
+@pytest.mark.parametrize("kind, mistaken", [("repeat", "e d c b b"), ("swap", "e d c a b"), ("z", "e d c b z")])
 def test_wrong_warm_start_keeps_the_length_and_makes_one_mistake_in_the_same_place(kind, mistaken):
     from types import SimpleNamespace
 
