@@ -164,10 +164,19 @@ class RAROConfig:
     # point: a starting policy that often stops early, a gap a critic can see. Critic rows show the
     # expert's answer and another question's and name the expert's ("expert"), or the expert's
     # answer and the same cut short at a random word ("cut": the cut policy's mistake, a difference
-    # a small critic learns), or name one at random ("random": the critic learns the verdict format
-    # only and starts at chance, still exploring).
+    # a small critic learns), or the expert's answer and the same with warm_start_mistake ("wrong":
+    # the wrong policy's mistake), or name one at random ("random": the critic learns the verdict
+    # format only and starts at chance, still exploring).
     warm_start_cut: float = 0.0
-    warm_start_critic: Literal["expert", "cut", "random"] = "expert"
+    # A share warm_start_wrong of the policy's warm-start answers that are not cut get one mistake
+    # that keeps their length, always in the same place, so that a greedy starting policy makes it
+    # too: "repeat", the last word replaced by the one before it ("e d c b a" -> "e d c b b"); "swap",
+    # the last two words swapped ("e d c a b"); "z", the last word replaced by "z" ("e d c b z", a
+    # mistake a critic can see without reading the question). Meant for short answers of words,
+    # such as reverse's.
+    warm_start_wrong: float = 0.0
+    warm_start_mistake: Literal["repeat", "swap", "z"] = "repeat"
+    warm_start_critic: Literal["expert", "cut", "wrong", "random"] = "expert"
     # The share of questions that also get a critic row (1.0: every one). Fewer critic rows than
     # policy rows start RL with a policy that has its format and a critic that has seen the task
     # but does not yet tell the answers apart: a gap for the critic's own reward to close.

@@ -111,6 +111,7 @@ def validate(cfg: Config) -> None:
         need(cfg.rollout.n >= 2, f"rollout.n: algorithm.name=raro needs rollout.n >= 2, got {cfg.rollout.n} "
              "(a question's answers are one group; a group of one has no advantage)")
     need(0.0 <= cfg.raro.warm_start_cut <= 1.0, "raro.warm_start_cut: must be in [0, 1]")
+    need(0.0 <= cfg.raro.warm_start_wrong <= 1.0, "raro.warm_start_wrong: must be in [0, 1]")
     need(0.0 < cfg.raro.warm_start_critic_share <= 1.0, "raro.warm_start_critic_share: must be in (0, 1]")
     need(cfg.raro.lambda_pol >= 0 and cfg.raro.lambda_crit >= 0, "raro.lambda_pol, raro.lambda_crit: must be >= 0")
     need(cfg.pacs.beta > 0, f"pacs.beta: must be > 0, got {cfg.pacs.beta}")

@@ -256,10 +256,12 @@ def critic_acc(parsed: list[tuple[int, int]]) -> float:
 
 def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
     """SFT rows for both roles, from the expert answers alone: the policy answers each question (a
-    share ``r.warm_start_cut`` of its answers cut short at a random word); the critic sees the
-    expert's answer and another question's expert answer (a wrong answer that looks right) or, with
+    share ``r.warm_start_cut`` of its answers cut short at a random word, a share
+    ``r.warm_start_wrong`` of the others with ``with_mistake``); the critic sees the expert's answer
+    and another question's expert answer (a wrong answer that looks right) or, with
     ``r.warm_start_critic == "cut"``, the expert's answer cut short at a random word (the mistake
-    the cut policy makes), in random order, and names the expert's, or (``"random"``) one at random.
+    the cut policy makes), or with ``"wrong"`` the expert's answer with the mistake (the one the
+    wrong policy makes), in random order, and names the expert's, or (``"random"``) one at random.
     Only a share ``r.warm_start_critic_share`` of the questions gets a critic row. The critic's
     answers are what it sees in training (``shown_answer``: final answers, by default)."""
     rng = random.Random(seed)
@@ -268,6 +270,8 @@ def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
         answer, words = ex.answer, ex.answer.split(" ")
         if len(words) > 1 and rng.random() < r.warm_start_cut:
             answer = " ".join(words[:rng.randrange(1, len(words))])
+        elif r.warm_start_wrong and rng.random() < r.warm_start_wrong:  # no draw unless set: rows as before
+            answer = with_mistake(answer, r.warm_start_mistake)
         rows.append({"messages": [{"role": "system", "content": r.policy_system},
                                   {"role": "user", "content": ex.prompt},
                                   {"role": "assistant", "content": answer}]})
@@ -277,6 +281,8 @@ def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
         shown_words = (expert or "").split(" ")
         if r.warm_start_critic == "cut" and len(shown_words) > 1:
             other = " ".join(shown_words[:rng.randrange(1, len(shown_words))])
+        elif r.warm_start_critic == "wrong" and expert is not None:
+            other = with_mistake(expert, r.warm_start_mistake)
         if expert is None or other is None or other == expert:
             continue
         # draws only when a share is set, so the default's rows stay those of earlier runs
@@ -289,6 +295,26 @@ def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
                                   {"role": "user", "content": critic_text(j)},
                                   {"role": "assistant", "content": f"[Answer {label}]"}]})
     return rows
+
+
+def with_mistake(answer: str, kind: str) -> str:
+    """``answer`` with the warm start's mistake ``kind`` (``raro.warm_start_mistake``) in its last
+    two words (split on single spaces), its length kept: ``"repeat"`` writes the second-to-last word
+    again in place of the last ("e d c b a" -> "e d c b b"), ``"swap"`` swaps the two ("e d c a b"),
+    ``"z"`` writes "z" in place of the last ("e d c b z": a mistake seen in the answer alone). An
+    answer of one word, or that the mistake leaves as it was, comes back unchanged."""
+    words = answer.split(" ")
+    if len(words) < 2:
+        return answer
+    if kind == "repeat":
+        words[-1] = words[-2]
+    elif kind == "swap":
+        words[-2], words[-1] = words[-1], words[-2]
+    elif kind == "z":
+        words[-1] = "z"
+    else:
+        raise ValueError(f"raro.warm_start_mistake: unknown mistake {kind!r} (repeat | swap | z)")
+    return " ".join(words)
 
 
 def critic_text(j: Judged) -> str:

@@ -128,6 +128,39 @@ def test_warm_start_critic_share_keeps_every_policy_row_and_that_share_of_critic
         load_config(None, ["raro.warm_start_critic_share=0"])
 
 
+@pytest.mark.parametrize("kind, mistaken", [("repeat", "e d c b b"), ("swap", "e d c a b"), ("z", "e d c b z")])
+def test_wrong_warm_start_keeps_the_length_and_makes_one_mistake_in_the_same_place(kind, mistaken):
+    from types import SimpleNamespace
+
+    from fastcrit.algos.raro import parse_label
+    from fastcrit.config import ConfigError, RAROConfig, load_config
+    from fastcrit.recipes.raro import warm_start_rows, with_mistake
+
+    assert with_mistake("e d c b a", kind) == mistaken and with_mistake("e", kind) == "e"
+    ex = [SimpleNamespace(prompt=f"Reverse the letters: {w}", answer=" ".join(reversed(w.split())), meta=REVERSE)
+          for w in ("a b c d e", "f g h i j", "k l m n o", "p q r s t")] * 100
+    cfg = RAROConfig(warm_start_wrong=0.7, warm_start_mistake=kind, warm_start_critic="wrong")
+    rows = warm_start_rows(ex, cfg)
+    policy = [r["messages"][-1]["content"] for r in rows if r["messages"][0]["content"] == RAROConfig.policy_system]
+    assert len(policy) == len(ex) and all(len(a.split()) == 5 for a in policy)  # the length kept
+    wrong = [(a, e.answer) for a, e in zip(policy, ex) if a != e.answer]
+    assert 0.6 < len(wrong) / len(ex) < 0.8
+    assert all(a == with_mistake(e, kind) and a.split()[:3] == e.split()[:3] for a, e in wrong)  # in the same place
+    critic = [r for r in rows if r["messages"][0]["content"] != RAROConfig.policy_system]
+    assert len(critic) == len(ex)
+    for r in critic:  # the expert's answer against the same with the mistake, the label naming the expert's
+        q, label = r["messages"][1]["content"], parse_label(r["messages"][-1]["content"])
+        expert = next(e.answer for e in ex if e.prompt in q)
+        assert q.split(f"Answer {label}:\n")[1].split("\n")[0] == expert
+        assert q.split(f"Answer {3 - label}:\n")[1].split("\n")[0] == with_mistake(expert, kind)
+    # a mistake without a share changes nothing; out-of-range shares and unknown kinds name the key
+    assert warm_start_rows(ex, RAROConfig(warm_start_mistake=kind)) == warm_start_rows(ex, RAROConfig())
+    with pytest.raises(ConfigError, match=r"raro.warm_start_wrong: must be in \[0, 1\]"):
+        load_config(None, ["raro.warm_start_wrong=1.5"])
+    with pytest.raises(ConfigError, match=r"raro.warm_start_mistake"):
+        load_config(None, ["raro.warm_start_mistake=drop"])
+
+
 @pytest.mark.parametrize("key", ["raro.critic_samples", "rollout.n"])
 def test_groups_of_one_are_refused_naming_the_key(key):
     from fastcrit.config import ConfigError, load_config
