@@ -160,8 +160,8 @@ def test_forward_only_passes_take_their_own_micro_batch_size(tmp_path, monkeypat
 def test_the_demo_model_writes_each_reverse_letter_as_one_token():
     """The reverse task is about order, not spelling: configs/cpu/grpo.yaml's tiny tokenizer must
     write every " x" of a prompt and an answer as one token. The frozen corpus's 512-token
-    vocabulary splits " q" into " " + "q" (its merges go to the CTRL prompt templates), and the
-    demo learned less on that model (docs/LOG.md, 2026-11-28)."""
+    vocabulary has no " q" (it writes " " + "q"), and the demo learned less on that model
+    (docs/LOG.md, 2026-11-28)."""
     import string
 
     from fastcrit.config import load_config
