@@ -6,8 +6,9 @@ fastcrit.data.minicode.
 `math` (arithmetic word problems with boxed answers for the `math` reward, and chat SFT data for
 the warm start): see fastcrit.data.math_words.
 
-`reverse`: reverse a sequence of 5 space-separated lowercase letters. With the byte-level BPE
-tokenizer each " x" is one token, so the task is about order, not spelling. The rule reward gives
+`reverse`: reverse a sequence of 5 space-separated lowercase letters. With the tiny model's
+byte-level BPE tokenizer at 1024 tokens (configs/cpu/grpo.yaml) each " x" is one token, so the task
+is about order, not spelling; at the default 512, " q" is two (" " + "q"). The rule reward gives
 partial credit per position (see fastcrit.reward.rule.reverse_reward).
 
 The shipped files are made by `python -m fastcrit.data.tasks` (deterministic: seed 0); the train and

@@ -155,3 +155,19 @@ def test_forward_only_passes_take_their_own_micro_batch_size(tmp_path, monkeypat
     train(str(tmp_path / "run"), "trainer.total_steps=1", "trainer.save_every=0",
           "algorithm.recompute_old_logprobs=true", "trainer.logprob_micro_batch_size=5")
     assert seen == [5, 5] and sizes == [3]  # old and reference passes; SETS' micro_batch_size=3
+
+
+def test_the_demo_model_writes_each_reverse_letter_as_one_token():
+    """The reverse task is about order, not spelling: configs/cpu/grpo.yaml's tiny tokenizer must
+    write every " x" of a prompt and an answer as one token. The frozen corpus's 512-token
+    vocabulary has no " q" (it writes " " + "q"), and the demo learned less on that model
+    (docs/LOG.md, 2026-11-28)."""
+    import string
+
+    from fastcrit.config import load_config
+    from fastcrit.models.tokenizer import default_corpus, train_tokenizer
+
+    cfg = load_config(CPU_CONFIG)
+    tok = train_tokenizer(cfg.model.tiny.vocab_size, default_corpus())
+    split = [c for c in string.ascii_lowercase if len(tok.encode(" " + c, add_special_tokens=False)) != 1]
+    assert split == [], f"model.tiny.vocab_size={cfg.model.tiny.vocab_size}: these letters take two tokens: {split}"
