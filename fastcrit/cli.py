@@ -43,7 +43,7 @@ def _with_reward_model(ctx, cfg):
 
     if "model" not in cfg.reward.name.split("+"):
         return
-    from fastcrit.config import reward_model_path, rm_output_dir
+    from fastcrit.config_values import reward_model_path, rm_output_dir
     from fastcrit.recipes.rm import run_rm
 
     path = reward_model_path(cfg)

@@ -568,35 +568,6 @@ def load_config(path: str | None = None, sets: list[str] | None = None, world_si
     return cfg
 
 
-def recompute_old_logprobs(cfg: Config) -> bool:
-    """``algorithm.recompute_old_logprobs`` resolved: ``auto`` recomputes when the engine's
-    log-probs can differ from the trainer's by more than fp32 rounding (SGLang's kernels, or a
-    low-precision dtype: a review measured bf16 logit rounding alone moving log-probs by 0.07)."""
-    r = cfg.algorithm.recompute_old_logprobs
-    if r == "auto":
-        return cfg.rollout.engine == "sglang" or cfg.model.dtype != "float32"
-    return bool(r)
-
-
-def loss_scale(cfg: Config) -> float:
-    """The constant ``seq-mean-token-sum-norm`` divides by: ``algorithm.loss_scale_factor``, else
-    ``rollout.max_new_tokens``."""
-    f = cfg.algorithm.loss_scale_factor
-    return float(cfg.rollout.max_new_tokens if f is None else f)
-
-
-def rm_output_dir(cfg: Config) -> str:
-    """Where `fastcrit rm` writes: ``rm.output_dir``, else ``<trainer.output_dir>/rm``."""
-    return cfg.rm.output_dir or os.path.join(cfg.trainer.output_dir, "rm")
-
-
-def reward_model_path(cfg: Config) -> str:
-    """The `model` reward's directory: ``reward.model_path``, else the reward model this run trains
-    itself (``<rm_output_dir>/final``), so a run given another output_dir never scores with the
-    reward model of the run whose directory a config names."""
-    return cfg.reward.model_path or os.path.join(rm_output_dir(cfg), "final")
-
-
 def to_dict(cfg: Any) -> dict:
     def plain(v):
         if isinstance(v, dict):

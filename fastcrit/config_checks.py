@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fastcrit.config import Config, ConfigError, recompute_old_logprobs
+from fastcrit.config import Config, ConfigError
+from fastcrit.config_values import recompute_old_logprobs
 from fastcrit.sandbox.types import SandboxConfig
 
 

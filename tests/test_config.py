@@ -148,7 +148,8 @@ def test_forward_micro_batch_size_falls_back_to_the_update_s():
 
 
 def test_old_logprob_recomputation_resolves_and_tis_needs_it(tmp_path):
-    from fastcrit.config import dump_yaml, loss_scale, recompute_old_logprobs
+    from fastcrit.config import dump_yaml
+    from fastcrit.config_values import loss_scale, recompute_old_logprobs
 
     assert not recompute_old_logprobs(load_config(None))  # fp32 native: the engine's are the trainer's
     assert recompute_old_logprobs(load_config(None, ["model.dtype=bfloat16"]))
@@ -173,7 +174,7 @@ def test_old_logprob_recomputation_resolves_and_tis_needs_it(tmp_path):
 @pytest.mark.parametrize("path", [p for p in CONFIGS if os.sep + "cpu" + os.sep not in p],
                          ids=lambda p: os.path.relpath(p, ROOT))
 def test_gpu_configs_recompute_old_logprobs(path):
-    from fastcrit.config import recompute_old_logprobs
+    from fastcrit.config_values import recompute_old_logprobs
 
     assert recompute_old_logprobs(load_config(path))
 

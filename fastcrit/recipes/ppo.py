@@ -31,7 +31,8 @@ import torch
 
 from fastcrit.algos.advantages import gae, last_valid_index, masked_whiten
 from fastcrit.algos.kl_control import kl_row_means, next_kl_coef
-from fastcrit.config import ConfigError, loss_scale, reward_model_path
+from fastcrit.config import ConfigError
+from fastcrit.config_values import loss_scale, reward_model_path
 from fastcrit.data.datasets import PreferencePair
 from fastcrit.models.hf import load_tokenizer, parse_dtype
 from fastcrit.recipes.grpo import GRPO

@@ -38,7 +38,8 @@ from fastcrit.data.prompts import render_chat
 from fastcrit.data.replay import ReplayBuffer
 from fastcrit.recipes.scaffold import Run, reward_items
 from fastcrit.reward import RewardItem, get_reward_manager, make_reward
-from fastcrit.config import ConfigError, loss_scale
+from fastcrit.config import ConfigError
+from fastcrit.config_values import loss_scale
 from fastcrit.train.dist import all_reduce_mean, barrier
 from fastcrit.types import SamplingParams
 

@@ -21,7 +21,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from fastcrit.config import Config, ConfigError, rm_output_dir
+from fastcrit.config import Config, ConfigError
+from fastcrit.config_values import rm_output_dir
 from fastcrit.data.datasets import PreferencePair, load_dataset, load_preferences
 from fastcrit.data.prompts import encode_prompts
 from fastcrit.models.hf import load_tokenizer

@@ -35,7 +35,8 @@ from typing import Any, Callable
 import torch
 
 from fastcrit.algos.losses import Objective, PPOObjective
-from fastcrit.config import Config, loss_scale, recompute_old_logprobs
+from fastcrit.config import Config
+from fastcrit.config_values import loss_scale, recompute_old_logprobs
 from fastcrit.data.datasets import load_dataset
 from fastcrit.data.prompts import EncodedPrompt, encode_prompts
 from fastcrit.models.hf import load_tokenizer

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from fastcrit.config import reward_model_path
+from fastcrit.config_values import reward_model_path
 from fastcrit.reward import code  # noqa: F401  (registers "code")
 from fastcrit.reward import math_answer  # noqa: F401  (registers "math")
 from fastcrit.reward import raro  # noqa: F401  (registers "raro")

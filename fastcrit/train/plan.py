@@ -291,7 +291,7 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
         critic = model_shape(cfg.ppo.critic_path or _resolve(cfg.model), "ppo.critic_path", value_head=True)
         static["critic weights + optimizer"] = 12.0 * critic.params / world
     if "model" in cfg.reward.name.split("+"):
-        from fastcrit.config import reward_model_path
+        from fastcrit.config_values import reward_model_path
 
         try:
             rm = model_shape(reward_model_path(cfg), "reward.model_path", value_head=True)
@@ -343,7 +343,7 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
     if rm is not None:
         reward.update(forward("reward model:", rm, c, False))
     phases.append(Phase("reward", reward))
-    from fastcrit.config import recompute_old_logprobs
+    from fastcrit.config_values import recompute_old_logprobs
     from fastcrit.train.checkpoint import SAVE_BUCKET_BYTES
 
     if recompute_old_logprobs(cfg):
