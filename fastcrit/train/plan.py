@@ -29,6 +29,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from fastcrit.config_values import recompute_old_logprobs, reward_model_path
+
 GIB = float(1 << 30)
 FIT_MARGIN = 0.05  # share of the device kept free for fragmentation and what the plan does not see
 CUDA_CONTEXT_GIB = 0.6  # one process's CUDA context with torch's kernels loaded lazily (H100, CUDA 12-13)
@@ -291,8 +293,6 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
         critic = model_shape(cfg.ppo.critic_path or _resolve(cfg.model), "ppo.critic_path", value_head=True)
         static["critic weights + optimizer"] = 12.0 * critic.params / world
     if "model" in cfg.reward.name.split("+"):
-        from fastcrit.config_values import reward_model_path
-
         try:
             rm = model_shape(reward_model_path(cfg), "reward.model_path", value_head=True)
         except ValueError:
@@ -343,7 +343,6 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
     if rm is not None:
         reward.update(forward("reward model:", rm, c, False))
     phases.append(Phase("reward", reward))
-    from fastcrit.config_values import recompute_old_logprobs
     from fastcrit.train.checkpoint import SAVE_BUCKET_BYTES
 
     if recompute_old_logprobs(cfg):
