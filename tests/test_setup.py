@@ -38,6 +38,17 @@ def test_triton_is_an_extra_of_fastcrit_not_a_requirement(monkeypatch):
     assert "tensorboardx" in _names(extras["tensorboard"]) and "tensorboardx" in _names(extras["test"])
 
 
+def test_ruff_is_pinned_in_the_test_extra_and_run_by_make_test(monkeypatch):
+    """CI (.ci/run) runs `make test`, which runs the linter and the format check before pytest,
+    with the version the test extra pins (a new release could fail unchanged code)."""
+    extras = _setup_kwargs(monkeypatch)["extras_require"]
+    assert [r for r in extras["test"] if r.startswith("ruff")] == ["ruff==0.17.6"]
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        make = f.read()
+    assert "test: lint\n" in make
+    assert "$(BIN)/ruff format --check ." in make and "$(BIN)/ruff check ." in make
+
+
 def test_triton_is_an_extra_of_fastcrit_kernels_not_a_dependency():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     with open(os.path.join(ROOT, "kernels", "pyproject.toml"), "rb") as f:
