@@ -4,6 +4,7 @@ Errors name the key's full path and the file (or `--set`) it came from:
 
     ConfigError: configs/cpu/grpo.yaml: rollout.n: expected int, got str 'eight'
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -73,7 +74,9 @@ class RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Literal["grpo", "rloo", "ctrl", "pacs", "ppo", "raro"] = "grpo"  # ctrl: GRPO on critiques; pacs, ppo, raro: see pacs.*, ppo.*, raro.*
+    name: Literal["grpo", "rloo", "ctrl", "pacs", "ppo", "raro"] = (
+        "grpo"  # ctrl: GRPO on critiques; pacs, ppo, raro: see pacs.*, ppo.*, raro.*
+    )
     norm_adv_by_std: bool = True
     kl_coef: float = 0.0  # coefficient of the KL loss to the frozen reference (0 = no reference)
     kl_kind: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"] = "low_var_kl"
@@ -86,9 +89,9 @@ class AlgorithmConfig:
     clip_low: float = 0.2
     clip_high: float = 0.2
     clip_c: Optional[float] = None  # dual-clip constant (> 1) for negative advantages
-    loss_agg: Literal[
-        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-    ] = "token-mean"
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        "token-mean"
+    )
     # seq-mean-token-sum-norm divides each sequence's token sum by this constant (verl's actor
     # loss_scale_factor); None = rollout.max_new_tokens. Never the longest response of a batch.
     loss_scale_factor: Optional[float] = None
@@ -142,9 +145,11 @@ class RAROConfig:
     """RARO: one model as policy and as relativistic critic (by system prompt), trained jointly."""
 
     policy_system: str = "Answer the question."
-    critic_system: str = ("Two answers to the question follow, one by an expert and one by a student, in "
-                          "random order. Say briefly which is the expert's, then end with exactly one of "
-                          "[Answer 1], [Answer 2] or [Tie].")
+    critic_system: str = (
+        "Two answers to the question follow, one by an expert and one by a student, in "
+        "random order. Say briefly which is the expert's, then end with exactly one of "
+        "[Answer 1], [Answer 2] or [Tie]."
+    )
     critic_samples: int = 4  # critic verdicts per (question, answer, answer) pair: one GRPO group
     critic_max_new_tokens: int = 64
     # What the critic sees of each answer, the expert's and the policy's: "answer", the final answer
@@ -225,8 +230,9 @@ class ProxyConfig:
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path=""))  # "" = model.path
     # Its own engine and lengths; revisions decode greedily (temperature 0), as in the paper.
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(
-        n=1, temperature=0.0, max_new_tokens=768, mem_fraction_static=0.2))
+    rollout: RolloutConfig = field(
+        default_factory=lambda: RolloutConfig(n=1, temperature=0.0, max_new_tokens=768, mem_fraction_static=0.2)
+    )
     max_prompt_len: int = 2048  # longer revision prompts are not sent; the critique scores 0
     endpoint: str = ""  # e.g. http://127.0.0.1:8000/v1; when set, used instead of proxy.model
     api_model: str = ""  # the model name the endpoint serves
@@ -300,8 +306,9 @@ class CTRLConfig:
     # figures are means with their standard error), and the baselines in the same table
     eval_solutions: int = 5
     eval_seeds: int = 3
-    baselines: list[str] = field(default_factory=lambda: [
-        "generator_greedy", "no_critique", "self_critique", "execution_feedback"])
+    baselines: list[str] = field(
+        default_factory=lambda: ["generator_greedy", "no_critique", "self_critique", "execution_feedback"]
+    )
     # Test time and the held-out evaluation: the critic's sampling temperature (0 = greedy) and how
     # many critiques each solution gets, each the start of its own chain of rounds (figures are means
     # over them: the expected pass@1 and judgment accuracy of one sampled critique). The revisions
@@ -559,8 +566,12 @@ def load_config(path: str | None = None, sets: list[str] | None = None, world_si
         _apply(cfg, parse_set(item), "", "--set")
     if world_size is not None and world_size != cfg.trainer.nproc:
         if os.environ.get("RANK", "0") == "0":
-            print(f"fastcrit: trainer.nproc={cfg.trainer.nproc} is replaced by torchrun's world size "
-                  f"{world_size} (--nnodes x --nproc-per-node)", file=sys.stderr, flush=True)
+            print(
+                f"fastcrit: trainer.nproc={cfg.trainer.nproc} is replaced by torchrun's world size "
+                f"{world_size} (--nnodes x --nproc-per-node)",
+                file=sys.stderr,
+                flush=True,
+            )
         cfg.trainer.nproc = world_size
     from fastcrit.config_checks import validate  # the cross-field rules, apart from the tree
 

@@ -4,6 +4,7 @@ Layout follows verl's so that formulas read the same: a sequence is a left-padde
 by a right-padded response. ``B`` is the number of samples (prompts x n), ``P`` the padded prompt
 length, ``R`` the padded response length.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -55,14 +56,27 @@ class SamplingParams:
 
     def key(self) -> tuple:
         """A hashable tuple of every field (requests with equal keys can share one generate call)."""
-        return (self.n, self.max_new_tokens, self.temperature, self.top_p, self.top_k, tuple(self.stop_token_ids),
-                self.seed, tuple(self.stop), self.presence_penalty, self.frequency_penalty,
-                self.repetition_penalty, tuple(sorted(self.logit_bias.items())), self.top_logprobs)
+        return (
+            self.n,
+            self.max_new_tokens,
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            tuple(self.stop_token_ids),
+            self.seed,
+            tuple(self.stop),
+            self.presence_penalty,
+            self.frequency_penalty,
+            self.repetition_penalty,
+            tuple(sorted(self.logit_bias.items())),
+            self.top_logprobs,
+        )
 
     def shapes_logits(self) -> bool:
         """True when a penalty or a bias changes the logits before sampling."""
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logit_bias)
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.logit_bias
+        )
 
 
 @dataclass
@@ -132,7 +146,7 @@ class RolloutBatch:
             if name == "prompts":
                 v = v[:, p0:]
             elif name == "attention_mask":
-                v = torch.cat([v[:, p0:P], v[:, P:P + r1]], dim=1)
+                v = torch.cat([v[:, p0:P], v[:, P : P + r1]], dim=1)
             elif isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[1] == R:
                 v = v[:, :r1]
             out[name] = v
@@ -160,8 +174,10 @@ class RolloutBatch:
                 elif name == "responses":
                     v = torch.nn.functional.pad(v, (0, dr), value=pad_id)
                 elif name == "attention_mask":
-                    v = torch.cat([torch.nn.functional.pad(v[:, :bp], (dp, 0)),
-                                   torch.nn.functional.pad(v[:, bp:], (0, dr))], dim=1)
+                    v = torch.cat(
+                        [torch.nn.functional.pad(v[:, :bp], (dp, 0)), torch.nn.functional.pad(v[:, bp:], (0, dr))],
+                        dim=1,
+                    )
                 elif isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[1] == br:
                     v = torch.nn.functional.pad(v, (0, dr))
                 fields[name].append(v)

@@ -9,6 +9,7 @@ the result's info). An import that fails stops the run at once, naming the path;
 raises on one response, or returns something that is not a finite number, gives that response
 0.0 with the reason in its info (``error``), and the run goes on.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -52,8 +53,9 @@ class FunctionReward:
             info = {k: v for k, v in out.items() if k != "score"}
             out = out.get("score")
         if isinstance(out, bool) or not isinstance(out, (int, float)) or not math.isfinite(out):
-            return RewardResult(0.0, {**info, "error": True,
-                                      "reason": f"{self.name} returned {out!r}, not a finite number"})
+            return RewardResult(
+                0.0, {**info, "error": True, "reason": f"{self.name} returned {out!r}, not a finite number"}
+            )
         return RewardResult(float(out), {**info, "error": False})
 
     def __call__(self, items: list[RewardItem]) -> list[RewardResult]:

@@ -1,4 +1,5 @@
 """The Engine protocol that every rollout engine implements (native torch, SGLang)."""
+
 from __future__ import annotations
 
 from typing import Iterable, Protocol, runtime_checkable
@@ -37,5 +38,4 @@ class Engine(Protocol):
         """
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...

@@ -6,18 +6,36 @@ Names are imported lazily: the warm workers import ``fastcrit.sandbox.workers`` 
 (every page they hold is copied or mapped again at each fork), so they never load the pool's
 asyncio/uvloop, sqlite or HTTP machinery.
 """
+
 from __future__ import annotations
 
 import importlib
 
 _EXPORTS = {
-    "SandboxPool": "pool", "SyncSandboxPool": "pool", "run_jobs": "pool",
+    "SandboxPool": "pool",
+    "SyncSandboxPool": "pool",
+    "run_jobs": "pool",
     "RemoteSandbox": "remote",
-    "ResultCache": "cache", "job_key": "cache", "sandbox_version": "cache",
-    "IsolationUnavailable": "jail", "Probe": "jail", "probe": "jail",
-    "Job": "types", "JobError": "types", "Result": "types", "SandboxConfig": "types", "TestResult": "types",
-    "KINDS": "types", "STATUSES": "types", "PASSED": "types", "FAILED": "types", "ERROR": "types",
-    "TIMEOUT": "types", "MEMORY": "types", "OUTPUT_LIMIT": "types", "SKIPPED": "types",
+    "ResultCache": "cache",
+    "job_key": "cache",
+    "sandbox_version": "cache",
+    "IsolationUnavailable": "jail",
+    "Probe": "jail",
+    "probe": "jail",
+    "Job": "types",
+    "JobError": "types",
+    "Result": "types",
+    "SandboxConfig": "types",
+    "TestResult": "types",
+    "KINDS": "types",
+    "STATUSES": "types",
+    "PASSED": "types",
+    "FAILED": "types",
+    "ERROR": "types",
+    "TIMEOUT": "types",
+    "MEMORY": "types",
+    "OUTPUT_LIMIT": "types",
+    "SKIPPED": "types",
 }
 
 

@@ -23,6 +23,7 @@ load: every remaining test gets this status), ``loaded``, ``test`` (a verdict), 
 execution is gone or cannot go on: the worker gives the running test its end reason and starts a
 fresh execution for the rest) and ``end``.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -108,7 +109,7 @@ class Records:
         self.lines = []
         self.sent_t = self.last_t
         while view:
-            view = view[os.write(self.fd, view):]
+            view = view[os.write(self.fd, view) :]
 
 
 class Channel:
@@ -272,8 +273,10 @@ class Channel:
     def post_plan(self, plan: list) -> list:
         """Ask the execution to make the test's planned calls now, in one request; returns what
         ``take_plan`` needs once the answer is in."""
-        calls = [[name, [self.enc(x) for x in args], [[k, self.enc(v)] for k, v in kwargs.items()]]
-                 for name, args, kwargs in plan]
+        calls = [
+            [name, [self.enc(x) for x in args], [[k, self.enc(v)] for k, v in kwargs.items()]]
+            for name, args, kwargs in plan
+        ]
         self.post({"op": "plan", "calls": calls})
         return calls
 
@@ -366,8 +369,10 @@ class Remote:
         return any(x is item or x == item for x in self)
 
     def _compare(self, other):
-        self._c.refuse(f"the test compared a {self._n} object of the program: only built-in values are "
-                       "compared (return data: numbers, strings, lists, tuples, dicts, sets ...)")
+        self._c.refuse(
+            f"the test compared a {self._n} object of the program: only built-in values are "
+            "compared (return data: numbers, strings, lists, tuples, dicts, sets ...)"
+        )
 
     __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _compare
     __hash__ = object.__hash__
@@ -413,7 +418,7 @@ def _short(value, width=80) -> str:
         text = repr(value)
     except Exception:  # noqa: BLE001 - an int too long to print, a value nested too deep
         return f"<{type(value).__name__}>"
-    return text if len(text) <= width else text[:width - 3] + "..."
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _assert_message(exc, source: str, chan: Channel) -> str:
@@ -444,8 +449,9 @@ def _describe(exc) -> str:
         return type(exc).__name__
 
 
-def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: bool, seal_key: bytes,
-                plain: bool = False) -> None:
+def run_segment(
+    rep: Records, chan: Channel, tests: list, start: int, run_all: bool, seal_key: bytes, plain: bool = False
+) -> None:
     compiled = [_compiled(t) for t in tests]
     wanted = set().union(*(c[1] for c in compiled[start:])) - _BUILTIN_NAMES
     # The first test's plan goes out with the request for the names: the execution reads both at
@@ -564,8 +570,9 @@ def main(sock_fd: int) -> None:
         rep = Records(Reporter(sock_fd, bytes.fromhex(hdr["key"])), sock_fd)
         chan = Channel(fds[0], fds[1], int(hdr["budget"]), rep)
         try:
-            run_segment(rep, chan, tests, int(hdr["start"]), bool(hdr["run_all_cases"]), seal_key,
-                        bool(hdr.get("plain")))
+            run_segment(
+                rep, chan, tests, int(hdr["start"]), bool(hdr["run_all_cases"]), seal_key, bool(hdr.get("plain"))
+            )
             # The records first: the worker reads them once the execution is gone, which closing
             # the channel brings about, so they are there when it wakes.
             rep.flush()

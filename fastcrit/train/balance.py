@@ -12,6 +12,7 @@ same partition, slower).
 within a token budget, longest rows first, so that rows of like length share a micro-batch and
 padding is small.
 """
+
 from __future__ import annotations
 
 import math
@@ -192,6 +193,7 @@ def split_to(micro: list[list[int]], count: int, groups=None) -> list[list[int]]
     run as many forward passes as the others: FSDP gathers weights in each). With ``groups`` (a
     group id per row) a split never divides a group. A micro-batch that cannot split (one row, or
     one group) stays; then an empty one is added, which the caller runs with weight 0."""
+
     def units(m):
         if groups is None:
             return [[i] for i in m]

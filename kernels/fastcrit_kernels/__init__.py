@@ -3,6 +3,7 @@
 Each public function has a Triton path, a fast CPU path (chunked torch) and a plain fp32/fp64
 reference; see ``_dispatch`` for how one is chosen.
 """
+
 from fastcrit_kernels._dispatch import BACKENDS, resolve_backend
 
 __version__ = "0.1.0"
@@ -16,10 +17,19 @@ from fastcrit_kernels.pacs import pacs_loss
 from fastcrit_kernels.fused_linear import fused_linear_pacs_loss, fused_linear_ppo_loss
 
 __all__ = [
-    "BACKENDS", "resolve_backend",
-    "fused_logprobs", "fused_linear_ppo_loss", "fused_linear_pacs_loss",
-    "KL_KINDS", "kl_penalty",
-    "ESTIMATORS", "group_advantages", "broadcast_to_tokens",
-    "AGG_MODES", "aggregate_loss", "ppo_policy_loss", "value_loss",
+    "BACKENDS",
+    "resolve_backend",
+    "fused_logprobs",
+    "fused_linear_ppo_loss",
+    "fused_linear_pacs_loss",
+    "KL_KINDS",
+    "kl_penalty",
+    "ESTIMATORS",
+    "group_advantages",
+    "broadcast_to_tokens",
+    "AGG_MODES",
+    "aggregate_loss",
+    "ppo_policy_loss",
+    "value_loss",
     "pacs_loss",
 ]

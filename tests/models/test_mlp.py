@@ -18,7 +18,10 @@ def test_function_matches_the_eager_formula(rows, monkeypatch):
     monkeypatch.setattr(mlp_mod, "_BLOCK_BYTES", 3 * 4 * 24)
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 5, 16, generator=g, dtype=torch.float64).requires_grad_()
-    ws = [(torch.randn(*s, generator=g, dtype=torch.float64) * 0.5).requires_grad_() for s in ((24, 16), (24, 16), (16, 24))]
+    ws = [
+        (torch.randn(*s, generator=g, dtype=torch.float64) * 0.5).requires_grad_()
+        for s in ((24, 16), (24, 16), (16, 24))
+    ]
     dy = torch.randn(rows, 5, 16, generator=g, dtype=torch.float64)
     got = SwiGLUFunction.apply(x, *ws)
     want = _eager(x, *ws)

