@@ -42,8 +42,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _common import append_csv, results_dir, standardize  # noqa: E402
-from fastcrit.train.memory import proc_status_kb, reset_rss_peak  # noqa: E402
+from _common import append_csv, results_dir, standardize
+from fastcrit.train.memory import proc_status_kb, reset_rss_peak
 
 RESULTS = results_dir()
 CSV_PATH = os.path.join(RESULTS, "fused_logprobs.csv")

@@ -33,11 +33,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import fixed_mmap_threshold, machine, measure_interleaved, write_rows  # noqa: E402
+from _common import fixed_mmap_threshold, machine, measure_interleaved, write_rows
 
-from fastcrit.models.hf import load_tokenizer, resolve_model_path  # noqa: E402
-from fastcrit.rollout.native import NativeEngine  # noqa: E402
-from fastcrit.types import SamplingParams  # noqa: E402
+from fastcrit.models.hf import load_tokenizer, resolve_model_path
+from fastcrit.rollout.native import NativeEngine
+from fastcrit.types import SamplingParams
 
 NAME = "generate"
 WORDS = [

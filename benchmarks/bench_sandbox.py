@@ -28,7 +28,7 @@ from fastcrit.sandbox.bench import humaneval_jobs, humaneval_problems, quantiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import append_csv, results_dir, standardize  # noqa: E402  (torch-free)
+from _common import append_csv, results_dir, standardize  # (torch-free)
 
 
 def _cpu(who) -> float:

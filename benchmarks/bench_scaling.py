@@ -22,7 +22,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _common import results_dir, write_rows  # noqa: E402
+from _common import results_dir, write_rows
 
 NAME = "scaling"
 IMPLS = ("naive", "ours")

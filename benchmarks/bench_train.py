@@ -27,7 +27,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _common import write_rows  # noqa: E402
+from _common import write_rows
 
 CONFIG = os.path.join(ROOT, "configs", "cpu", "grpo.yaml")
 PHASES = ("rollout", "reward", "ref", "update", "sync", "step")

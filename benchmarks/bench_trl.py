@@ -50,9 +50,9 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _common import write_rows  # noqa: E402
+from _common import write_rows
 
-from fastcrit.config import load_config  # noqa: E402
+from fastcrit.config import load_config
 
 NAME = "trl"
 CONFIG = os.path.join(ROOT, "configs", "cpu", "grpo.yaml")

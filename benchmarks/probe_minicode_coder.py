@@ -28,23 +28,23 @@ import tempfile
 
 sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")]
 
-from fastcrit.config import load_config  # noqa: E402
+from fastcrit.config import load_config
 from fastcrit.data.critique import (
     NO_SUGGESTION,
     VAGUE_SUGGESTION,
-    apply_edit,  # noqa: E402
+    apply_edit,
     edit_suggestion,
     format_critique,
     line_edit,
     suggested_edit,
     synthetic_critique,
 )
-from fastcrit.data.ctrl_prompts import no_critique_messages, revision_messages  # noqa: E402
-from fastcrit.data.minicode import Spec, critique_analysis, edits  # noqa: E402
-from fastcrit.recipes.critique import execute, sample_solutions  # noqa: E402
-from fastcrit.recipes.ctrl_common import load_problem_set, make_proxy  # noqa: E402
-from fastcrit.reward import make_reward  # noqa: E402
-from fastcrit.reward.code import extract_program  # noqa: E402
+from fastcrit.data.ctrl_prompts import no_critique_messages, revision_messages
+from fastcrit.data.minicode import Spec, critique_analysis, edits
+from fastcrit.recipes.critique import execute, sample_solutions
+from fastcrit.recipes.ctrl_common import load_problem_set, make_proxy
+from fastcrit.reward import make_reward
+from fastcrit.reward.code import extract_program
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "cpu", "ctrl.yaml")
 

@@ -318,7 +318,7 @@ class CTRL:
         e = summary.get("eval")
         if not e:
             return []
-        kept = lambda v: "  -" if v is None else f"{v:.3f}"  # noqa: E731
+        kept = lambda v: "  -" if v is None else f"{v:.3f}"
         how = critique_protocol(e["critique_temperature"], e["critique_samples"], e.get("critique_top_p", 1.0))
         greedy = (
             []

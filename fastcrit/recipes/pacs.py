@@ -88,5 +88,5 @@ class SeenLogits:
             return {}
         a = torch.cat([s[0] for s in self.seen])
         y = torch.cat([s[1] for s in self.seen])
-        mean = lambda m: a[m].mean().item() if m.any() else 0.0  # noqa: E731
+        mean = lambda m: a[m].mean().item() if m.any() else 0.0
         return {"pacs/logit_pos": mean(y == 1), "pacs/logit_neg": mean(y == 0)}

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 
 from fastcrit.config_values import reward_model_path
-from fastcrit.reward import code  # noqa: F401  (registers "code")
-from fastcrit.reward import math_answer  # noqa: F401  (registers "math")
-from fastcrit.reward import raro  # noqa: F401  (registers "raro")
-from fastcrit.reward import rule  # noqa: F401  (registers "rule", "reverse", "exact_match")
-from fastcrit.reward.model import CombinedReward  # registers "model"
+from fastcrit.reward import (
+    code,  # noqa: F401  (registers "code")
+    math_answer,  # noqa: F401  (registers "math")
+    raro,  # noqa: F401  (registers "raro")
+    rule,  # noqa: F401  (registers "rule", "reverse", "exact_match")
+)
 from fastcrit.reward.base import (
     RewardItem,
     RewardManager,
@@ -18,6 +19,7 @@ from fastcrit.reward.base import (
     known_reward_managers,
     register,
 )
+from fastcrit.reward.model import CombinedReward  # registers "model"
 
 __all__ = [
     "RewardItem",

@@ -30,7 +30,7 @@ def load_function(path: str):
         sys.path.insert(0, os.getcwd())
     try:
         mod = importlib.import_module(module)
-    except Exception as e:  # noqa: BLE001 (any import failure is the user's to see, named)
+    except Exception as e:  # (any import failure is the user's to see, named)
         raise ConfigError(f"reward.name {path!r}: cannot import {module!r}: {type(e).__name__}: {e}") from None
     fn = getattr(mod, attr, None)
     if not callable(fn):
@@ -46,7 +46,7 @@ class FunctionReward:
     def one(self, it: RewardItem) -> RewardResult:
         try:
             out = self.fn(it.prompt, it.response, it.answer, it.meta)
-        except Exception as e:  # noqa: BLE001 (one bad response must not stop the run)
+        except Exception as e:  # (one bad response must not stop the run)
             return RewardResult(0.0, {"error": True, "reason": f"{self.name} raised {type(e).__name__}: {e}"})
         info = {}
         if isinstance(out, dict):

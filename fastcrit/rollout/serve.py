@@ -384,7 +384,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     error_content_type = "application/json"
 
-    def log_message(self, format, *args) -> None:  # noqa: A002 (the base class's signature)
+    def log_message(self, format, *args) -> None:  # `format` shadows the builtin: the base class's signature
         if self.server.app.log_requests:
             sys.stderr.write(f"fastcrit serve: {self.address_string()} {format % args}\n")
 

@@ -156,7 +156,7 @@ class Channel:
         if self.names_phase and (name in sys.modules or (top in sys.stdlib_module_names and top not in _NO_IMPORT)):
             try:
                 return importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - not importable here: the program's own
+            except Exception:  # not importable here: the program's own
                 pass
         return Remote(self, h, "module")
 
@@ -245,7 +245,7 @@ class Channel:
             raise
         except wire.WireError as exc:
             raise ProgramLost(f"the program broke the protocol: {exc}", "error") from None
-        except Exception as exc:  # noqa: BLE001 - the test's function raised: the program sees it
+        except Exception as exc:  # the test's function raised: the program sees it
             reply = {"exc": [type(exc).__name__, str(exc)[:300]]}
         try:
             wire.send(self.wr, reply)
@@ -416,7 +416,7 @@ def _names(code) -> set:
 def _short(value, width=80) -> str:
     try:
         text = repr(value)
-    except Exception:  # noqa: BLE001 - an int too long to print, a value nested too deep
+    except Exception:  # an int too long to print, a value nested too deep
         return f"<{type(value).__name__}>"
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -445,7 +445,7 @@ def _assert_message(exc, source: str, chan: Channel) -> str:
 def _describe(exc) -> str:
     try:
         return f"{type(exc).__name__}: {exc}"[:500]
-    except Exception:  # noqa: BLE001
+    except Exception:  # str(exc) ran the program's own __str__, which may raise anything
         return type(exc).__name__
 
 
@@ -502,7 +502,7 @@ def run_segment(
                 chan.take_plan(first_calls)
             elif compiled[i][2] and not plain:
                 chan.take_plan(chan.post_plan(compiled[i][2]))
-            exec(compiled[i][0], g)  # noqa: S102 - the test's own source, run by the judge
+            exec(compiled[i][0], g)  # the test's own source, run by the judge
         except Diverged:
             rep.send({"k": "fresh", "s": "plain"})  # this test again, in a fresh execution, no plan
             return
@@ -519,7 +519,7 @@ def run_segment(
             status, msg = "memory", f"the test's own evaluation ran out of memory: {_describe(exc)}"
         except (Refused, _TestBroken) as exc:
             status, msg = "error", str(exc)
-        except BaseException as exc:  # noqa: BLE001 - the test raised (as the program made it)
+        except BaseException as exc:  # the test raised (as the program made it)
             status, msg = "error", _describe(exc)
         if chan.refusal is not None:  # refused even if the test caught it
             status, msg = "error", chan.refusal[:500]

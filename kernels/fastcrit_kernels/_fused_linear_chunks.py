@@ -167,7 +167,7 @@ def _dlogits_triton(z, dz, b, labels, lse, ent, g_lp, g_ent, inv_t):
 def _gpu_variants() -> list[Variant]:
     """Every compilation a GPU launch of this module can ask for: the logits buffer is always fp32;
     d_logits is written in the GEMM dtype."""
-    gpu = lambda cfg: {k: v for k, v in cfg.items() if k != "num_warps"}  # noqa: E731
+    gpu = lambda cfg: {k: v for k, v in cfg.items() if k != "num_warps"}
     out = [
         Variant.of(
             _chunk_stats_kernel,

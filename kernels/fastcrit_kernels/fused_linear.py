@@ -59,23 +59,22 @@ from __future__ import annotations
 
 import torch
 
-# The chunk sizes are re-exported: the entry points' docstrings name them as their defaults.
-from fastcrit_kernels._fused_linear_chunks import (
-    CPU_CHUNK_BYTES,
-    GPU_CHUNK_BYTES,  # noqa: F401
-    GPU_CHUNK_BYTES_16BIT,
-)
 from fastcrit_kernels._fused_linear_chunks import (
     _IGNORE,
     _check_labels,
-    _Chunks,
     _chunk_tokens,
+    _Chunks,
     _even_chunks,
     _flag_nan,
     _grad_path,
     _GradInForward,
     _pack,
 )
+
+# The chunk sizes are re-exported (`X as X`): the entry points' docstrings name them as their defaults.
+from fastcrit_kernels._fused_linear_chunks import CPU_CHUNK_BYTES as CPU_CHUNK_BYTES
+from fastcrit_kernels._fused_linear_chunks import GPU_CHUNK_BYTES as GPU_CHUNK_BYTES
+from fastcrit_kernels._fused_linear_chunks import GPU_CHUNK_BYTES_16BIT as GPU_CHUNK_BYTES_16BIT
 from fastcrit_kernels.advantages import ESTIMATORS
 from fastcrit_kernels.kl import KL_KINDS, _kl_torch, kl_penalty
 from fastcrit_kernels.logprobs import fused_logprobs
@@ -106,7 +105,7 @@ class _PPOHead:
     def __call__(self, sl, lp):
         t = {k: v[sl] for k, v in self.tok.items() if v is not None}
         lp, w = lp.float(), t["m"] * t["f"]
-        col = lambda x: x[:, None].contiguous()  # noqa: E731
+        col = lambda x: x[:, None].contiguous()
         sums, g = ppo_sums_and_grad(
             col(lp), col(t["old"]), col(t["adv"]), col(t["m"]), t["f"].contiguous(), *self.clip, self.backend, True
         )
@@ -213,7 +212,7 @@ def fused_linear_ppo_loss(
     which, h2, w2 = path
     idx, row = _pack(mask)
     rowf = agg_row_factors(mask, agg, agg_scale)[row]
-    pick = lambda x: None if x is None else x.reshape(-1)[idx]  # noqa: E731
+    pick = lambda x: None if x is None else x.reshape(-1)[idx]
     m = pick(mask).to(torch.float32)
     tok = dict(
         old=pick(old_logp),

@@ -62,7 +62,7 @@ from fastcrit_kernels._dispatch import (
     tuned,
 )
 from fastcrit_kernels._logprobs_torch import _torch_backward, _torch_forward
-from fastcrit_kernels._reference import logprobs_reference  # noqa: F401  (re-exported: callers import it here)
+from fastcrit_kernels._reference import logprobs_reference as logprobs_reference  # re-exported: callers import it here
 
 # Bytes of logits one chunk may hold. The torch path keeps two fp32 [chunk_tokens, V] buffers alive,
 # the Triton backward one [tokens, chunk_vocab] d_logits buffer in the inputs' dtype.

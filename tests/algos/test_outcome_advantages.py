@@ -76,7 +76,7 @@ def test_policy_objective_adds_kl_and_entropy_terms():
     )
     ratio = torch.exp(logp - old)
     pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
-    mean = lambda x: (x * mask).sum() / mask.sum()  # noqa: E731
+    mean = lambda x: (x * mask).sum() / mask.sum()
     want = mean(pg) + 0.5 * mean(logp - ref) - 0.1 * mean(ent)
     torch.testing.assert_close(loss, want.float(), atol=1e-5, rtol=1e-5)
     assert stats["kl/mean"] == pytest.approx(mean(logp - ref).item(), abs=1e-6)

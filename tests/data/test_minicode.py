@@ -32,7 +32,7 @@ def test_shipped_files_equal_the_generator(made):
 
 
 def test_held_out_and_dev_problems_are_new_combinations_and_enough(made):
-    key = lambda r: (r["meta"]["template"], r["meta"]["a"], r["meta"]["b"])  # noqa: E731
+    key = lambda r: (r["meta"]["template"], r["meta"]["a"], r["meta"]["b"])
     train, dev, test = ({key(r) for r in made[s]} for s in SPLITS)
     assert len(made["test"]) == len(test) == 300 and len(made["dev"]) == len(dev) == 200
     assert not train & test and not train & dev and not dev & test

@@ -302,7 +302,7 @@ def test_three_gemms_not_four(backend):
     B, T, H, V = 4, 7, 32, 131
     hidden, weight, b, labels, mask, old, ref, g = _batch(B, T, H, V, torch.float32)
     adv = torch.randn(B, generator=g)
-    one = lambda m: 2 * int((m != 0).sum()) * H * V  # noqa: E731  (one logits-sized GEMM)
+    one = lambda m: 2 * int((m != 0).sum()) * H * V  # (one logits-sized GEMM)
 
     def ppo(m, **kw):
         loss, _ = fused_linear_ppo_loss(

@@ -267,7 +267,7 @@ def test_resume_continues_exactly(workdir, tmp_path, same_checkpoint):
     cli("train", workdir, resumed, "trainer.total_steps=4", "trainer.save_every=2")
     a, b = rows(straight), rows(resumed)
     assert [x["step"] for x in b] == [1, 2, 3, 4]
-    stable = lambda x: {k: v for k, v in x.items() if not k.startswith(VOLATILE) and "cache_hit" not in k}  # noqa: E731
+    stable = lambda x: {k: v for k, v in x.items() if not k.startswith(VOLATILE) and "cache_hit" not in k}
     for x, y in zip(a, b):
         assert stable(x) == pytest.approx(stable(y), rel=1e-6, abs=1e-7)
     same_checkpoint(straight, resumed, 4)

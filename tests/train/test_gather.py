@@ -129,7 +129,7 @@ def _root_after_forward(ctx, path, out_file):
 
     actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size, optim=OptimConfig(lr=1e-2))
     ref = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size)
-    embed = lambda a: a.module.lm.get_input_embeddings().weight  # noqa: E731
+    embed = lambda a: a.module.lm.get_input_embeddings().weight
     b = make_batch(2)
     with torch.no_grad():  # FSDP2 alone: the root stays gathered after a forward without a backward
         actor.module(b.input_ids, b.attention_mask, b.position_ids, b.responses, b.response_mask)
