@@ -11,8 +11,8 @@ import json
 import sys
 
 import torch
-
 from _common import machine, measure, start, write_rows
+
 from fastcrit_kernels import group_advantages
 from fastcrit_kernels._reference import ref_group_advantages
 

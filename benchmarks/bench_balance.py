@@ -20,8 +20,8 @@ import sys
 import time
 
 import numpy as np
-
 from _common import machine, start, write_rows
+
 from fastcrit.train.balance import imbalance, karmarkar_karp, token_micro_batches, workload
 
 NAME = "balance"

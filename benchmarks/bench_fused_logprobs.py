@@ -21,9 +21,10 @@ and 0.2/0.8 quantiles over --repeats runs after the memory run, plus process CPU
 may be shared; CPU time is less sensitive to other load).
 CUDA: triton.testing.do_bench (quantiles 0.5/0.2/0.8) and torch.cuda.max_memory_allocated growth.
 
-Appends rows to benchmarks/results/fused_logprobs.csv and the run's summary to fused_logprobs.jsonl, draws peak memory vs tokens from the newest
-CSV row per (impl, tokens) into benchmarks/results/fused_logprobs_memory.png (needs matplotlib),
-and prints one JSON object as its last line. Run: python benchmarks/bench_fused_logprobs.py [--tokens 1024,2048] [--impls ...]
+Appends rows to benchmarks/results/fused_logprobs.csv and the run's summary to fused_logprobs.jsonl,
+draws peak memory vs tokens from the newest CSV row per (impl, tokens) into
+benchmarks/results/fused_logprobs_memory.png (needs matplotlib), and prints one JSON object as its
+last line. Run: python benchmarks/bench_fused_logprobs.py [--tokens 1024,2048] [--impls ...]
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from _common import append_csv, results_dir, standardize
+
 from fastcrit.train.memory import proc_status_kb, reset_rss_peak
 
 RESULTS = results_dir()

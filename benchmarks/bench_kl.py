@@ -13,8 +13,8 @@ import json
 import sys
 
 import torch
-
 from _common import machine, measure, start, write_rows
+
 from fastcrit_kernels import kl_penalty
 
 NAME = "kl"

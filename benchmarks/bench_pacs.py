@@ -12,8 +12,8 @@ import json
 import sys
 
 import torch
-
 from _common import machine, measure, start, write_rows
+
 from fastcrit_kernels import pacs_loss
 
 NAME = "pacs"

@@ -31,8 +31,8 @@ import os
 import sys
 
 import torch
-
 from _common import machine, measure, measure_interleaved, start, write_rows
+
 from fastcrit_kernels import fused_linear_ppo_loss, ppo_policy_loss, value_loss
 from fastcrit_kernels.logprobs import logprobs_reference
 

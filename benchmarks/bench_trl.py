@@ -34,7 +34,8 @@ Measured: the wall time of one rollout step (generation, reward, reference, two 
 fastcrit the weight sync into its engine) -- fastcrit's own ``time/step_s``; TRL's from a callback,
 the sum of its two optimizer steps -- first ``--warmup`` steps dropped; and each process's peak
 resident set, model loading included (both sides run under _peak.py: VmHWM at exit or the RSS
-sampled every 2 ms, the larger; fastcrit's phase metrics reset VmHWM, so VmHWM alone is not it). Rows go to results/bench_trl.csv.
+sampled every 2 ms, the larger; fastcrit's phase metrics reset VmHWM, so VmHWM alone is not it).
+Rows go to results/bench_trl.csv.
 """
 
 from __future__ import annotations

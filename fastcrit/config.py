@@ -13,7 +13,7 @@ import sys
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 import yaml
 
@@ -88,24 +88,24 @@ class AlgorithmConfig:
     kl_horizon: float = 10000.0  # verl's horizon, in sequences
     clip_low: float = 0.2
     clip_high: float = 0.2
-    clip_c: Optional[float] = None  # dual-clip constant (> 1) for negative advantages
+    clip_c: float | None = None  # dual-clip constant (> 1) for negative advantages
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
         "token-mean"
     )
     # seq-mean-token-sum-norm divides each sequence's token sum by this constant (verl's actor
     # loss_scale_factor); None = rollout.max_new_tokens. Never the longest response of a batch.
-    loss_scale_factor: Optional[float] = None
+    loss_scale_factor: float | None = None
     entropy_coef: float = 0.0
     ppo_epochs: int = 1
     mini_batches: int = 1  # optimizer steps per rollout step = ppo_epochs * mini_batches
     # Where PPO's "old" log-probs come from: the trainer recomputes them with one forward pass (true),
     # or the engine's sampling log-probs are used (false). auto = recompute whenever the two can
     # differ: rollout.engine=sglang or model.dtype other than float32 (verl always recomputes).
-    recompute_old_logprobs: Union[bool, Literal["auto"]] = "auto"
+    recompute_old_logprobs: bool | Literal["auto"] = "auto"
     # Truncated importance sampling (verl's tis_imp_ratio_cap / token-level rollout_is): each token's
     # policy-gradient loss times min(exp(old - engine log-prob), tis_cap), detached; None = off.
     # Needs recomputed old log-probs (else the weight is 1).
-    tis_cap: Optional[float] = None
+    tis_cap: float | None = None
 
 
 @dataclass
@@ -275,7 +275,7 @@ class CTRLConfig:
     # The temperature of the solutions critics are evaluated on (stage 1's held-out split, which
     # `fastcrit train` evaluates on, and `fastcrit critique`); None = solution_temperature. 0 makes
     # the critics start from the generator's greedy answers, the strongest single-answer baseline.
-    eval_temperature: Optional[float] = None
+    eval_temperature: float | None = None
     sft_balance: bool = True  # repeat the rarer judgment's critiques until both are as many
     # Seeds the held-out problems' initial solutions (stage 1's val split) apart from trainer.seed,
     # so runs with different training seeds are evaluated on the same solutions and the spread
@@ -356,7 +356,7 @@ class TrainerConfig:
     # Complete checkpoints kept in output_dir/checkpoints: after each save the older ones go, never
     # the one just written (so the last step's, the model a finished run hands over, always stays).
     # 0 or null = keep every one.
-    keep_last: Optional[int] = 2
+    keep_last: int | None = 2
     eval_every: int = 0  # 0 = only at the start and the end
     seed: int = 0
     device: Literal["cpu", "cuda"] = "cpu"

@@ -129,7 +129,7 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.prompts.shape[0]
 
-    def trimmed(self) -> "RolloutBatch":
+    def trimmed(self) -> RolloutBatch:
         """The same rows without the columns that are padding in every row (the left of the
         prompts, the right of the responses; at least one response column stays). Positions come
         from the attention mask, so every real token keeps its position and its log-prob."""
@@ -153,7 +153,7 @@ class RolloutBatch:
         return RolloutBatch(**out)
 
     @staticmethod
-    def concat(batches: list["RolloutBatch"]) -> "RolloutBatch":
+    def concat(batches: list[RolloutBatch]) -> RolloutBatch:
         """The rows of ``batches`` in order, re-padded to the widest prompt and response (prompts
         on the left, responses and every [B, R] field on the right, with zeros; ``pad_id`` is the
         first batch's pad, read from a padded slot of its prompts or responses, else 0)."""
@@ -191,7 +191,7 @@ class RolloutBatch:
                 out[name] = torch.cat(vs)
         return RolloutBatch(**out)
 
-    def select(self, idx: torch.Tensor) -> "RolloutBatch":
+    def select(self, idx: torch.Tensor) -> RolloutBatch:
         """Rows ``idx`` (a [b] long tensor) of every tensor field."""
         out = {}
         for name in self.__dataclass_fields__:

@@ -21,7 +21,8 @@ generator and proxy:
   wrong on the trap problems (about half of all) and right elsewhere; a critic that compares the
   statement with the code finds the bug, and a sampled answer is wrong more often still.
 - revise rows [problem, solution, critique + "Please finalize..."] -> the solution with the
-  critique's edit applied, the solution drawn as a solve row's (the proxy revises its own code): a critique that judges the code correct leaves it unchanged; an
+  critique's edit applied, the solution drawn as a solve row's (the proxy revises its own code): a
+  critique that judges the code correct leaves it unchanged; an
   "Incorrect" one whose suggestion is an edit ("Improvement suggestions: change `* 5` to `* 6`", as
   ``fastcrit.data.critique.line_edit`` writes it) gets exactly that edit applied to the code, and
   nothing else; an "Incorrect" one with no edit that applies (none, or an edit of a part the code
@@ -146,7 +147,7 @@ class Spec:
 _BUILTINS = {"__builtins__": {}, "max": max, "min": min, "sum": sum, "len": len}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(expr: str):
     return compile(expr, "<minicode>", "eval")
 
@@ -213,7 +214,7 @@ def inputs_for(spec: Spec) -> list:
     return [POOL[spec.arg][i] for i in _inputs(spec.template, spec.a, spec.b)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _inputs(template: int, a: int, b: int) -> tuple[int, ...]:
     spec = Spec(template, a, b, "f")
     pool = POOL[spec.arg]
@@ -243,7 +244,7 @@ def bugs(spec: Spec) -> list[str]:
     return list(_bugs(spec.template, spec.a, spec.b))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bugs(template: int, a: int, b: int) -> tuple[str, ...]:
     spec = Spec(template, a, b, "f")
     return tuple(e for e in edits(spec.expr) if _differs(e, spec.expr, spec.arg, POOL[spec.arg]))

@@ -12,7 +12,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from fastcrit.data.datasets import DatasetError, _rows as _file_rows, refuse_skipped
+from fastcrit.data.datasets import DatasetError, refuse_skipped
+from fastcrit.data.datasets import _rows as _file_rows
 from fastcrit.data.formats import CONVERTERS, FORMATS
 from fastcrit.data.problems import Problem, ProblemError
 

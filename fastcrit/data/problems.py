@@ -78,7 +78,7 @@ class Problem:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Problem":
+    def from_dict(cls, d: dict) -> Problem:
         if not isinstance(d, dict):
             raise ProblemError(f"a problem must be an object, got {type(d).__name__}")
         known = set(cls.__dataclass_fields__)

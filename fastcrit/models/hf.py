@@ -7,10 +7,10 @@ local Qwen2 model of tiny.py (built once and cached, e.g. ``tiny:hidden=64,layer
 
 from __future__ import annotations
 
-import importlib
 import dataclasses
+import importlib
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

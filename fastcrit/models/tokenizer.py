@@ -21,7 +21,7 @@ import gzip
 import hashlib
 import json
 import os
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"

@@ -319,7 +319,8 @@ def run_critique(cfg: Config) -> dict:
         "\n".join(
             [
                 f"critique: {len(problems)} problems from {cfg.data.val}, {k} solution(s) each ({sampled}), "
-                f"{len(seeds)} seed(s) (mean ± standard error); critic {critic_name}, {how}; generator {generator_name}",
+                f"{len(seeds)} seed(s) (mean ± standard error); critic {critic_name}, {how}; "
+                f"generator {generator_name}",
                 *format_table(methods, k),
                 f"  seed {seeds[0]}, round by round:",
                 *format_reports(first_reports),

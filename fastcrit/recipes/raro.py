@@ -33,14 +33,14 @@ import random
 import torch
 
 from fastcrit.algos.raro import TIE, RaroObjective, kept_group_advantages
-from fastcrit.data.datasets import load_dataset
-from fastcrit.data.tasks import ANSWER_FORMATS, TASK_ANSWER_FORMATS, answer_format, final_answer
-from fastcrit.data.prompts import render_chat
-from fastcrit.data.replay import ReplayBuffer
-from fastcrit.recipes.scaffold import Run, reward_items
-from fastcrit.reward import RewardItem, get_reward_manager, make_reward
 from fastcrit.config import ConfigError
 from fastcrit.config_values import loss_scale
+from fastcrit.data.datasets import load_dataset
+from fastcrit.data.prompts import render_chat
+from fastcrit.data.replay import ReplayBuffer
+from fastcrit.data.tasks import ANSWER_FORMATS, TASK_ANSWER_FORMATS, answer_format, final_answer
+from fastcrit.recipes.scaffold import Run, reward_items
+from fastcrit.reward import RewardItem, get_reward_manager, make_reward
 from fastcrit.train.dist import all_reduce_mean, barrier
 from fastcrit.types import SamplingParams
 
@@ -191,7 +191,7 @@ class RARO:
         n_crit = max(len(crit), 1)
         return {
             "raro/critic_acc": critic_acc(parsed),
-            "raro/tie_rate": sum(l == TIE for l, _ in parsed) / max(len(parsed), 1),
+            "raro/tie_rate": sum(lab == TIE for lab, _ in parsed) / max(len(parsed), 1),
             "raro/unparseable_rate": sum(lab is None for lab in labels) / n_crit,
             "raro/policy_reward": sum(pol_scores[i] for i in pol_votes) / max(len(pol_votes), 1),
             "raro/buffer_size": float(len(self.buffer)),
@@ -273,7 +273,7 @@ class RARO:
         pol_r = [v.info["policy_reward"] for v in verdicts if not v.info["unparseable"]]
         return {
             "critic_acc": critic_acc(parsed),
-            "tie_rate": sum(l == TIE for l, _ in parsed) / max(len(parsed), 1),
+            "tie_rate": sum(lab == TIE for lab, _ in parsed) / max(len(parsed), 1),
             "unparseable_rate": sum(lab is None for lab in labels) / max(len(labels), 1),
             "policy_reward": sum(pol_r) / max(len(pol_r), 1),
             "no_answer_rate": (len(shown) - len(pairs)) / max(len(shown), 1),

@@ -32,15 +32,15 @@ from fastcrit.recipes.sft import run_sft
 from fastcrit.reward import RewardItem, get_reward_manager
 from fastcrit.reward.model import pad_left, rm_ids
 from fastcrit.rollout import make_engine
-from fastcrit.types import SamplingParams, scoring_temperature
 from fastcrit.train.actor import _micro_slices, optimizer_step
 from fastcrit.train.checkpoint import save_hf
 from fastcrit.train.dist import DistContext, all_reduce_mean, barrier, stop_if_asked
 from fastcrit.train.memory import return_memory
 from fastcrit.train.metrics import RunLog
-from fastcrit.train.trackers import TrackerSettings
 from fastcrit.train.shards import ChunkFiles, cut, dealt, missing_message, wait_for
+from fastcrit.train.trackers import TrackerSettings
 from fastcrit.train.value import build_value_actor, last_token_scores, last_token_values
+from fastcrit.types import SamplingParams, scoring_temperature
 
 
 def _encode(tok, pairs: list[PreferencePair]):

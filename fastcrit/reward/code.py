@@ -288,7 +288,7 @@ class CodeReward:
         if finalize is not None:
             finalize()  # runs _Runner.close once; outside the lock, which a finishing batch takes
 
-    def __enter__(self) -> "CodeReward":
+    def __enter__(self) -> CodeReward:
         return self
 
     def __exit__(self, *exc) -> None:

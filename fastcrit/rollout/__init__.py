@@ -10,13 +10,13 @@ if TYPE_CHECKING:  # the package stays light to import (the CLI registers `fastc
     from fastcrit.rollout.base import Engine
 
 
-def make_engine(rollout_cfg, model_path: str, *, dtype: str, device: "torch.device", seed: int = 0) -> "Engine":
+def make_engine(rollout_cfg, model_path: str, *, dtype: str, device: torch.device, seed: int = 0) -> Engine:
     """Build the engine named by ``rollout.engine`` for ``model_path``; ``rollout.engine_args`` go to
     its constructor as keyword arguments."""
     if rollout_cfg.engine == "native":
-        from fastcrit.rollout.native import NativeEngine
-
         import inspect
+
+        from fastcrit.rollout.native import NativeEngine
 
         known = set(inspect.signature(NativeEngine).parameters) - {"model", "tokenizer", "dtype", "device"}
         unknown = sorted(set(rollout_cfg.engine_args) - known)

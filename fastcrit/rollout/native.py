@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 

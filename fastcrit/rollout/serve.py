@@ -162,7 +162,7 @@ class ChatServer:
         finally:
             self.close()
 
-    def __enter__(self) -> "ChatServer":
+    def __enter__(self) -> ChatServer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -52,7 +52,8 @@ import os
 import signal
 import threading
 import warnings
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -368,7 +369,8 @@ class SGLangEngine:
         if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
             warnings.warn(
                 "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True, which interferes with "
-                "SGLang's memory saver (sleep / wake); unset it for colocated training"
+                "SGLang's memory saver (sleep / wake); unset it for colocated training",
+                stacklevel=1,
             )
         path = resolve_model_path(model_path)
         self._stop_ids = model_eos_token_ids(path)
@@ -450,7 +452,8 @@ class SGLangEngine:
             warnings.warn(
                 "SamplingParams.seed is ignored: SGLang reads sampling_seed only with "
                 "enable_deterministic_inference (set rollout.engine_args.enable_deterministic_inference"
-                "=true, slower); this run's samples are not reproducible"
+                "=true, slower); this run's samples are not reproducible",
+                stacklevel=1,
             )
             self._warned_seed = True
         ids = [list(p) for p in prompts for _ in range(params.n)]

@@ -54,8 +54,8 @@ def __dir__():
 
 def make_pool(config=None):
     """The backend the config selects: the local pool or a SandboxFusion server (same async API)."""
-    from .remote import RemoteSandbox
     from .pool import SandboxPool
+    from .remote import RemoteSandbox
     from .types import SandboxConfig
 
     config = config or SandboxConfig()

@@ -56,7 +56,7 @@ _NOT_IN_KEY = frozenset(
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sandbox_version() -> str:
     """Digest of the code that reaches verdicts: this package's sources, the jail binary and the
     Python version (see the module docstring)."""

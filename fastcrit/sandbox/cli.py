@@ -172,10 +172,10 @@ def cmd_run(args) -> int:
         for msg in errors:
             print(msg, file=sys.stderr)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    from tqdm import tqdm  # a dependency of fastcrit; pure Python, no torch
+
     from . import make_pool
     from .pool import new_event_loop
-
-    from tqdm import tqdm  # a dependency of fastcrit; pure Python, no torch
 
     async def go():
         n_pass = 0

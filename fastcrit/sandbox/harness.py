@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import types
+from time import monotonic as _monotonic
 
 from . import wire
 
@@ -34,7 +35,6 @@ _OSError = OSError
 _EFBIG, _ENOSPC = 27, 28
 _type, _len, _isinstance, _str, _repr = type, len, isinstance, str, repr
 _os_write, _os_exit = os.write, os._exit
-from time import monotonic as _monotonic
 
 _json_dumps = json.dumps
 try:  # the built-in BLAKE2 module: hashlib would map OpenSSL into every warm worker (4 MB per fork)

@@ -265,7 +265,8 @@ try:
 except OSError:
     r["rootfs_readonly"] = True
 import site  # the site-packages directories the interpreter looks in: only allowed packages
-r["site_packages"] = sorted({n for d in site.getsitepackages() if os.path.isdir(d) for n in os.listdir(d)} - {"__pycache__"})
+dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+r["site_packages"] = sorted({n for d in dirs for n in os.listdir(d)} - {"__pycache__"})
 try:  # /proc is the jail's own, so this lists the interfaces of the jail's network namespace
     r["net_devices"] = sorted(l.split(":")[0].strip() for l in open("/proc/self/net/dev").read().splitlines()[2:])
 except OSError:

@@ -115,7 +115,7 @@ class Records:
 class Channel:
     """The judge's end of one execution: requests out, answers (and callbacks) in."""
 
-    def __init__(self, wr: int, rd: int, budget: int, records: "Records"):
+    def __init__(self, wr: int, rd: int, budget: int, records: Records):
         self.wr, self.rd, self.budget = wr, wire.Reader(rd), budget
         self.records = records
         self.mine: dict = {}  # the judge's objects the program may call back
@@ -286,7 +286,7 @@ class Channel:
         if type(replies) is not list or len(replies) > len(calls):
             raise ProgramLost("the program broke the protocol", "error")
         made = []
-        for (name, a, k), reply in zip(calls, replies):
+        for (_name, a, k), reply in zip(calls, replies):
             if type(reply) is not dict or "missing" in reply:
                 break  # not the program's: the test will find out when it looks the name up
             made.append((reply.get("id"), repr([a, k]), reply))

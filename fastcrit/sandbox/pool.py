@@ -27,12 +27,11 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
 
 from . import jail as jail_mod
 from .cache import ResultCache, job_key
 from .compare import judge
-from .wire import unseal
 from .streaming import run_all, stream_results
 from .types import (
     ERROR,
@@ -43,6 +42,7 @@ from .types import (
     error_result,
     summarise,
 )
+from .wire import unseal
 
 _HDR = struct.Struct(">I")
 _POOLS_STARTED = 0
@@ -268,7 +268,7 @@ class SandboxPool:
 
     # -- life cycle ----------------------------------------------------------------------------
 
-    async def start(self) -> "SandboxPool":
+    async def start(self) -> SandboxPool:
         if self._started:
             return self
         cfg = self.cfg

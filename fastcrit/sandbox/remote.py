@@ -25,8 +25,8 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator, Iterable
 
 from .compare import values_equal
 from .streaming import run_all, stream_results
@@ -175,7 +175,7 @@ class RemoteSandbox:
     async def _run_each(self, job: Job) -> Result:
         tests: list[TestResult] = []
         stdout = stderr = ""
-        for i, t in enumerate(job.tests):
+        for t in job.tests:
             if tests and tests[-1].status != PASSED and not job.run_all_cases:
                 tests.append(TestResult(SKIPPED))
                 continue

@@ -70,7 +70,7 @@ class Job:
         validate_job(self)
 
     @classmethod
-    def from_dict(cls, d: dict, *, defaults: dict | None = None) -> "Job":
+    def from_dict(cls, d: dict, *, defaults: dict | None = None) -> Job:
         if not isinstance(d, dict):
             raise JobError(f"a job must be a JSON object, got {type(d).__name__}")
         known = {"id", "code", "kind", "tests", "entry_point", "timeout_s", "memory_mb", "run_all_cases"}
@@ -236,7 +236,7 @@ class Result:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Result":
+    def from_dict(cls, d: dict) -> Result:
         return cls(
             id=d.get("id"),
             status=d["status"],

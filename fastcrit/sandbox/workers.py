@@ -35,8 +35,8 @@ import sys
 import time
 
 from . import harness
-from .judging import JudgedRuns
 from .channels import RecordReader, Tail, drain_tails, read_frame, write_frame
+from .judging import JudgedRuns
 from .scratch import Scratch, Unrestorable
 
 _GOOD = ("passed", "returned")  # statuses that do not stop a run_all_cases=False job here

@@ -79,15 +79,15 @@ def _kk(weights: np.ndarray, k: int) -> np.ndarray:
             heap[0] = heap[size]
             j = 0
             while True:
-                l, r, best = 2 * j + 1, 2 * j + 2, j
-                if l < size:
-                    a, b = heap[l], heap[best]
+                left, right, best = 2 * j + 1, 2 * j + 2, j
+                if left < size:
+                    a, b = heap[left], heap[best]
                     if key[a] > key[b] or (key[a] == key[b] and a < b):
-                        best = l
-                if r < size:
-                    a, b = heap[r], heap[best]
+                        best = left
+                if right < size:
+                    a, b = heap[right], heap[best]
                     if key[a] > key[b] or (key[a] == key[b] and a < b):
-                        best = r
+                        best = right
                 if best == j:
                     break
                 heap[j], heap[best] = heap[best], heap[j]

@@ -36,8 +36,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from fastcrit.models.hf import parse_dtype, save_pretrained_safetensors, share_files
-from fastcrit.train.dist import DistContext, barrier
 from fastcrit.train.actor import Actor
+from fastcrit.train.dist import DistContext, barrier
 from fastcrit.train.policy import gathered_buckets
 from fastcrit.train.shards import fsync_path
 

@@ -13,9 +13,9 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,6 @@ import torch.multiprocessing as mp
 
 from fastcrit.train import preempt
 from fastcrit.train.preempt import Stopped
-
 
 # How long a rank waits for the others (joining the group, and in every collective) before the
 # process group gives up, unless trainer.dist_timeout_s says otherwise. PyTorch's defaults are 10

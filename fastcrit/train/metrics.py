@@ -129,7 +129,7 @@ class RunLog:
         if errors:
             raise errors[0]
 
-    def __enter__(self) -> "RunLog":
+    def __enter__(self) -> RunLog:
         return self
 
     def __exit__(self, kind, exc, tb) -> None:

@@ -249,8 +249,8 @@ def _engine_terms(
     (``generating``) the KV cache and logits of one generate chunk (freed when the call returns)."""
     if rollout.engine == "sglang":
         return {
-            f"{label}: weights + KV cache (SGLang, {rollout.mem_fraction_static:g} of the device)": rollout.mem_fraction_static
-            * capacity,
+            f"{label}: weights + KV cache (SGLang, "
+            f"{rollout.mem_fraction_static:g} of the device)": rollout.mem_fraction_static * capacity,
             f"{label}: CUDA graphs, workspace (estimate)": SGLANG_GRAPHS_GIB * GIB,
         }
     n = max(1, rollout.n)
@@ -475,7 +475,8 @@ def _fixes(cfg, phase: Phase, plan: Plan) -> list[str]:
             budget = int(tokens * (act - over) / act) // 1024 * 1024
             if budget >= 1024:
                 out.append(
-                    f"trainer.max_tokens_per_micro_batch={budget} (now {t.max_tokens_per_micro_batch or 'rows x length'})"
+                    f"trainer.max_tokens_per_micro_batch={budget} "
+                    f"(now {t.max_tokens_per_micro_batch or 'rows x length'})"
                 )
         if "forward working set" in " ".join(acts):
             out.append("trainer.logprob_micro_batch_size (fewer rows per forward-only pass)")

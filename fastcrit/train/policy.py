@@ -11,7 +11,7 @@ import contextlib
 import functools
 import inspect
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -475,7 +475,7 @@ def _gather_flat(sharded: list[tuple[str, torch.Tensor]], out_dtype: torch.dtype
             offset += per * inner
         device = sharded[0][1].to_local().device
         send = torch.zeros(offset, dtype=out_dtype, device=device)
-        for (name, t), (_, _, _, elems, off) in zip(sharded, slots):
+        for (_, t), (_, _, _, _, off) in zip(sharded, slots):
             local = t.to_local().detach().reshape(-1)
             send[off : off + local.numel()].copy_(local)
         recv = torch.empty(world * offset, dtype=out_dtype, device=device)

@@ -162,7 +162,7 @@ class Forwarder:
         self._sent = [0] * nproc
         self._old: dict | None = None
 
-    def __enter__(self) -> "Forwarder":
+    def __enter__(self) -> Forwarder:
         if threading.current_thread() is threading.main_thread():
             # Starting multiprocessing's resource tracker unblocks SIGINT / SIGTERM after it (CPython
             # 3.11.7 multiprocessing/resource_tracker.py:145-151, ensure_running): start it first, so

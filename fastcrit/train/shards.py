@@ -32,8 +32,8 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 PLAN = "plan.json"
 POLL_S = 1.0  # how often a waiting rank looks at the directory

@@ -65,7 +65,7 @@ class TrackerSettings:
     config: dict = field(default_factory=dict, compare=False)  # the run's whole config, for W&B
 
     @classmethod
-    def of(cls, cfg: Config, stage: str = "train") -> "TrackerSettings":
+    def of(cls, cfg: Config, stage: str = "train") -> TrackerSettings:
         t = cfg.trainer
         name = t.wandb_name or os.path.basename(os.path.normpath(t.output_dir))
         return cls(

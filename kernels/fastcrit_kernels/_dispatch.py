@@ -189,7 +189,7 @@ class Variant:
     tensor_cores: bool = False  # a GEMM whose PTX must use mma / wgmma
 
     @classmethod
-    def of(cls, kernel, dtype: str, pointers: dict, *, constexprs: dict, floats=(), aligned=(), **options) -> "Variant":
+    def of(cls, kernel, dtype: str, pointers: dict, *, constexprs: dict, floats=(), aligned=(), **options) -> Variant:
         """Types: pointers as given (element types), ``floats`` fp32, constexprs, the rest i32."""
         names = list(inspect.signature(kernel.fn).parameters)
         sig = {}

@@ -21,8 +21,9 @@ Value loss (verl ``compute_value_loss``): 0.5 * agg(max((v - R)^2, (clip(v, v_ol
 
 Both paths (one Triton kernel; plain torch over chunks of rows, so its temporaries stay
 chunk-sized) compute the per-token loss, the stats and the gradient in one pass over the tokens and
-keep only the gradient ([B, T] float32) for backward; backward is one scaling by the upstream scalar. Exact ties between the two branches of a max/min (measure zero) get the full
-gradient of the chosen branch, where torch's max would split it in halves.
+keep only the gradient ([B, T] float32) for backward; backward is one scaling by the upstream
+scalar. Exact ties between the two branches of a max/min (measure zero) get the full gradient of
+the chosen branch, where torch's max would split it in halves.
 """
 
 from __future__ import annotations

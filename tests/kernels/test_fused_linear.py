@@ -6,9 +6,8 @@ does not support (a second backward, double backward) fails loudly."""
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
 from _triton_on_cuda import on_cuda
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastcrit_kernels import _fused_linear_torch
 from fastcrit_kernels._reference import ref_agg_loss, ref_kl_penalty, ref_pacs_loss, ref_ppo_policy_loss

@@ -3,9 +3,9 @@ interpreter on CPU), plus parity with Liger-Kernel's chunked log-prob forward.""
 
 import pytest
 import torch
+from _triton_on_cuda import on_cuda
 
 import fastcrit_kernels.logprobs as L
-from _triton_on_cuda import on_cuda
 from fastcrit_kernels import fused_logprobs, resolve_backend
 from fastcrit_kernels.logprobs import logprobs_reference
 

@@ -14,10 +14,10 @@ import sys
 import time
 
 import pytest
+from recipe_cli import run_cli
 
 from fastcrit.data.problems import Problem
 from fastcrit.data.tasks import task_path
-from recipe_cli import run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU_CONFIG = os.path.join(ROOT, "configs", "cpu", "ctrl.yaml")

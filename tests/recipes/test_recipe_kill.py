@@ -10,9 +10,10 @@ import sys
 import time
 
 import pytest
+from recipe_cli import metric_rows as rows
+from recipe_cli import run_cli, stable
 
 from fastcrit.train.checkpoint import complete_checkpoints
-from recipe_cli import metric_rows as rows, run_cli, stable
 
 STEPS = 8
 SETS = [

@@ -5,8 +5,8 @@ import json
 import os
 
 import pytest
-
-from recipe_cli import metric_rows as rows, run_cli, stable
+from recipe_cli import metric_rows as rows
+from recipe_cli import run_cli, stable
 
 SETS = [
     "model.path=tiny",

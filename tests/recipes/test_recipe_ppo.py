@@ -6,8 +6,9 @@ import json
 import os
 
 import pytest
+from recipe_cli import metric_rows as rows
+from recipe_cli import run_cli, stable
 
-from recipe_cli import metric_rows as rows, run_cli, stable
 from fastcrit.cli import main
 
 SETS = [
@@ -94,8 +95,8 @@ def test_rm_then_ppo_with_critic_metrics_and_exact_resume(tmp_path, same_checkpo
     for x, y in zip(r, rows(resumed)):
         assert stable(x) == pytest.approx(stable(y), rel=1e-5, abs=1e-6)
     same_checkpoint(straight, resumed, 3)
-    from safetensors.torch import load_file
     import torch
+    from safetensors.torch import load_file
 
     wa = load_file(os.path.join(ckpt, "model.safetensors"))
     wb = load_file(os.path.join(resumed, "checkpoints", "step_3", "critic", "model.safetensors"))
@@ -255,8 +256,8 @@ def test_online_reward_model_refreshes_on_the_policys_pairs_and_resumes_exactly(
     for x in refreshed:
         assert x["rm/pairs"] > 0 and 0.0 <= x["rm/onpolicy_acc"] <= 1.0 and x["rm/refresh_loss"] > 0
     # the policy is scored by the refreshed reward model: it no longer scores as the file it started from
-    from safetensors.torch import load_file
     import torch
+    from safetensors.torch import load_file
 
     start = load_file(os.path.join(straight, "rm", "final", "model.safetensors"))
     after = load_file(os.path.join(straight, "checkpoints", "step_5", "rm", "model.safetensors"))

@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 import torch
-
-from recipe_cli import metric_rows as rows, run_cli, stable
+from recipe_cli import metric_rows as rows
+from recipe_cli import run_cli, stable
 
 SETS = [
     "model.path=tiny",

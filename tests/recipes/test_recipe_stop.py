@@ -18,9 +18,10 @@ import sys
 import time
 
 import pytest
+from recipe_cli import metric_rows as rows
+from recipe_cli import stable
 
 from fastcrit.train.checkpoint import complete_checkpoints
-from recipe_cli import metric_rows as rows, stable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "cpu", "grpo.yaml")

@@ -6,7 +6,6 @@ share of tests whose inputs fall where its (deliberately partial) logic is right
 
 import ast
 import os
-import time
 import warnings
 
 import pytest

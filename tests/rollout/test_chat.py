@@ -1,9 +1,9 @@
 import json
-from collections import Counter
 import socket
 import threading
 import urllib.error
 import urllib.request
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest

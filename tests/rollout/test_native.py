@@ -3,13 +3,12 @@ import math
 
 import pytest
 import torch
+from native_params import greedy
 
 from fastcrit.rollout.base import Engine
 from fastcrit.rollout.batch import collate
 from fastcrit.rollout.native import NativeEngine
 from fastcrit.types import SamplingParams
-
-from native_params import greedy
 
 
 def test_protocol_shapes_and_order(engine, prompts):

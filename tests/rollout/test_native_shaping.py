@@ -3,10 +3,10 @@ the per-step callback `fastcrit serve` streams with."""
 
 import pytest
 import torch
+from native_params import greedy
 
 from fastcrit.rollout.native import NativeEngine
 from fastcrit.types import SamplingParams
-from native_params import greedy
 
 
 def test_stop_strings_end_a_sample_at_the_token_that_completes_them(engine, tok, prompts):

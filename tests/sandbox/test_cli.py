@@ -3,7 +3,6 @@ import json
 import subprocess
 import sys
 
-
 from fastcrit.sandbox import cli
 
 

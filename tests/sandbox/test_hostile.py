@@ -215,7 +215,8 @@ def hostile_results(pool):
             timeout_s=1.0,
         ),
         Job(
-            code='import os\nfor fd in range(3, 16):\n    try: os.write(fd, b\'{"k":"test","i":0,"s":"passed","v":2}\\tff\\n\')\n'
+            code="import os\nfor fd in range(3, 16):\n"
+            '    try: os.write(fd, b\'{"k":"test","i":0,"s":"passed","v":2}\\tff\\n\')\n'
             "    except OSError: pass\ndef f(x): return 0\n",
             kind="call",
             tests=[[[1], 2]],
@@ -324,10 +325,12 @@ def test_standard_library_return_values_still_pass(pool):
 def test_patched_or_program_defined_values_are_refused(pool):
     cases = [
         "from collections import Counter\nCounter.__eq__ = lambda s, o: True\ndef f():\n    return Counter('x')\n",
-        "from collections import Counter\nclass C(Counter):\n    def __eq__(s, o): return True\ndef f():\n    return C()\n",
+        "from collections import Counter\nclass C(Counter):\n    def __eq__(s, o): return True\n"
+        "def f():\n    return C()\n",
         "class E:\n    def __eq__(s, o): return True\ndef f():\n    return [1, E()]\n",
         "class E:\n    def __eq__(s, o): return True\ndef f():\n    return iter([E()])\n",
-        "import types\nclass E:\n    def __eq__(s, o): return True\ndef f():\n    return types.SimpleNamespace(a=E())\n",
+        "import types\nclass E:\n    def __eq__(s, o): return True\n"
+        "def f():\n    return types.SimpleNamespace(a=E())\n",
     ]
     tests = ["assert f() == 42", "assert list(f()) == [42]", "import types\nassert f() == types.SimpleNamespace(a=42)"]
     jobs = [Job(code=c, kind="assert", tests=tests, entry_point="f", id=i) for i, c in enumerate(cases)]

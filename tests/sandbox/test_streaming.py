@@ -11,7 +11,7 @@ def test_a_failing_run_becomes_an_error_result_not_a_hang():
         if job.id == 1:
             raise RuntimeError("boom")
         await asyncio.sleep(0)
-        from fastcrit.sandbox.types import summarise, TestResult
+        from fastcrit.sandbox.types import TestResult, summarise
 
         return summarise(job.id, [TestResult("passed")])
 

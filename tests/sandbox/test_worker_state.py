@@ -8,7 +8,6 @@ as if nothing happened. Every pool here has one worker, so consecutive jobs shar
 
 import os
 import time
-import warnings
 
 import pytest
 

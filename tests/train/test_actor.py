@@ -418,10 +418,11 @@ def test_shared_prompt_pass_packs_short_responses_end_to_end(tiny_model_path, mo
     """Short responses of one prompt run end to end in one row of the responses' pass (a
     block-causal mask, each segment at its own positions): fewer rows, and the same log-probs and
     parameter gradients as the rows run one by one."""
+    from types import SimpleNamespace as NS
+
     from fastcrit.models.hf import load_model
     from fastcrit.train import policy
     from fastcrit.train.policy import CausalLMLogprobs
-    from types import SimpleNamespace as NS
 
     # which models pack: SDPA over full attention, no sliding window in use
     assert policy._packable(NS(_attn_implementation="sdpa", sliding_window=None))

@@ -127,9 +127,9 @@ def test_a_metrics_line_cut_by_a_kill_is_dropped_on_resume(tmp_path):
 
 def _save_one(ctx, path, out, mask):
     from fastcrit.config import OptimConfig
+    from fastcrit.models.hf import load_tokenizer
     from fastcrit.train.actor import build_actor
     from fastcrit.train.checkpoint import save_checkpoint
-    from fastcrit.models.hf import load_tokenizer
 
     actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size, optim=OptimConfig(lr=1e-2))
     old = os.umask(mask)

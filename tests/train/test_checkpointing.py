@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 import torch
+from test_actor import ALGO, UPDATE, _save_grads, make_batch, make_grouped_batch
 
 from fastcrit.config import OptimConfig, PPOConfig
 from fastcrit.train.actor import build_actor, sft_step, update_policy
 from fastcrit.train.dist import all_reduce_mean, launch
-from test_actor import ALGO, UPDATE, _save_grads, make_batch, make_grouped_batch
 
 
 def _count_mlp_calls(actor) -> list[int]:

@@ -122,10 +122,10 @@ def test_a_save_streams_rank_0_alone_holds_the_model_in_its_dtype(tmp_path):
 
 
 def _root_after_forward(ctx, path, out_file):
+    from test_actor import make_batch
     from torch.distributed.tensor import DTensor
 
     from fastcrit.train.actor import compute_logprobs
-    from test_actor import make_batch
 
     actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size, optim=OptimConfig(lr=1e-2))
     ref = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size)
