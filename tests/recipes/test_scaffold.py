@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fastcrit.recipes.scaffold import sampling_seed
-from fastcrit.rollout.native import uniforms
+from fastcrit.rollout.sampling import uniforms
 from fastcrit.rollout.sglang import request_params
 from fastcrit.types import SamplingParams
 

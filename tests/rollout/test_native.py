@@ -383,7 +383,7 @@ def test_a_seeded_sample_does_not_depend_on_its_batch(model_dir, prompts):
 
 
 def test_counter_based_uniforms_are_uniform_and_independent():
-    from fastcrit.rollout.native import uniforms
+    from fastcrit.rollout.sampling import uniforms
 
     u = uniforms(-7, torch.arange(4000), 50)  # a negative seed wraps mod 2**64
     assert u.dtype == torch.float64 and u.min() >= 0 and u.max() < 1
@@ -580,7 +580,7 @@ def test_samples_stay_inside_top_k_top_p(engine, tok, prompts, top_k, top_p):
 
 
 def test_inverse_cdf_draw_follows_the_distribution_and_skips_zeros():
-    from fastcrit.rollout.native import draw
+    from fastcrit.rollout.sampling import draw
 
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.2, 0.3, 0.0]]).repeat(40000, 1)
     got = draw(probs, torch.rand(40000, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
