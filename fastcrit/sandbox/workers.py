@@ -37,13 +37,11 @@ import time
 from . import harness
 from .channels import RecordReader, Tail, drain_tails, read_frame, write_frame
 from .judging import JudgedRuns
+from .reaping import REAP_S, Reaping
 from .scratch import Scratch, Unrestorable
 
 _GOOD = ("passed", "returned")  # statuses that do not stop a run_all_cases=False job here
 _SIGNAMES = {getattr(signal, n): n for n in dir(signal) if n.startswith("SIG") and not n.startswith("SIG_")}
-# How long processes left by an execution may take to die once killed (a process tearing down
-# gigabytes takes a while) before the worker gives up on them and asks to be replaced.
-REAP_S = 10.0
 # The result pipe is read as records arrive only once an execution has run this long. Most
 # executions end sooner, their records waiting in the pipe (64 KiB) until the exit: a wake-up per
 # record would run Python here while the child still shares this process's pages, and every page
@@ -51,7 +49,7 @@ REAP_S = 10.0
 RESULTS_AFTER_S = 0.02
 
 
-class Worker(JudgedRuns):
+class Worker(JudgedRuns, Reaping):
     def __init__(self, cfg: dict):
         self.cfg = cfg
         self.is_init = os.getpid() == 1
@@ -295,65 +293,6 @@ class Worker(JudgedRuns):
                 return True
             if not take(b):
                 return False
-
-    def _kill_group(self, pid):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def _sweep(self, pid) -> bool:
-        """Kill and reap everything the execution left behind; False if something is still there
-        after REAP_S. Until a process is reaped it counts against the uid's RLIMIT_NPROC, so the
-        next execution could not start its full share of processes: wait for every one.
-
-        Every process an execution leaves ends up a child of the worker (orphans are re-parented
-        to PID 1 of the namespace, or to the worker as subreaper without the jail), so no child
-        left but the judge means nothing left. Each round kills the worker's children other than
-        the judge, whose own children then become the worker's."""
-        if pid is not None:
-            self._kill_group(pid)
-        if not self._reap_all():
-            return True
-        deadline = time.monotonic() + REAP_S
-        while True:
-            for k in self._children():
-                if k == self.judge_pid:
-                    continue
-                for f in (os.killpg, os.kill):
-                    try:
-                        f(k, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-            if not self._reap_all():
-                return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.0005)
-
-    def _children(self):
-        # The worker has one thread (its own pid), so one file lists every child.
-        try:
-            with open(self._children_path, "rb", buffering=0) as f:
-                return [int(x) for x in f.read().split()]
-        except OSError:
-            return []
-
-    def _reap_all(self) -> bool:
-        """Reap exited children (the judge too, if it died); True while children other than the
-        judge remain."""
-        while True:
-            try:
-                p, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return False
-            if p == 0:
-                break
-            if p == self.judge_pid:
-                self._judge_gone()
-        if self.judge_pid is None:
-            return True
-        return any(k != self.judge_pid for k in self._children())
 
     def _fd_count(self) -> int:
         return len(os.listdir("/proc/self/fd"))
