@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fastcrit-installed
 
-.PHONY: install demo ctrl-demo ctrl-humaneval test bench trl-venv clean
+.PHONY: install demo ctrl-demo ctrl-humaneval lint test bench trl-venv clean
 
 install: $(STAMP)
 
@@ -37,7 +37,13 @@ ctrl-humaneval: install
 		--set ctrl.eval_solutions=5 --set ctrl.eval_seeds=3 --set ctrl.critique_samples=1 \
 		--set ctrl.output=runs/cpu-ctrl/critique_humaneval.jsonl
 
-test: install
+# ruff (pinned in setup.py's test extra; rules and why each ignore in ruff.toml): the format check,
+# then the linter. `make test` runs it first, so CI (.ci/run) fails on either.
+lint: install
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+test: lint
 	$(BIN)/python -m pytest -q -ra tests
 
 # Every benchmark, one after another (each also runs alone: python benchmarks/bench_<thing>.py, or

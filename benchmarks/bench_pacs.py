@@ -5,14 +5,15 @@ Run alone: ``python benchmarks/bench_pacs.py [--quick]``. Appends rows to
 benchmarks/results/bench_pacs.csv and prints one JSON object as the last line. Measurement as in
 bench_kl.py (CPU: ``backend="torch"``, RSS growth; GPU: ``triton`` too, torch peak allocation).
 """
+
 from __future__ import annotations
 
 import json
 import sys
 
 import torch
-
 from _common import machine, measure, start, write_rows
+
 from fastcrit_kernels import pacs_loss
 
 NAME = "pacs"
@@ -54,17 +55,32 @@ def main() -> None:
         cases = {"eager_torch": lambda: step(lambda lp: eager_pacs(lp, old, scores, maskf, n))}
         for be in backends:
             cases[f"fastcrit_{be}"] = lambda be=be: step(
-                lambda lp: pacs_loss(lp, old, scores, mask, index, weight_mode="question", backend=be)[0])
+                lambda lp: pacs_loss(lp, old, scores, mask, index, weight_mode="question", backend=be)[0]
+            )
         res = {k: measure(f, device, repeats) for k, f in cases.items()}
         base = res["eager_torch"]
         for k, r in res.items():
-            rows.append({"bench": NAME, "variant": k, "B": B, "T": T, "group_size": n, "dtype": "float32", **r,
-                         "time_ratio_vs_eager": r["ms"] / base["ms"],
-                         "mem_ratio_vs_eager": r["peak_mb"] / max(base["peak_mb"], 1e-9), **info})
+            rows.append(
+                {
+                    "bench": NAME,
+                    "variant": k,
+                    "B": B,
+                    "T": T,
+                    "group_size": n,
+                    "dtype": "float32",
+                    **r,
+                    "time_ratio_vs_eager": r["ms"] / base["ms"],
+                    "mem_ratio_vs_eager": r["peak_mb"] / max(base["peak_mb"], 1e-9),
+                    **info,
+                }
+            )
     path = write_rows(rows, NAME, settings=("B", "T", "group_size", "dtype"), repeats=repeats)
     for r in rows:
-        print(f"{r['variant']:16s} B={r['B']:4d} T={r['T']:5d}  {r['ms']:9.3f} ms  peak {r['peak_mb']:8.2f} MB  "
-              f"x{r['time_ratio_vs_eager']:.2f} time  x{r['mem_ratio_vs_eager']:.2f} mem", file=sys.stderr)
+        print(
+            f"{r['variant']:16s} B={r['B']:4d} T={r['T']:5d}  {r['ms']:9.3f} ms  peak {r['peak_mb']:8.2f} MB  "
+            f"x{r['time_ratio_vs_eager']:.2f} time  x{r['mem_ratio_vs_eager']:.2f} mem",
+            file=sys.stderr,
+        )
     print(json.dumps({"bench": NAME, "csv": path, "rows": rows}))
 
 

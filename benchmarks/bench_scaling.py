@@ -12,6 +12,7 @@ should stay flat where naive's grows with tokens x V. Appends rows to <results>/
 (``sweep`` = tokens or vocab), draws bench_scaling_sweeps.png (time and memory against each axis) and
 prints one JSON object as its last line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _common import results_dir, write_rows  # noqa: E402
+from _common import results_dir, write_rows
 
 NAME = "scaling"
 IMPLS = ("naive", "ours")
@@ -30,8 +31,22 @@ IMPLS = ("naive", "ours")
 def sweep(tokens: list[int], vocab: int, repeats: int) -> list[dict]:
     import bench_fused_logprobs as bfl
 
-    out = bfl.main(["--tokens", ",".join(map(str, tokens)), "--vocab", str(vocab), "--impls", ",".join(IMPLS),
-                    "--repeats", str(repeats), "--device", "cpu", "--no-csv", "--no-plot"])
+    out = bfl.main(
+        [
+            "--tokens",
+            ",".join(map(str, tokens)),
+            "--vocab",
+            str(vocab),
+            "--impls",
+            ",".join(IMPLS),
+            "--repeats",
+            str(repeats),
+            "--device",
+            "cpu",
+            "--no-csv",
+            "--no-plot",
+        ]
+    )
     return [dict(r, V=vocab) for r in out["rows"]]
 
 
@@ -82,15 +97,25 @@ def main() -> None:
     for r in rows:
         r.update(bench=NAME, variant=r["impl"], H=896, dtype="fp32")
     good = [r for r in rows if "error" not in r]
-    out = write_rows(good, NAME, settings=("sweep", "tokens", "V", "H", "dtype"), repeats=repeats,
-                     median="ms_p50", q20="ms_p20", q80="ms_p80")
+    out = write_rows(
+        good,
+        NAME,
+        settings=("sweep", "tokens", "V", "H", "dtype"),
+        repeats=repeats,
+        median="ms_p50",
+        q20="ms_p20",
+        q80="ms_p80",
+    )
     png = plot(rows, os.path.join(results_dir(), "bench_scaling_sweeps.png"))
     for r in rows:
-        print(f"{r['sweep']:6s} {r['impl']:5s} tokens={r['tokens']:5d} V={r['V']:6d} "
-              + (f"{r['ms_p50']:9.1f} ms  work {r['work_mb']:8.1f} MB" if "error" not in r else r["error"][-200:]),
-              file=sys.stderr)
-    print(json.dumps({"bench": NAME, "csv": out, "png": png, "rows": rows,
-                      "errors": [r for r in rows if "error" in r]}))
+        print(
+            f"{r['sweep']:6s} {r['impl']:5s} tokens={r['tokens']:5d} V={r['V']:6d} "
+            + (f"{r['ms_p50']:9.1f} ms  work {r['work_mb']:8.1f} MB" if "error" not in r else r["error"][-200:]),
+            file=sys.stderr,
+        )
+    print(
+        json.dumps({"bench": NAME, "csv": out, "png": png, "rows": rows, "errors": [r for r in rows if "error" in r]})
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ TRL's GRPOTrainer side by side; the SFT warm start; evaluation and checkpoint ti
 the step). Appends rows to <results>/bench_train.csv (or bench_e2e.csv) and prints one JSON object
 as the last line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _common import write_rows  # noqa: E402
+from _common import write_rows
 
 CONFIG = os.path.join(ROOT, "configs", "cpu", "grpo.yaml")
 PHASES = ("rollout", "reward", "ref", "update", "sync", "step")
@@ -44,9 +45,15 @@ def quantile(xs: list[float], q: float) -> float:
 
 def train(steps: int, threads: int, workdir: str) -> list[dict]:
     """Run ``fastcrit train`` for ``steps`` steps into ``workdir``; the metrics.jsonl rows."""
-    sets = {"trainer.total_steps": steps, "sft.steps": 0, "trainer.output_dir": workdir,
-            "trainer.save_every": 0, "trainer.eval_every": 0, "data.val_size": 8,
-            "trainer.compute_threads": threads}
+    sets = {
+        "trainer.total_steps": steps,
+        "sft.steps": 0,
+        "trainer.output_dir": workdir,
+        "trainer.save_every": 0,
+        "trainer.eval_every": 0,
+        "data.val_size": 8,
+        "trainer.compute_threads": threads,
+    }
     cmd = [sys.executable, "-m", "fastcrit.cli", "train", CONFIG]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
@@ -78,16 +85,29 @@ def main() -> None:
         xs = [1e3 * m[f"time/{phase}_s"] for m in timed if f"time/{phase}_s" in m]
         if not xs:
             continue
-        rows.append({"bench": name, "variant": f"fastcrit_{phase}", "phase": phase, "config": "configs/cpu/grpo.yaml",
-                     "steps": steps, "warmup": args.warmup, "threads": args.threads, "model": "tiny",
-                     "ms": statistics.median(xs), "ms_q20": quantile(xs, 0.2), "ms_q80": quantile(xs, 0.8),
-                     "tokens_per_s": statistics.median(tps) if tps else "", "peer": PEER})
-    path = write_rows(rows, name, settings=("config", "model", "steps", "warmup", "threads"),
-                      repeats=len(timed))
+        rows.append(
+            {
+                "bench": name,
+                "variant": f"fastcrit_{phase}",
+                "phase": phase,
+                "config": "configs/cpu/grpo.yaml",
+                "steps": steps,
+                "warmup": args.warmup,
+                "threads": args.threads,
+                "model": "tiny",
+                "ms": statistics.median(xs),
+                "ms_q20": quantile(xs, 0.2),
+                "ms_q80": quantile(xs, 0.8),
+                "tokens_per_s": statistics.median(tps) if tps else "",
+                "peer": PEER,
+            }
+        )
+    path = write_rows(rows, name, settings=("config", "model", "steps", "warmup", "threads"), repeats=len(timed))
     for r in rows:
         print(f"{r['phase']:8s} {r['ms']:9.1f} ms  (q20 {r['ms_q20']:.1f}, q80 {r['ms_q80']:.1f})", file=sys.stderr)
-    print(json.dumps({"bench": name, "csv": path, "steps": steps, "timed_steps": len(timed), "peer": PEER,
-                      "rows": rows}))
+    print(
+        json.dumps({"bench": name, "csv": path, "steps": steps, "timed_steps": len(timed), "peer": PEER, "rows": rows})
+    )
 
 
 if __name__ == "__main__":

@@ -34,8 +34,10 @@ Measured: the wall time of one rollout step (generation, reward, reference, two 
 fastcrit the weight sync into its engine) -- fastcrit's own ``time/step_s``; TRL's from a callback,
 the sum of its two optimizer steps -- first ``--warmup`` steps dropped; and each process's peak
 resident set, model loading included (both sides run under _peak.py: VmHWM at exit or the RSS
-sampled every 2 ms, the larger; fastcrit's phase metrics reset VmHWM, so VmHWM alone is not it). Rows go to results/bench_trl.csv.
+sampled every 2 ms, the larger; fastcrit's phase metrics reset VmHWM, so VmHWM alone is not it).
+Rows go to results/bench_trl.csv.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,9 +51,9 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _common import write_rows  # noqa: E402
+from _common import write_rows
 
-from fastcrit.config import load_config  # noqa: E402
+from fastcrit.config import load_config
 
 NAME = "trl"
 CONFIG = os.path.join(ROOT, "configs", "cpu", "grpo.yaml")
@@ -60,11 +62,24 @@ LARGE = "tiny:hidden=384,layers=6,heads=6,kv_heads=2,intermediate=1536"
 # ``large``'s update runs each mini-batch of 32 rows as two micro-batches of 16 (the same loss and
 # gradient: token-mean over the mini-batch): fastcrit's memory knob, as gradient checkpointing is
 # TRL's; the forward-only passes (reference) keep whole batches.
-SETTINGS = {"small": {"model": None, "max_new_tokens": 12, "fastcrit": {}},
-            "large": {"model": LARGE, "max_new_tokens": 64,
-                      "fastcrit": {"trainer.micro_batch_size": 16, "trainer.logprob_micro_batch_size": 64}}}
-COMMON = {"prompts_per_step": 8, "n": 8, "updates_per_step": 2, "temperature": 0.7, "kl_coef": 0.001,
-          "lr": 3e-4, "grad_clip": 1.0, "seed": 0}
+SETTINGS = {
+    "small": {"model": None, "max_new_tokens": 12, "fastcrit": {}},
+    "large": {
+        "model": LARGE,
+        "max_new_tokens": 64,
+        "fastcrit": {"trainer.micro_batch_size": 16, "trainer.logprob_micro_batch_size": 64},
+    },
+}
+COMMON = {
+    "prompts_per_step": 8,
+    "n": 8,
+    "updates_per_step": 2,
+    "temperature": 0.7,
+    "kl_coef": 0.001,
+    "lr": 3e-4,
+    "grad_clip": 1.0,
+    "seed": 0,
+}
 
 
 def peer_python(arg: str | None) -> str | None:
@@ -89,19 +104,42 @@ def model_dir(spec: str | None) -> str:
 
 
 def run_fastcrit(model: str, s: dict, steps: int, threads: int, workdir: str, share: bool = True) -> dict:
-    sets = {"trainer.share_prompts": str(share).lower(), "model.path": model, "model.dtype": s["dtype"], "trainer.total_steps": steps, "sft.steps": 0, "trainer.output_dir": workdir,
-            "trainer.save_every": 0, "trainer.eval_every": 0, "data.val_size": 8, "trainer.compute_threads": threads,
-            "trainer.progress": "false", "rollout.max_new_tokens": s["max_new_tokens"], "rollout.n": s["n"],
-            "rollout.temperature": s["temperature"], "data.prompts_per_step": s["prompts_per_step"],
-            "algorithm.kl_coef": s["kl_coef"], "algorithm.kl_kind": "low_var_kl", "algorithm.loss_agg": "token-mean",
-            "algorithm.mini_batches": s["updates_per_step"], "optim.lr": s["lr"], "optim.grad_clip": s["grad_clip"],
-            "trainer.seed": s["seed"], **s["fastcrit"]}
+    sets = {
+        "trainer.share_prompts": str(share).lower(),
+        "model.path": model,
+        "model.dtype": s["dtype"],
+        "trainer.total_steps": steps,
+        "sft.steps": 0,
+        "trainer.output_dir": workdir,
+        "trainer.save_every": 0,
+        "trainer.eval_every": 0,
+        "data.val_size": 8,
+        "trainer.compute_threads": threads,
+        "trainer.progress": "false",
+        "rollout.max_new_tokens": s["max_new_tokens"],
+        "rollout.n": s["n"],
+        "rollout.temperature": s["temperature"],
+        "data.prompts_per_step": s["prompts_per_step"],
+        "algorithm.kl_coef": s["kl_coef"],
+        "algorithm.kl_kind": "low_var_kl",
+        "algorithm.loss_agg": "token-mean",
+        "algorithm.mini_batches": s["updates_per_step"],
+        "optim.lr": s["lr"],
+        "optim.grad_clip": s["grad_clip"],
+        "trainer.seed": s["seed"],
+        **s["fastcrit"],
+    }
     cmd = [sys.executable, os.path.join(HERE, "_peak.py"), "-m", "fastcrit.cli", "train", CONFIG]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
     peak_file = os.path.join(workdir + "-peak.json")
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "FASTCRIT_PEAK_FILE": peak_file, "OMP_NUM_THREADS": str(threads)})
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "FASTCRIT_PEAK_FILE": peak_file, "OMP_NUM_THREADS": str(threads)},
+    )
     if proc.returncode != 0:
         raise SystemExit(f"bench_trl: `fastcrit train` failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
@@ -109,24 +147,44 @@ def run_fastcrit(model: str, s: dict, steps: int, threads: int, workdir: str, sh
     with open(peak_file) as f:
         peak = json.load(f)["peak_rss_mb"]
     rows = [r for r in rows if "time/step_s" in r]
-    return {"step_s": [r["time/step_s"] for r in rows], "response_len": [r["response_len/mean"] for r in rows],
-            "peak_rss_mb": peak}
+    return {
+        "step_s": [r["time/step_s"] for r in rows],
+        "response_len": [r["response_len/mean"] for r in rows],
+        "peak_rss_mb": peak,
+    }
 
 
 def run_trl(python: str, model: str, s: dict, steps: int, threads: int, workdir: str, gc: bool) -> dict:
     from fastcrit.data.datasets import load_dataset
 
     data = load_dataset("reverse", "prompt", "answer", "train")
-    spec = {"model": model, "threads": threads, "workdir": workdir,
-            "settings": {**s, "steps": steps, "gradient_checkpointing": gc},
-            "prompts": [e.prompt for e in data.examples], "answers": [e.answer for e in data.examples]}
+    spec = {
+        "model": model,
+        "threads": threads,
+        "workdir": workdir,
+        "settings": {**s, "steps": steps, "gradient_checkpointing": gc},
+        "prompts": [e.prompt for e in data.examples],
+        "answers": [e.answer for e in data.examples],
+    }
     spec_file, out_file = workdir + "-spec.json", workdir + "-out.json"
     with open(spec_file, "w") as f:
         json.dump(spec, f)
     peak_file = workdir + "-peak.json"
-    proc = subprocess.run([python, os.path.join(HERE, "_peak.py"), os.path.join(HERE, "_trl_peer.py"), "--spec",
-                           spec_file, "--out", out_file], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": str(threads), "FASTCRIT_PEAK_FILE": peak_file})
+    proc = subprocess.run(
+        [
+            python,
+            os.path.join(HERE, "_peak.py"),
+            os.path.join(HERE, "_trl_peer.py"),
+            "--spec",
+            spec_file,
+            "--out",
+            out_file,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": str(threads), "FASTCRIT_PEAK_FILE": peak_file},
+    )
     if proc.returncode != 0:
         raise SystemExit(f"bench_trl: the TRL peer failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     with open(out_file) as f:
@@ -136,8 +194,12 @@ def run_trl(python: str, model: str, s: dict, steps: int, threads: int, workdir:
     k = s["updates_per_step"]
     ups = out["update_s"]
     lengths = [float(h["completions/mean_length"]) for h in out["logs"] if "completions/mean_length" in h]
-    return {"step_s": [sum(ups[i:i + k]) for i in range(0, len(ups) - k + 1, k)], "response_len": lengths,
-            "peak_rss_mb": out["peak_rss_mb"], "trl": out["trl"]}
+    return {
+        "step_s": [sum(ups[i : i + k]) for i in range(0, len(ups) - k + 1, k)],
+        "response_len": lengths,
+        "peak_rss_mb": out["peak_rss_mb"],
+        "trl": out["trl"],
+    }
 
 
 def quantiles(xs: list[float]) -> tuple[float, float, float]:
@@ -155,8 +217,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="rollout steps per run (default 8; quick 5)")
     ap.add_argument("--warmup", type=int, default=2, help="first steps of each run left out")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                    help="bfloat16: mixed precision on both sides (fastcrit model.dtype, TRL bf16=True)")
+    ap.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="bfloat16: mixed precision on both sides (fastcrit model.dtype, TRL bf16=True)",
+    )
     ap.add_argument("--peer-python", default=None, help="a Python with trl (default .venv-trl/bin/python)")
     args = ap.parse_args()
     python = peer_python(args.peer_python)
@@ -165,15 +231,22 @@ def main() -> None:
         return
     tritons = {"fastcrit": triton_version(sys.executable), "trl": triton_version(python)}
     if tritons["fastcrit"] != tritons["trl"]:
-        print(f"bench_trl: WARNING triton {tritons['fastcrit']} here, {tritons['trl']} in {python}: the peaks "
-              "differ by what importing it costs (make trl-venv installs the same one)", file=sys.stderr)
+        print(
+            f"bench_trl: WARNING triton {tritons['fastcrit']} here, {tritons['trl']} in {python}: the peaks "
+            "differ by what importing it costs (make trl-venv installs the same one)",
+            file=sys.stderr,
+        )
     settings = ["small"] if args.quick else (list(SETTINGS) if args.setting == "both" else [args.setting])
     rounds = args.rounds or (1 if args.quick else 3)
     steps = args.steps or (5 if args.quick else 8)
     rows = []
     for name in settings:
-        s = {**COMMON, "max_new_tokens": SETTINGS[name]["max_new_tokens"], "dtype": args.dtype,
-             "fastcrit": SETTINGS[name]["fastcrit"]}
+        s = {
+            **COMMON,
+            "max_new_tokens": SETTINGS[name]["max_new_tokens"],
+            "dtype": args.dtype,
+            "fastcrit": SETTINGS[name]["fastcrit"],
+        }
         model = model_dir(SETTINGS[name]["model"])
         # fastcrit_grpo_unshared: trainer.share_prompts=false (each sample runs its prompt again, as TRL does)
         sides = ("fastcrit_grpo", "fastcrit_grpo_unshared", "trl_grpo_trainer", "trl_grpo_trainer_no_gc")
@@ -183,38 +256,64 @@ def main() -> None:
                 order = sides if r % 2 == 0 else sides[::-1]
                 for side in order:
                     w = os.path.join(d, f"{name}-{side}-{r}")
-                    out = run_fastcrit(model, s, steps, args.threads, w, share=side == "fastcrit_grpo") \
-                        if side.startswith("fastcrit") \
+                    out = (
+                        run_fastcrit(model, s, steps, args.threads, w, share=side == "fastcrit_grpo")
+                        if side.startswith("fastcrit")
                         else run_trl(python, model, s, steps, args.threads, w, gc=side == "trl_grpo_trainer")
-                    got[side] += out["step_s"][args.warmup:]
+                    )
+                    got[side] += out["step_s"][args.warmup :]
                     peaks[side].append(out["peak_rss_mb"])
                     lens[side] += out["response_len"]
-                    print(f"{name} round {r + 1}/{rounds} {side}: median step "
-                          f"{1e3 * statistics.median(out['step_s'][args.warmup:]):.0f} ms", file=sys.stderr)
+                    print(
+                        f"{name} round {r + 1}/{rounds} {side}: median step "
+                        f"{1e3 * statistics.median(out['step_s'][args.warmup :]):.0f} ms",
+                        file=sys.stderr,
+                    )
         med = {k: quantiles(v)[0] for k, v in got.items()}
         per_update = s["prompts_per_step"] * s["n"] // s["updates_per_step"]
         base_micro = load_config(CONFIG).trainer.micro_batch_size
         for side in sides:
             m, lo, hi = quantiles([1e3 * x for x in got[side]])
-            rows.append({"bench": NAME, "variant": side,
-                         "setting": name, "model": SETTINGS[name]["model"] or "tiny", "prompts": s["prompts_per_step"],
-                         "n": s["n"], "max_new_tokens": s["max_new_tokens"], "threads": args.threads,
-                         "dtype": args.dtype,
-                         # rows per forward + backward: fastcrit's micro-batch, TRL's whole update batch
-                         "micro_batch_size": min(int(s["fastcrit"].get("trainer.micro_batch_size", base_micro)), per_update)
-                         if side.startswith("fastcrit") else per_update,
-                         "ms": m, "ms_q20": lo, "ms_q80": hi, "peak_mb": max(peaks[side]),
-                         "response_len": statistics.mean(lens[side]) if lens[side] else float("nan"),
-                         "speedup_vs_trl": med["trl_grpo_trainer"] / med[side],
-                         "speedup_vs_trl_no_gc": med["trl_grpo_trainer_no_gc"] / med[side],
-                         "rounds": rounds, "steps": steps,
-                         "triton": tritons["fastcrit" if side.startswith("fastcrit") else "trl"]})
-    out = write_rows(rows, NAME, settings=("setting", "model", "prompts", "n", "max_new_tokens", "threads", "dtype"),
-                     repeats=rounds * (steps - args.warmup))
+            rows.append(
+                {
+                    "bench": NAME,
+                    "variant": side,
+                    "setting": name,
+                    "model": SETTINGS[name]["model"] or "tiny",
+                    "prompts": s["prompts_per_step"],
+                    "n": s["n"],
+                    "max_new_tokens": s["max_new_tokens"],
+                    "threads": args.threads,
+                    "dtype": args.dtype,
+                    # rows per forward + backward: fastcrit's micro-batch, TRL's whole update batch
+                    "micro_batch_size": min(int(s["fastcrit"].get("trainer.micro_batch_size", base_micro)), per_update)
+                    if side.startswith("fastcrit")
+                    else per_update,
+                    "ms": m,
+                    "ms_q20": lo,
+                    "ms_q80": hi,
+                    "peak_mb": max(peaks[side]),
+                    "response_len": statistics.mean(lens[side]) if lens[side] else float("nan"),
+                    "speedup_vs_trl": med["trl_grpo_trainer"] / med[side],
+                    "speedup_vs_trl_no_gc": med["trl_grpo_trainer_no_gc"] / med[side],
+                    "rounds": rounds,
+                    "steps": steps,
+                    "triton": tritons["fastcrit" if side.startswith("fastcrit") else "trl"],
+                }
+            )
+    out = write_rows(
+        rows,
+        NAME,
+        settings=("setting", "model", "prompts", "n", "max_new_tokens", "threads", "dtype"),
+        repeats=rounds * (steps - args.warmup),
+    )
     for r in rows:
-        print(f"{r['setting']:6s} {r['variant']:23s} {r['ms']:8.0f} ms/step  peak {r['peak_mb']:7.0f} MB  "
-              f"len {r['response_len']:.1f}  x{r['speedup_vs_trl']:.2f} vs TRL, x{r['speedup_vs_trl_no_gc']:.2f} "
-              "vs TRL without checkpointing", file=sys.stderr)
+        print(
+            f"{r['setting']:6s} {r['variant']:23s} {r['ms']:8.0f} ms/step  peak {r['peak_mb']:7.0f} MB  "
+            f"len {r['response_len']:.1f}  x{r['speedup_vs_trl']:.2f} vs TRL, x{r['speedup_vs_trl_no_gc']:.2f} "
+            "vs TRL without checkpointing",
+            file=sys.stderr,
+        )
     print(json.dumps({"bench": NAME, "csv": out, "rows": rows}))
 
 

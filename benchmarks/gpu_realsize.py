@@ -17,6 +17,7 @@ shares it), measured as the phase's `max_memory_allocated` (and `memory_reserved
 plan's phase total less the CUDA contexts (which the allocator does not see). Saves and
 evaluations are not timed phases of the run, so they are not compared.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,22 +32,40 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 CONFIG_JSON = os.path.join(ROOT, "fastcrit", "models", "configs", "qwen2.5-1.5b-instruct.json")
-SMALL = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=8192)
+SMALL = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=8192,
+)
 PHASES = ("rollout", "reward", "old_logprobs", "ref", "update", "sync")
 GOAL = 0.15  # the plan's prediction within 15% of the measured peak
 
 
 def run_sets(args, model_dir: str, out_dir: str) -> list[str]:
     """The run: configs/cpu/grpo.yaml's task and algorithm at a real model's size."""
-    sets = [f"model.path={model_dir}", f"trainer.output_dir={out_dir}", "sft.steps=0",
-            f"trainer.device={args.device}", f"trainer.total_steps={args.steps}", "trainer.eval_every=0",
-            f"trainer.save_every={args.steps}", "trainer.progress=false", "data.val_size=8",
-            f"data.prompts_per_step={args.prompts}", f"rollout.n={args.n}", "rollout.temperature=1.0",
-            f"rollout.max_new_tokens={args.max_new_tokens}",
-            f"trainer.max_tokens_per_micro_batch={args.micro_tokens}", "trainer.micro_batch_size=64",
-            "algorithm.mini_batches=2", f"model.liger={str(liger()).lower()}",
-            f"trainer.gradient_checkpointing={str(not args.no_checkpointing).lower()}"]
+    sets = [
+        f"model.path={model_dir}",
+        f"trainer.output_dir={out_dir}",
+        "sft.steps=0",
+        f"trainer.device={args.device}",
+        f"trainer.total_steps={args.steps}",
+        "trainer.eval_every=0",
+        f"trainer.save_every={args.steps}",
+        "trainer.progress=false",
+        "data.val_size=8",
+        f"data.prompts_per_step={args.prompts}",
+        f"rollout.n={args.n}",
+        "rollout.temperature=1.0",
+        f"rollout.max_new_tokens={args.max_new_tokens}",
+        f"trainer.max_tokens_per_micro_batch={args.micro_tokens}",
+        "trainer.micro_batch_size=64",
+        "algorithm.mini_batches=2",
+        f"model.liger={str(liger()).lower()}",
+        f"trainer.gradient_checkpointing={str(not args.no_checkpointing).lower()}",
+    ]
     if args.device == "cuda":
         sets += ["model.dtype=bfloat16", "rollout.engine_args.cuda_graph=true"]
     return sets
@@ -65,8 +84,9 @@ def build(args, model_dir: str) -> float:
 
     t0 = time.perf_counter()
     if not os.path.isfile(os.path.join(model_dir, "model.safetensors")):
-        build_from_config(model_dir, CONFIG_JSON, dtype="bfloat16", device=args.device,
-                          overrides=SMALL if args.small else None)
+        build_from_config(
+            model_dir, CONFIG_JSON, dtype="bfloat16", device=args.device, overrides=SMALL if args.small else None
+        )
     return time.perf_counter() - t0
 
 
@@ -107,9 +127,12 @@ def compare(planned: dict, rows: list[dict]) -> dict:
         if not peaks:
             continue
         peak = peaks[len(peaks) // 2]
-        out[name] = {"predicted_gib": predicted, "peak_gib": peak,
-                     "reserved_gib": reserved[len(reserved) // 2] if reserved else None,
-                     "error": predicted / peak - 1.0}
+        out[name] = {
+            "predicted_gib": predicted,
+            "peak_gib": peak,
+            "reserved_gib": reserved[len(reserved) // 2] if reserved else None,
+            "error": predicted / peak - 1.0,
+        }
     return out
 
 
@@ -148,13 +171,24 @@ def handover(model_dir: str, micro_tokens: int) -> dict:
     os.environ.setdefault("MASTER_PORT", "29533")
     ctx = init(0, 1, "cuda")
     try:
-        actor = build_actor(model_dir, dtype="bfloat16", device=ctx.device, world_size=1,
-                            optim=OptimConfig(lr=1e-6), checkpointing=True)
+        actor = build_actor(
+            model_dir, dtype="bfloat16", device=ctx.device, world_size=1, optim=OptimConfig(lr=1e-6), checkpointing=True
+        )
         g = torch.Generator().manual_seed(0)
         rows, length = max(1, micro_tokens // 1024), 1024
-        batch = collate([Rollout(i, torch.randint(3, 400, (32,), generator=g).tolist(),
-                                 torch.randint(3, 400, (length - 32,), generator=g).tolist(),
-                                 [0.0] * (length - 32), "length") for i in range(rows)], 0)
+        batch = collate(
+            [
+                Rollout(
+                    i,
+                    torch.randint(3, 400, (32,), generator=g).tolist(),
+                    torch.randint(3, 400, (length - 32,), generator=g).tolist(),
+                    [0.0] * (length - 32),
+                    "length",
+                )
+                for i in range(rows)
+            ],
+            0,
+        )
         sft_step(actor, batch, micro_batch_size=rows, grad_clip=1.0)
         torch.cuda.synchronize()
         before_probe = _probe()
@@ -166,11 +200,16 @@ def handover(model_dir: str, micro_tokens: int) -> dict:
         after_probe = _probe()
         released = reserved_before - reserved_after
         gained = after_probe - before_probe
-        return {"reserved_before_gib": reserved_before / 2**30, "allocated_before_gib": allocated_before / 2**30,
-                "reserved_after_gib": reserved_after / 2**30, "released_gib": released / 2**30,
-                "second_process_before_gib": before_probe / 2**30, "second_process_after_gib": after_probe / 2**30,
-                "second_process_gained_gib": gained / 2**30,
-                "ok": gained >= 0.9 * released - (256 << 20)}  # the probe counts whole 256 MiB blocks
+        return {
+            "reserved_before_gib": reserved_before / 2**30,
+            "allocated_before_gib": allocated_before / 2**30,
+            "reserved_after_gib": reserved_after / 2**30,
+            "released_gib": released / 2**30,
+            "second_process_before_gib": before_probe / 2**30,
+            "second_process_after_gib": after_probe / 2**30,
+            "second_process_gained_gib": gained / 2**30,
+            "ok": gained >= 0.9 * released - (256 << 20),
+        }  # the probe counts whole 256 MiB blocks
     finally:
         shutdown()
 
@@ -192,9 +231,14 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     model_dir, run_dir = os.path.join(args.work, "model"), os.path.join(args.work, "run")
     subprocess.call(["rm", "-rf", run_dir])
-    result: dict = {"config_json": CONFIG_JSON, "small": args.small, "device": args.device, "liger": liger(),
-                    "checkpointing": not args.no_checkpointing,
-                    "build_s": build(args, model_dir)}
+    result: dict = {
+        "config_json": CONFIG_JSON,
+        "small": args.small,
+        "device": args.device,
+        "liger": liger(),
+        "checkpointing": not args.no_checkpointing,
+        "build_s": build(args, model_dir),
+    }
     sets = run_sets(args, model_dir, run_dir)
     result["sets"] = sets
     result["plan"] = plan(args, sets)
@@ -219,16 +263,22 @@ def main() -> int:
         result["memory"] = compare(result["plan"], rows) if args.device == "cuda" else {}
     if args.device == "cuda" and not args.skip_handover:
         result["handover"] = handover(model_dir, args.micro_tokens)
-    print(f"\nrun rc={rc} in {wall:.0f} s; {len(rows)} steps; tokens/s/GPU {result.get('tokens_per_s_per_gpu')}; "
-          f"step {result.get('step_s')} s; sync {result.get('sync_gib')} GiB at {result.get('sync_s_per_gib')} s/GiB")
+    print(
+        f"\nrun rc={rc} in {wall:.0f} s; {len(rows)} steps; tokens/s/GPU {result.get('tokens_per_s_per_gpu')}; "
+        f"step {result.get('step_s')} s; sync {result.get('sync_gib')} GiB at {result.get('sync_s_per_gib')} s/GiB"
+    )
     for name, m in result.get("memory", {}).items():
         flag = "ok" if abs(m["error"]) <= GOAL else "OFF"
-        print(f"  {name:<13} plan {m['predicted_gib']:7.2f} GiB  measured peak {m['peak_gib']:7.2f}  "
-              f"reserved {m['reserved_gib'] or 0:7.2f}  plan/peak - 1 = {m['error']:+.1%} {flag}")
+        print(
+            f"  {name:<13} plan {m['predicted_gib']:7.2f} GiB  measured peak {m['peak_gib']:7.2f}  "
+            f"reserved {m['reserved_gib'] or 0:7.2f}  plan/peak - 1 = {m['error']:+.1%} {flag}"
+        )
     if "handover" in result:
         h = result["handover"]
-        print(f"  handover: released {h['released_gib']:.2f} GiB; a second process gained "
-              f"{h['second_process_gained_gib']:.2f} GiB ({'ok' if h['ok'] else 'SHORT'})")
+        print(
+            f"  handover: released {h['released_gib']:.2f} GiB; a second process gained "
+            f"{h['second_process_gained_gib']:.2f} GiB ({'ok' if h['ok'] else 'SHORT'})"
+        )
     with open(os.path.join(args.out, "realsize.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps({k: v for k, v in result.items() if k not in ("plan", "sets")}))

@@ -16,6 +16,7 @@ evaluation) and scripted critiques of them, every revision greedy as in `fastcri
 - ``vague``: every solution called Incorrect with no edit: how often it is kept;
 - ``no_critique``: [problem, solution, "Please finalize..."]: how often it is kept, and pass@1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,16 +28,23 @@ import tempfile
 
 sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")]
 
-from fastcrit.config import load_config  # noqa: E402
-from fastcrit.data.critique import (NO_SUGGESTION, VAGUE_SUGGESTION, apply_edit,  # noqa: E402
-                                    edit_suggestion, format_critique, line_edit, suggested_edit,
-                                    synthetic_critique)
-from fastcrit.data.ctrl_prompts import no_critique_messages, revision_messages  # noqa: E402
-from fastcrit.data.minicode import Spec, critique_analysis, edits  # noqa: E402
-from fastcrit.recipes.critique import execute, sample_solutions  # noqa: E402
-from fastcrit.recipes.ctrl_common import load_problem_set, make_proxy  # noqa: E402
-from fastcrit.reward import make_reward  # noqa: E402
-from fastcrit.reward.code import extract_program  # noqa: E402
+from fastcrit.config import load_config
+from fastcrit.data.critique import (
+    NO_SUGGESTION,
+    VAGUE_SUGGESTION,
+    apply_edit,
+    edit_suggestion,
+    format_critique,
+    line_edit,
+    suggested_edit,
+    synthetic_critique,
+)
+from fastcrit.data.ctrl_prompts import no_critique_messages, revision_messages
+from fastcrit.data.minicode import Spec, critique_analysis, edits
+from fastcrit.recipes.critique import execute, sample_solutions
+from fastcrit.recipes.ctrl_common import load_problem_set, make_proxy
+from fastcrit.reward import make_reward
+from fastcrit.reward.code import extract_program
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "cpu", "ctrl.yaml")
 
@@ -51,7 +59,7 @@ def spec_of(p) -> Spec:
 
 def expr_of(code: str) -> str | None:
     line = [ln for ln in code.splitlines() if ln.strip().startswith("return ")]
-    return line[0].strip()[len("return "):] if len(line) == 1 else None
+    return line[0].strip()[len("return ") :] if len(line) == 1 else None
 
 
 def wrong_critique(p, code: str, rng: random.Random) -> tuple[str, tuple[str, str]] | None:
@@ -70,7 +78,7 @@ def wrong_critique(p, code: str, rng: random.Random) -> tuple[str, tuple[str, st
 
 
 def verdict_critique(p, code: str, correct: bool, rng: random.Random) -> str:
-    """"Correct" with the code's line reviewed as it is, or "Incorrect" with a failing test and no
+    """ "Correct" with the code's line reviewed as it is, or "Incorrect" with a failing test and no
     edit, as in the coder's training rows."""
     spec = spec_of(p)
     expr = expr_of(code) or spec.expr
@@ -80,8 +88,12 @@ def verdict_critique(p, code: str, correct: bool, rng: random.Random) -> str:
 
 
 def revise_all(proxy, attempts, critiques, tokens):
-    convs = [revision_messages(a.problem, a.solution, c, "compact") if c is not None else
-             no_critique_messages(a.problem, a.solution, "compact") for a, c in zip(attempts, critiques)]
+    convs = [
+        revision_messages(a.problem, a.solution, c, "compact")
+        if c is not None
+        else no_critique_messages(a.problem, a.solution, "compact")
+        for a, c in zip(attempts, critiques)
+    ]
     return [o.text for o in proxy.chat(convs, max_new_tokens=tokens, temperature=0.0)]
 
 
@@ -93,10 +105,14 @@ def probe(split: str, proxy, reward, tokens: int, limit: int | None) -> dict:
     attempts = execute(reward, problems, [t for _, t in greedy])
     samples = execute(reward, problems, [t for _, t in sampled])
     codes = [extract_program(a.solution)[0] for a in attempts]
-    out = {"split": split, "problems": n, "greedy_pass@1": sum(a.passed for a in attempts) / n,
-           "sampled_pass@1": sum(a.passed for a in samples) / n,
-           "greedy_pass@1_trap": _share([a.passed for a in attempts if a.problem.meta.get("trap")]),
-           "greedy_pass@1_no_trap": _share([a.passed for a in attempts if not a.problem.meta.get("trap")])}
+    out = {
+        "split": split,
+        "problems": n,
+        "greedy_pass@1": sum(a.passed for a in attempts) / n,
+        "sampled_pass@1": sum(a.passed for a in samples) / n,
+        "greedy_pass@1_trap": _share([a.passed for a in attempts if a.problem.meta.get("trap")]),
+        "greedy_pass@1_no_trap": _share([a.passed for a in attempts if not a.problem.meta.get("trap")]),
+    }
 
     def outcome(critiques):
         texts = revise_all(proxy, attempts, critiques, tokens)
@@ -108,28 +124,36 @@ def probe(split: str, proxy, reward, tokens: int, limit: int | None) -> dict:
     failing = [i for i, a in enumerate(attempts) if not a.passed]
     passing = [i for i, a in enumerate(attempts) if a.passed]
     edited = [i for i in failing if suggested_edit(oracle[i]) and apply_edit(codes[i], suggested_edit(oracle[i]))]
-    out["oracle"] = {"pass@1": sum(b.passed for b in after) / n,
-                     "fixed": f"{sum(after[i].passed for i in failing)} / {len(failing)}",
-                     "broken": f"{sum(not after[i].passed for i in passing)} / {len(passing)}",
-                     "applied_exactly": _ratio([program(texts[i]) == program(apply_edit(codes[i], suggested_edit(oracle[i])))
-                                                for i in edited]),
-                     "kept_when_correct": _ratio([program(texts[i]) == program(codes[i]) for i in passing])}
+    out["oracle"] = {
+        "pass@1": sum(b.passed for b in after) / n,
+        "fixed": f"{sum(after[i].passed for i in failing)} / {len(failing)}",
+        "broken": f"{sum(not after[i].passed for i in passing)} / {len(passing)}",
+        "applied_exactly": _ratio(
+            [program(texts[i]) == program(apply_edit(codes[i], suggested_edit(oracle[i]))) for i in edited]
+        ),
+        "kept_when_correct": _ratio([program(texts[i]) == program(codes[i]) for i in passing]),
+    }
     # a wrong edit that applies
     rng = random.Random(0)
     made = [wrong_critique(a.problem, c, rng) for a, c in zip(attempts, codes)]
     idx = [i for i, m in enumerate(made) if m]
     texts, after = outcome([m[0] if m else None for m in made])  # no wrong edit to make: counted nowhere
-    out["wrong_edit"] = {"applied_exactly": _ratio([program(texts[i]) == program(apply_edit(codes[i], made[i][1]))
-                                                    for i in idx]),
-                         "kept": _ratio([program(texts[i]) == program(codes[i]) for i in idx]),
-                         "pass@1": sum(after[i].passed for i in idx) / max(len(idx), 1)}
+    out["wrong_edit"] = {
+        "applied_exactly": _ratio([program(texts[i]) == program(apply_edit(codes[i], made[i][1])) for i in idx]),
+        "kept": _ratio([program(texts[i]) == program(codes[i]) for i in idx]),
+        "pass@1": sum(after[i].passed for i in idx) / max(len(idx), 1),
+    }
     for name, correct in (("correct_verdict", True), ("vague", False)):
         texts, after = outcome([verdict_critique(a.problem, c, correct, rng) for a, c in zip(attempts, codes)])
-        out[name] = {"kept": _ratio([program(t) == program(c) for t, c in zip(texts, codes)]),
-                     "pass@1": sum(b.passed for b in after) / n}
+        out[name] = {
+            "kept": _ratio([program(t) == program(c) for t, c in zip(texts, codes)]),
+            "pass@1": sum(b.passed for b in after) / n,
+        }
     texts, after = outcome([None] * n)
-    out["no_critique"] = {"kept": _ratio([program(t) == program(c) for t, c in zip(texts, codes)]),
-                          "pass@1": sum(b.passed for b in after) / n}
+    out["no_critique"] = {
+        "kept": _ratio([program(t) == program(c) for t, c in zip(texts, codes)]),
+        "pass@1": sum(b.passed for b in after) / n,
+    }
     return out
 
 

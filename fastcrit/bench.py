@@ -7,6 +7,7 @@ rows of its latest run) and a PNG per CSV (matplotlib, the ``bench`` extra; with
 says there are no plots). The last line printed to stdout is one JSON object: parts, scripts, rows
 written, report path, wall time, failures. Torch-free: the scripts import torch, not this.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,6 +25,7 @@ from pathlib import Path
 @dataclass(frozen=True)
 class Script:
     """One benchmark script run by a part."""
+
     name: str  # what ``--only`` selects
     file: str  # under benchmarks/
     csv: str  # the file it appends to, under the results directory
@@ -35,8 +37,13 @@ class Script:
 PARTS: dict[str, tuple[Script, ...]] = {
     "kernels": (
         # 256 tokens of Qwen2.5-0.5B's lm_head, ours vs the full-logits baseline: a few seconds a case
-        Script("fused_logprobs", "bench_fused_logprobs.py", "fused_logprobs.csv",
-               quick=("--tokens", "256", "--repeats", "2", "--impls", "naive,ours"), threads=False),
+        Script(
+            "fused_logprobs",
+            "bench_fused_logprobs.py",
+            "fused_logprobs.csv",
+            quick=("--tokens", "256", "--repeats", "2", "--impls", "naive,ours"),
+            threads=False,
+        ),
         Script("kl", "bench_kl.py", "bench_kl.csv"),
         Script("advantages", "bench_advantages.py", "bench_advantages.csv"),
         Script("ppo", "bench_ppo.py", "bench_ppo.csv"),
@@ -45,17 +52,28 @@ PARTS: dict[str, tuple[Script, ...]] = {
         Script("scaling", "bench_scaling.py", "bench_scaling.csv"),
     ),
     "rollout": (Script("generate", "bench_generate.py", "bench_generate.csv"),),
-    "sandbox": (Script("sandbox", "bench_sandbox.py", "bench_sandbox.csv", args=("--repeats", "5"),
-                       quick=("--repeats", "2"), threads=False),),
-    "train": (Script("train", "bench_train.py", "bench_train.csv"),
-              Script("balance", "bench_balance.py", "bench_balance.csv", threads=False)),
-    "e2e": (Script("e2e", "bench_train.py", "bench_e2e.csv", args=("--e2e",)),
-            # against TRL's GRPOTrainer, in the Python of `make trl-venv` (skipped, saying so, without one)
-            Script("trl", "bench_trl.py", "bench_trl.csv")),
+    "sandbox": (
+        Script(
+            "sandbox",
+            "bench_sandbox.py",
+            "bench_sandbox.csv",
+            args=("--repeats", "5"),
+            quick=("--repeats", "2"),
+            threads=False,
+        ),
+    ),
+    "train": (
+        Script("train", "bench_train.py", "bench_train.csv"),
+        Script("balance", "bench_balance.py", "bench_balance.csv", threads=False),
+    ),
+    "e2e": (
+        Script("e2e", "bench_train.py", "bench_e2e.csv", args=("--e2e",)),
+        # against TRL's GRPOTrainer, in the Python of `make trl-venv` (skipped, saying so, without one)
+        Script("trl", "bench_trl.py", "bench_trl.csv"),
+    ),
 }
 CHOICES = (*PARTS, "all")
-TABLE_COLUMNS = ("bench", "variant", "settings", "metric", "median", "spread", "repeats", "device", "commit",
-                 "machine")
+TABLE_COLUMNS = ("bench", "variant", "settings", "metric", "median", "spread", "repeats", "device", "commit", "machine")
 README_START, README_END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
 
 
@@ -67,9 +85,11 @@ def bench_dir() -> Path:
     """The checkout's benchmarks/ directory, or a BenchError naming what is missing."""
     d = Path(__file__).resolve().parents[1] / "benchmarks"
     if not (d / "_common.py").is_file():
-        raise BenchError(f"`fastcrit bench` runs the scripts of a source checkout, and {d} holds none "
-                         f"(benchmarks/_common.py missing: fastcrit installed from a wheel?). Clone the "
-                         f"repository and `pip install -e '.[bench]'` there.")
+        raise BenchError(
+            f"`fastcrit bench` runs the scripts of a source checkout, and {d} holds none "
+            f"(benchmarks/_common.py missing: fastcrit installed from a wheel?). Clone the "
+            f"repository and `pip install -e '.[bench]'` there."
+        )
     return d
 
 
@@ -79,7 +99,9 @@ def select(part: str, only: list[str] | None = None) -> list[Script]:
         known = {s.name for s in scripts}
         unknown = sorted(set(only) - known)
         if unknown:
-            raise BenchError(f"--only {','.join(unknown)}: not in part {part!r} (its scripts: {', '.join(sorted(known))})")
+            raise BenchError(
+                f"--only {','.join(unknown)}: not in part {part!r} (its scripts: {', '.join(sorted(known))})"
+            )
         scripts = [s for s in scripts if s.name in only]
     return scripts
 
@@ -171,8 +193,10 @@ def build_report(results: Path, out: Path, plots: bool = True, label: str | None
                 sections.append(f"No rows yet: `fastcrit bench {part}` writes them.\n")
                 continue
             r0 = rows[-1]
-            sections.append(f"Latest run {r0.get('run') or '(before run ids)'}, commit {r0.get('commit', '')}, "
-                            f"{len(rows)} rows.\n\n" + markdown_table(rows))
+            sections.append(
+                f"Latest run {r0.get('run') or '(before run ids)'}, commit {r0.get('commit', '')}, "
+                f"{len(rows)} rows.\n\n" + markdown_table(rows)
+            )
             if plots:
                 png = out / (Path(s.csv).stem + ".png")
                 if plot(rows, f"{s.csv}: run {r0.get('run', '')}, commit {r0.get('commit', '')}", png):
@@ -180,10 +204,12 @@ def build_report(results: Path, out: Path, plots: bool = True, label: str | None
                     sections.append(f"\n![{s.csv}]({png.name})\n")
                 elif rows[0].get("median"):  # figures to draw, yet no plot: matplotlib is missing
                     have_mpl = False
-    head = ["# Benchmark report\n",
-            f"Written {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} from the CSVs in "
-            f"`{label or results}` by `fastcrit bench`. median / spread: the median and q80 - q20 of `metric` over "
-            f"`repeats`; see benchmarks/README.md.\n"]
+    head = [
+        "# Benchmark report\n",
+        f"Written {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} from the CSVs in "
+        f"`{label or results}` by `fastcrit bench`. median / spread: the median and q80 - q20 of `metric` over "
+        f"`repeats`; see benchmarks/README.md.\n",
+    ]
     if plots and not have_mpl:
         head.append("No plots: matplotlib is not installed (`pip install -e '.[bench]'`).\n")
     return "\n".join(head + sections), pngs
@@ -197,7 +223,7 @@ def update_readme(readme: Path, tables: str) -> bool:
     a, b = text.find(README_START), text.find(README_END)
     if a < 0 or b < a:
         return False
-    readme.write_text(text[:a + len(README_START)] + "\n" + tables.strip() + "\n" + text[b:])
+    readme.write_text(text[: a + len(README_START)] + "\n" + tables.strip() + "\n" + text[b:])
     return True
 
 
@@ -211,8 +237,13 @@ def run_script(s: Script, bdir: Path, results: Path, quick: bool, threads: int |
     before = len(read_csv(results / s.csv))
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=bdir.parent, env=env, capture_output=True, text=True)
-    out = {"name": s.name, "cmd": " ".join(cmd[1:]), "rc": proc.returncode,
-           "seconds": round(time.perf_counter() - t0, 1), "rows": len(read_csv(results / s.csv)) - before}
+    out = {
+        "name": s.name,
+        "cmd": " ".join(cmd[1:]),
+        "rc": proc.returncode,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "rows": len(read_csv(results / s.csv)) - before,
+    }
     last = proc.stdout.strip().splitlines()[-1:] or [""]
     try:
         summary = json.loads(last[0])
@@ -238,8 +269,11 @@ def cmd_bench(args) -> int:
     default_results = bdir / "results"
     results = Path(args.out).resolve() if args.out else default_results
     results.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, FASTCRIT_BENCH_RESULTS=str(results),
-               FASTCRIT_BENCH_RUN=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    env = dict(
+        os.environ,
+        FASTCRIT_BENCH_RESULTS=str(results),
+        FASTCRIT_BENCH_RUN=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     from tqdm import tqdm
@@ -256,29 +290,50 @@ def cmd_bench(args) -> int:
     report.write_text(md)
     readme = None
     # the README sits one level above results/: its image links get the folder
-    if results == default_results and update_readme(bdir / "README.md",
-                                                     md.split("\n", 1)[1].replace("](", "](results/")):
+    if results == default_results and update_readme(
+        bdir / "README.md", md.split("\n", 1)[1].replace("](", "](results/")
+    ):
         readme = str(bdir / "README.md")
     failures = [{k: d[k] for k in ("name", "rc", "error")} for d in done if d["rc"] != 0]
-    print(json.dumps({"parts": [args.part] if not args.report_only else [], "quick": args.quick,
-                      "scripts": [{k: d[k] for k in ("name", "rc", "rows", "seconds", "skipped") if k in d}
-                                  for d in done],
-                      "rows_written": sum(max(d["rows"], 0) for d in done), "results": str(results),
-                      "report": str(report), "plots": pngs, "readme": readme,
-                      "wall_s": round(time.perf_counter() - t0, 1), "failures": failures}))
+    print(
+        json.dumps(
+            {
+                "parts": [args.part] if not args.report_only else [],
+                "quick": args.quick,
+                "scripts": [{k: d[k] for k in ("name", "rc", "rows", "seconds", "skipped") if k in d} for d in done],
+                "rows_written": sum(max(d["rows"], 0) for d in done),
+                "results": str(results),
+                "report": str(report),
+                "plots": pngs,
+                "readme": readme,
+                "wall_s": round(time.perf_counter() - t0, 1),
+                "failures": failures,
+            }
+        )
+    )
     return 1 if failures else 0
 
 
 def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="run the benchmarks of a source checkout; CSV rows, a report, plots")
-    p.add_argument("part", choices=CHOICES, help="which part: " + ", ".join(
-        f"{k} ({', '.join(s.name for s in v)})" for k, v in PARTS.items()) + ", or all")
+    p.add_argument(
+        "part",
+        choices=CHOICES,
+        help="which part: " + ", ".join(f"{k} ({', '.join(s.name for s in v)})" for k, v in PARTS.items()) + ", or all",
+    )
     p.add_argument("--quick", action="store_true", help="small settings, few repeats (all: minutes on 2 cores)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads for every script (OMP_NUM_THREADS and --threads where taken)")
-    p.add_argument("--out", default=None,
-                   help="results directory for the CSVs, report.md and PNGs (default: benchmarks/results; "
-                        "only then is the table in benchmarks/README.md updated)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads for every script (OMP_NUM_THREADS and --threads where taken)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="results directory for the CSVs, report.md and PNGs (default: benchmarks/results; "
+        "only then is the table in benchmarks/README.md updated)",
+    )
     p.add_argument("--only", default=None, help="comma list of script names within the part, e.g. kl,ppo")
     p.add_argument("--report-only", action="store_true", help="run nothing; rewrite the report from the CSVs")
     p.set_defaults(func=cmd_bench)

@@ -1,4 +1,5 @@
 """The face of fastcrit: `fastcrit train | sft | gen | sandbox | bench ...` -> config -> recipe."""
+
 from __future__ import annotations
 
 import argparse
@@ -52,9 +53,11 @@ def _with_reward_model(ctx, cfg):
     if os.path.isfile(os.path.join(path, marker)):
         return
     if cfg.rm.steps <= 0 or not ours:
-        raise ConfigError(f"reward.model_path {path!r} holds no reward model; train one with "
-                          f"`fastcrit rm CONFIG` (it writes <rm.output_dir>/final, here "
-                          f"{os.path.join(rm_output_dir(cfg), 'final')})")
+        raise ConfigError(
+            f"reward.model_path {path!r} holds no reward model; train one with "
+            f"`fastcrit rm CONFIG` (it writes <rm.output_dir>/final, here "
+            f"{os.path.join(rm_output_dir(cfg), 'final')})"
+        )
     run_rm(ctx, cfg)
 
 
@@ -143,8 +146,10 @@ def _engine_env(cfg) -> dict[str, str]:
             raise ConfigError(f"{name}.engine_args: {e}") from None
         for k, v in wanted.items():
             if env.setdefault(k, v) != v:
-                raise ConfigError(f"the rollout and proxy.rollout SGLang engines would set {k} to {env[k]} and "
-                                  f"{v} (their engine_args differ); one process holds one value")
+                raise ConfigError(
+                    f"the rollout and proxy.rollout SGLang engines would set {k} to {env[k]} and "
+                    f"{v} (their engine_args differ); one process holds one value"
+                )
     return env
 
 
@@ -153,8 +158,9 @@ def cmd_train(args) -> int:
     if args.resume:
         cfg = _resuming(cfg, args.resume)
     if cfg.algorithm.name not in RECIPES:
-        raise ConfigError(f"{args.config}: algorithm.name={cfg.algorithm.name!r} has no recipe yet "
-                          f"(available: {', '.join(RECIPES)})")
+        raise ConfigError(
+            f"{args.config}: algorithm.name={cfg.algorithm.name!r} has no recipe yet (available: {', '.join(RECIPES)})"
+        )
     if cfg.trainer.device == "cuda" and not cfg.trainer.skip_plan:
         _check_plan(cfg, args.config)
     return _run(args, cfg, _train_entry, cfg.trainer.nproc)
@@ -170,8 +176,15 @@ def _run(args, cfg, entry, nproc: int) -> int:
     from fastcrit.train.preempt import Stopped
 
     try:
-        launch(entry, (cfg,), nproc, cfg.trainer.device, cfg.trainer.dist_timeout_s, env=_engine_env(cfg),
-               separate=bool(_sglang_engines(cfg)))
+        launch(
+            entry,
+            (cfg,),
+            nproc,
+            cfg.trainer.device,
+            cfg.trainer.dist_timeout_s,
+            env=_engine_env(cfg),
+            separate=bool(_sglang_engines(cfg)),
+        )
     except Stopped as s:
         stopped = s
     except KeyboardInterrupt:  # a second Ctrl-C in this process's rank (or a first before its handler)
@@ -200,8 +213,9 @@ def _stop_report(args, cfg, stopped) -> str:
         what = f"stopped by {stopped.name}"
     else:
         ckpt = None
-        what = f"stopped by {stopped.name} " + ("before the first RL step" if train else
-                                                 f"during `fastcrit {args.command}`")
+        what = f"stopped by {stopped.name} " + (
+            "before the first RL step" if train else f"during `fastcrit {args.command}`"
+        )
     argv = ["fastcrit", args.command, args.config]
     sets = list(args.set)
     if ckpt:
@@ -230,8 +244,10 @@ def _check_plan(cfg, config_path: str) -> None:
         raise ConfigError(str(e)) from None
     if not plan.fits():
         over = "; ".join(f"{p.name}: {', '.join(plan.fixes.get(p.name, [])) or 'no key found'}" for p in plan.over())
-        raise ConfigError(f"{config_path}: a phase does not fit on this GPU (fastcrit plan's table follows); "
-                          f"what would lower it: {over}. Set trainer.skip_plan=true to run anyway.\n{render(plan)}")
+        raise ConfigError(
+            f"{config_path}: a phase does not fit on this GPU (fastcrit plan's table follows); "
+            f"what would lower it: {over}. Set trainer.skip_plan=true to run anyway.\n{render(plan)}"
+        )
 
 
 def _resuming(cfg, run_dir: str):
@@ -310,11 +326,12 @@ def cmd_gen(args) -> int:
     tok = load_tokenizer(path)
     engine = NativeEngine(path, dtype="float32", device="cpu")
     ids = [tok.encode(render_chat(tok, p), add_special_tokens=False) for p in args.prompt]
-    params = SamplingParams(n=args.n, max_new_tokens=args.max_new_tokens,
-                            temperature=args.temperature, seed=args.seed)
+    params = SamplingParams(n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     for r in engine.generate(ids, params):
-        print(f"[{r.prompt_index}] {tok.decode(r.output_ids, skip_special_tokens=True)!r} "
-              f"({r.finish_reason}, {len(r.output_ids)} tokens)")
+        print(
+            f"[{r.prompt_index}] {tok.decode(r.output_ids, skip_special_tokens=True)!r} "
+            f"({r.finish_reason}, {len(r.output_ids)} tokens)"
+        )
     return 0
 
 
@@ -341,31 +358,49 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastcrit", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    for name, fn, text in (("train", cmd_train, "RL training (GRPO, RLOO, PPO, PACS, RARO, CTRL) from a YAML config"),
-                           ("sft", cmd_sft, "supervised fine-tuning (the warm start) from a config"),
-                           ("rm", cmd_rm, "train a reward model on preference pairs (Bradley-Terry)"),
-                           ("ctrl-synth", cmd_ctrl_synth,
-                            "CTRL stage 1: sample solutions, run them, write synthetic critiques"),
-                           ("critique", cmd_critique,
-                            "CTRL at test time: generator solutions, then rounds of critique -> revision")):
+    for name, fn, text in (
+        ("train", cmd_train, "RL training (GRPO, RLOO, PPO, PACS, RARO, CTRL) from a YAML config"),
+        ("sft", cmd_sft, "supervised fine-tuning (the warm start) from a config"),
+        ("rm", cmd_rm, "train a reward model on preference pairs (Bradley-Terry)"),
+        ("ctrl-synth", cmd_ctrl_synth, "CTRL stage 1: sample solutions, run them, write synthetic critiques"),
+        ("critique", cmd_critique, "CTRL at test time: generator solutions, then rounds of critique -> revision"),
+    ):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("config", help="YAML file overriding the defaults (see configs/)")
-        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one key, e.g. --set rollout.n=8 (repeatable)")
+        sp.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override one key, e.g. --set rollout.n=8 (repeatable)",
+        )
         sp.set_defaults(func=fn)
         if name == "train":
-            sp.add_argument("--resume", metavar="RUN_DIR",
-                            help="continue the run in RUN_DIR (a previous run's trainer.output_dir, or its "
-                                 "newest checkpoints/step_<N>) from its newest checkpoint; it must hold a "
-                                 "complete one. Like --set trainer.output_dir=RUN_DIR --set trainer.resume=true, "
-                                 "but an error when there is nothing to resume")
+            sp.add_argument(
+                "--resume",
+                metavar="RUN_DIR",
+                help="continue the run in RUN_DIR (a previous run's trainer.output_dir, or its "
+                "newest checkpoints/step_<N>) from its newest checkpoint; it must hold a "
+                "complete one. Like --set trainer.output_dir=RUN_DIR --set trainer.resume=true, "
+                "but an error when there is nothing to resume",
+            )
 
     pl = sub.add_parser("plan", help="the device memory each phase of a run needs per GPU, from the config alone")
     pl.add_argument("config", help="YAML file overriding the defaults (see configs/)")
-    pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override one key, e.g. --set trainer.micro_batch_size=4 (repeatable)")
-    pl.add_argument("--gpu-memory-gib", type=float, default=None, metavar="N",
-                    help="memory of one GPU (default: this machine's GPU 0, else 80)")
+    pl.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one key, e.g. --set trainer.micro_batch_size=4 (repeatable)",
+    )
+    pl.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        default=None,
+        metavar="N",
+        help="memory of one GPU (default: this machine's GPU 0, else 80)",
+    )
     pl.add_argument("--json", metavar="FILE", help="also write the plan as JSON")
     pl.set_defaults(func=cmd_plan)
 
@@ -378,13 +413,23 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(func=cmd_gen)
 
-    ex = sub.add_parser("export", help="write a checkpoint's model alone (config, safetensors weights, "
-                                       "tokenizer, generation config) for transformers")
-    ex.add_argument("checkpoint", help="a checkpoints/step_<N> directory (or a run's output_dir: its newest), "
-                                       "or any Hugging Face model directory")
+    ex = sub.add_parser(
+        "export",
+        help="write a checkpoint's model alone (config, safetensors weights, "
+        "tokenizer, generation config) for transformers",
+    )
+    ex.add_argument(
+        "checkpoint",
+        help="a checkpoints/step_<N> directory (or a run's output_dir: its newest), "
+        "or any Hugging Face model directory",
+    )
     ex.add_argument("out", help="the directory to write (must not exist, or be empty)")
-    ex.add_argument("--dtype", choices=("bf16", "fp32", "fp16"), default=None,
-                    help="the weights' dtype (default: the checkpoint's own)")
+    ex.add_argument(
+        "--dtype",
+        choices=("bf16", "fp32", "fp16"),
+        default=None,
+        help="the weights' dtype (default: the checkpoint's own)",
+    )
     ex.set_defaults(func=cmd_export)
 
     from fastcrit.bench import register as register_bench  # torch-free, cheap to import

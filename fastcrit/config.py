@@ -4,6 +4,7 @@ Errors name the key's full path and the file (or `--set`) it came from:
 
     ConfigError: configs/cpu/grpo.yaml: rollout.n: expected int, got str 'eight'
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,7 @@ import sys
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 import yaml
 
@@ -73,7 +74,9 @@ class RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Literal["grpo", "rloo", "ctrl", "pacs", "ppo", "raro"] = "grpo"  # ctrl: GRPO on critiques; pacs, ppo, raro: see pacs.*, ppo.*, raro.*
+    name: Literal["grpo", "rloo", "ctrl", "pacs", "ppo", "raro"] = (
+        "grpo"  # ctrl: GRPO on critiques; pacs, ppo, raro: see pacs.*, ppo.*, raro.*
+    )
     norm_adv_by_std: bool = True
     kl_coef: float = 0.0  # coefficient of the KL loss to the frozen reference (0 = no reference)
     kl_kind: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"] = "low_var_kl"
@@ -85,24 +88,24 @@ class AlgorithmConfig:
     kl_horizon: float = 10000.0  # verl's horizon, in sequences
     clip_low: float = 0.2
     clip_high: float = 0.2
-    clip_c: Optional[float] = None  # dual-clip constant (> 1) for negative advantages
-    loss_agg: Literal[
-        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-    ] = "token-mean"
+    clip_c: float | None = None  # dual-clip constant (> 1) for negative advantages
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        "token-mean"
+    )
     # seq-mean-token-sum-norm divides each sequence's token sum by this constant (verl's actor
     # loss_scale_factor); None = rollout.max_new_tokens. Never the longest response of a batch.
-    loss_scale_factor: Optional[float] = None
+    loss_scale_factor: float | None = None
     entropy_coef: float = 0.0
     ppo_epochs: int = 1
     mini_batches: int = 1  # optimizer steps per rollout step = ppo_epochs * mini_batches
     # Where PPO's "old" log-probs come from: the trainer recomputes them with one forward pass (true),
     # or the engine's sampling log-probs are used (false). auto = recompute whenever the two can
     # differ: rollout.engine=sglang or model.dtype other than float32 (verl always recomputes).
-    recompute_old_logprobs: Union[bool, Literal["auto"]] = "auto"
+    recompute_old_logprobs: bool | Literal["auto"] = "auto"
     # Truncated importance sampling (verl's tis_imp_ratio_cap / token-level rollout_is): each token's
     # policy-gradient loss times min(exp(old - engine log-prob), tis_cap), detached; None = off.
     # Needs recomputed old log-probs (else the weight is 1).
-    tis_cap: Optional[float] = None
+    tis_cap: float | None = None
 
 
 @dataclass
@@ -142,9 +145,11 @@ class RAROConfig:
     """RARO: one model as policy and as relativistic critic (by system prompt), trained jointly."""
 
     policy_system: str = "Answer the question."
-    critic_system: str = ("Two answers to the question follow, one by an expert and one by a student, in "
-                          "random order. Say briefly which is the expert's, then end with exactly one of "
-                          "[Answer 1], [Answer 2] or [Tie].")
+    critic_system: str = (
+        "Two answers to the question follow, one by an expert and one by a student, in "
+        "random order. Say briefly which is the expert's, then end with exactly one of "
+        "[Answer 1], [Answer 2] or [Tie]."
+    )
     critic_samples: int = 4  # critic verdicts per (question, answer, answer) pair: one GRPO group
     critic_max_new_tokens: int = 64
     # What the critic sees of each answer, the expert's and the policy's: "answer", the final answer
@@ -225,8 +230,9 @@ class ProxyConfig:
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path=""))  # "" = model.path
     # Its own engine and lengths; revisions decode greedily (temperature 0), as in the paper.
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(
-        n=1, temperature=0.0, max_new_tokens=768, mem_fraction_static=0.2))
+    rollout: RolloutConfig = field(
+        default_factory=lambda: RolloutConfig(n=1, temperature=0.0, max_new_tokens=768, mem_fraction_static=0.2)
+    )
     max_prompt_len: int = 2048  # longer revision prompts are not sent; the critique scores 0
     endpoint: str = ""  # e.g. http://127.0.0.1:8000/v1; when set, used instead of proxy.model
     api_model: str = ""  # the model name the endpoint serves
@@ -269,7 +275,7 @@ class CTRLConfig:
     # The temperature of the solutions critics are evaluated on (stage 1's held-out split, which
     # `fastcrit train` evaluates on, and `fastcrit critique`); None = solution_temperature. 0 makes
     # the critics start from the generator's greedy answers, the strongest single-answer baseline.
-    eval_temperature: Optional[float] = None
+    eval_temperature: float | None = None
     sft_balance: bool = True  # repeat the rarer judgment's critiques until both are as many
     # Seeds the held-out problems' initial solutions (stage 1's val split) apart from trainer.seed,
     # so runs with different training seeds are evaluated on the same solutions and the spread
@@ -300,8 +306,9 @@ class CTRLConfig:
     # figures are means with their standard error), and the baselines in the same table
     eval_solutions: int = 5
     eval_seeds: int = 3
-    baselines: list[str] = field(default_factory=lambda: [
-        "generator_greedy", "no_critique", "self_critique", "execution_feedback"])
+    baselines: list[str] = field(
+        default_factory=lambda: ["generator_greedy", "no_critique", "self_critique", "execution_feedback"]
+    )
     # Test time and the held-out evaluation: the critic's sampling temperature (0 = greedy) and how
     # many critiques each solution gets, each the start of its own chain of rounds (figures are means
     # over them: the expected pass@1 and judgment accuracy of one sampled critique). The revisions
@@ -349,7 +356,7 @@ class TrainerConfig:
     # Complete checkpoints kept in output_dir/checkpoints: after each save the older ones go, never
     # the one just written (so the last step's, the model a finished run hands over, always stays).
     # 0 or null = keep every one.
-    keep_last: Optional[int] = 2
+    keep_last: int | None = 2
     eval_every: int = 0  # 0 = only at the start and the end
     seed: int = 0
     device: Literal["cpu", "cuda"] = "cpu"
@@ -559,8 +566,12 @@ def load_config(path: str | None = None, sets: list[str] | None = None, world_si
         _apply(cfg, parse_set(item), "", "--set")
     if world_size is not None and world_size != cfg.trainer.nproc:
         if os.environ.get("RANK", "0") == "0":
-            print(f"fastcrit: trainer.nproc={cfg.trainer.nproc} is replaced by torchrun's world size "
-                  f"{world_size} (--nnodes x --nproc-per-node)", file=sys.stderr, flush=True)
+            print(
+                f"fastcrit: trainer.nproc={cfg.trainer.nproc} is replaced by torchrun's world size "
+                f"{world_size} (--nnodes x --nproc-per-node)",
+                file=sys.stderr,
+                flush=True,
+            )
         cfg.trainer.nproc = world_size
     from fastcrit.config_checks import validate  # the cross-field rules, apart from the tree
 

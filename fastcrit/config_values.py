@@ -1,5 +1,6 @@
 """Values the config implies rather than states: each resolves a key whose default depends on others
 (an ``auto``, an empty path). Apart from config.py so the tree itself stays declarations."""
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ Layout follows verl's so that formulas read the same: a sequence is a left-padde
 by a right-padded response. ``B`` is the number of samples (prompts x n), ``P`` the padded prompt
 length, ``R`` the padded response length.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -55,14 +56,27 @@ class SamplingParams:
 
     def key(self) -> tuple:
         """A hashable tuple of every field (requests with equal keys can share one generate call)."""
-        return (self.n, self.max_new_tokens, self.temperature, self.top_p, self.top_k, tuple(self.stop_token_ids),
-                self.seed, tuple(self.stop), self.presence_penalty, self.frequency_penalty,
-                self.repetition_penalty, tuple(sorted(self.logit_bias.items())), self.top_logprobs)
+        return (
+            self.n,
+            self.max_new_tokens,
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            tuple(self.stop_token_ids),
+            self.seed,
+            tuple(self.stop),
+            self.presence_penalty,
+            self.frequency_penalty,
+            self.repetition_penalty,
+            tuple(sorted(self.logit_bias.items())),
+            self.top_logprobs,
+        )
 
     def shapes_logits(self) -> bool:
         """True when a penalty or a bias changes the logits before sampling."""
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logit_bias)
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.logit_bias
+        )
 
 
 @dataclass
@@ -115,7 +129,7 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.prompts.shape[0]
 
-    def trimmed(self) -> "RolloutBatch":
+    def trimmed(self) -> RolloutBatch:
         """The same rows without the columns that are padding in every row (the left of the
         prompts, the right of the responses; at least one response column stays). Positions come
         from the attention mask, so every real token keeps its position and its log-prob."""
@@ -132,14 +146,14 @@ class RolloutBatch:
             if name == "prompts":
                 v = v[:, p0:]
             elif name == "attention_mask":
-                v = torch.cat([v[:, p0:P], v[:, P:P + r1]], dim=1)
+                v = torch.cat([v[:, p0:P], v[:, P : P + r1]], dim=1)
             elif isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[1] == R:
                 v = v[:, :r1]
             out[name] = v
         return RolloutBatch(**out)
 
     @staticmethod
-    def concat(batches: list["RolloutBatch"]) -> "RolloutBatch":
+    def concat(batches: list[RolloutBatch]) -> RolloutBatch:
         """The rows of ``batches`` in order, re-padded to the widest prompt and response (prompts
         on the left, responses and every [B, R] field on the right, with zeros; ``pad_id`` is the
         first batch's pad, read from a padded slot of its prompts or responses, else 0)."""
@@ -160,8 +174,10 @@ class RolloutBatch:
                 elif name == "responses":
                     v = torch.nn.functional.pad(v, (0, dr), value=pad_id)
                 elif name == "attention_mask":
-                    v = torch.cat([torch.nn.functional.pad(v[:, :bp], (dp, 0)),
-                                   torch.nn.functional.pad(v[:, bp:], (0, dr))], dim=1)
+                    v = torch.cat(
+                        [torch.nn.functional.pad(v[:, :bp], (dp, 0)), torch.nn.functional.pad(v[:, bp:], (0, dr))],
+                        dim=1,
+                    )
                 elif isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[1] == br:
                     v = torch.nn.functional.pad(v, (0, dr))
                 fields[name].append(v)
@@ -175,7 +191,7 @@ class RolloutBatch:
                 out[name] = torch.cat(vs)
         return RolloutBatch(**out)
 
-    def select(self, idx: torch.Tensor) -> "RolloutBatch":
+    def select(self, idx: torch.Tensor) -> RolloutBatch:
         """Rows ``idx`` (a [b] long tensor) of every tensor field."""
         out = {}
         for name in self.__dataclass_fields__:

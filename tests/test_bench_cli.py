@@ -1,5 +1,6 @@
 """`fastcrit bench`: the parser, the report builder on a hand-written CSV, the CSV writer's header
 rule, and one real (cheapest) part run end to end in a subprocess. No timing is asserted."""
+
 from __future__ import annotations
 
 import csv
@@ -56,7 +57,8 @@ def test_report_table_from_a_hand_written_csv(tmp_path):
         "| bench | variant | settings | metric | median | spread | repeats | device | commit | machine |\n"
         "|---|---|---|---|---|---|---|---|---|---|\n"
         "| kl | eager_torch | B=8 T=512 | ms | 1.25 | 0.5 | 3 | cpu | bbb | m, 2 cpus |\n"
-        "| kl | fastcrit_torch | B=8 T=512 | ms | 0.1235 | 0.1 | 3 | cpu | bbb | m, 2 cpus |\n")
+        "| kl | fastcrit_torch | B=8 T=512 | ms | 0.1235 | 0.1 | 3 | cpu | bbb | m, 2 cpus |\n"
+    )
 
 
 def test_latest_run_of_rows_without_run_ids_is_the_last_commit_block():
@@ -91,9 +93,27 @@ def test_new_columns_rewrite_the_header_and_keep_old_rows(tmp_path):
 
 def test_cheapest_real_part_writes_a_full_row_and_ends_with_json(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "fastcrit.cli", "bench", "kernels", "--quick", "--only", "kl",
-                           "--threads", "1", "--out", str(tmp_path)], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fastcrit.cli",
+            "bench",
+            "kernels",
+            "--quick",
+            "--only",
+            "kl",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["failures"] == [] and summary["parts"] == ["kernels"]
@@ -121,8 +141,14 @@ def test_trl_bench_without_a_trl_python_writes_nothing_and_says_why(tmp_path):
     assert bench_trl.peer_python(str(tmp_path / "no-python")) in (None, str(ROOT / ".venv-trl" / "bin" / "python"))
     if (ROOT / ".venv-trl").exists():
         pytest.skip("this checkout has .venv-trl: the bench would run TRL")
-    proc = subprocess.run([sys.executable, "-m", "fastcrit.cli", "bench", "e2e", "--only", "trl", "--out",
-                           str(tmp_path)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastcrit.cli", "bench", "e2e", "--only", "trl", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["rows_written"] == 0 and "make trl-venv" in summary["scripts"][0]["skipped"]

@@ -12,9 +12,18 @@ CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recurs
 
 def test_defaults_have_the_required_keys():
     c = Config()
-    for path in ("model.path", "trainer.total_steps", "trainer.output_dir", "trainer.save_every",
-                 "trainer.seed", "rollout.n", "rollout.temperature", "rollout.max_new_tokens",
-                 "algorithm.name", "algorithm.kl_coef"):
+    for path in (
+        "model.path",
+        "trainer.total_steps",
+        "trainer.output_dir",
+        "trainer.save_every",
+        "trainer.seed",
+        "rollout.n",
+        "rollout.temperature",
+        "rollout.max_new_tokens",
+        "algorithm.name",
+        "algorithm.kl_coef",
+    ):
         node = c
         for part in path.split("."):
             node = getattr(node, part)
@@ -155,8 +164,9 @@ def test_old_logprob_recomputation_resolves_and_tis_needs_it(tmp_path):
     assert recompute_old_logprobs(load_config(None, ["model.dtype=bfloat16"]))
     assert recompute_old_logprobs(load_config(None, ["rollout.engine=sglang"]))
     assert recompute_old_logprobs(load_config(None, ["algorithm.recompute_old_logprobs=true"]))
-    assert not recompute_old_logprobs(load_config(None, ["model.dtype=bfloat16",
-                                                         "algorithm.recompute_old_logprobs=false"]))
+    assert not recompute_old_logprobs(
+        load_config(None, ["model.dtype=bfloat16", "algorithm.recompute_old_logprobs=false"])
+    )
     with pytest.raises(ConfigError, match="algorithm.recompute_old_logprobs"):
         load_config(None, ["algorithm.recompute_old_logprobs=sometimes"])
     with pytest.raises(ConfigError, match="recompute_old_logprobs=true"):
@@ -171,8 +181,9 @@ def test_old_logprob_recomputation_resolves_and_tis_needs_it(tmp_path):
     assert loss_scale(load_config(None, ["algorithm.loss_scale_factor=100"])) == 100.0
 
 
-@pytest.mark.parametrize("path", [p for p in CONFIGS if os.sep + "cpu" + os.sep not in p],
-                         ids=lambda p: os.path.relpath(p, ROOT))
+@pytest.mark.parametrize(
+    "path", [p for p in CONFIGS if os.sep + "cpu" + os.sep not in p], ids=lambda p: os.path.relpath(p, ROOT)
+)
 def test_gpu_configs_recompute_old_logprobs(path):
     from fastcrit.config_values import recompute_old_logprobs
 
@@ -181,8 +192,13 @@ def test_gpu_configs_recompute_old_logprobs(path):
 
 # AdamW weight decay of the GPU configs as their papers' code sets it: verl's FSDP workers default to
 # 0.01 for the actor and the critic (GRPO, PPO, CTRL's RL); PACS's scripts set 0.01 (docs/ANCHORS).
-PAPER_WEIGHT_DECAY = {"grpo.yaml": 0.01, "ppo.yaml": 0.01, "pacs.yaml": 0.01, "pacs_beta2.yaml": 0.01,
-                      "ctrl.yaml": 0.01}
+PAPER_WEIGHT_DECAY = {
+    "grpo.yaml": 0.01,
+    "ppo.yaml": 0.01,
+    "pacs.yaml": 0.01,
+    "pacs_beta2.yaml": 0.01,
+    "ctrl.yaml": 0.01,
+}
 
 
 @pytest.mark.parametrize("name", sorted(PAPER_WEIGHT_DECAY))

@@ -1,4 +1,5 @@
 """fastcrit.cli's own pieces: the environment a run's ranks get for its SGLang engines."""
+
 import os
 
 import pytest
@@ -25,8 +26,10 @@ def test_an_sglang_run_exports_what_sglang_will_set(clean_env):
     ctrl = os.path.join(ROOT, "configs", "cpu", "ctrl.yaml")
     proxy = load_config(ctrl, ["proxy.rollout.engine=sglang", "proxy.rollout.engine_args={enable_nccl_nvls: true}"])
     assert _engine_env(proxy) == {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "1"}
-    both = load_config(ctrl, ["proxy.rollout.engine=sglang", "proxy.rollout.engine_args={enable_nccl_nvls: true}",
-                              "rollout.engine=sglang"])
+    both = load_config(
+        ctrl,
+        ["proxy.rollout.engine=sglang", "proxy.rollout.engine_args={enable_nccl_nvls: true}", "rollout.engine=sglang"],
+    )
     with pytest.raises(ConfigError, match="NCCL_NVLS_ENABLE to 0 and 1"):
         _engine_env(both)
 
@@ -75,13 +78,22 @@ def test_the_stop_report_gives_the_command_that_continues(tmp_path, monkeypatch)
     head, line = text.splitlines()
     assert head == f"fastcrit: stopped by SIGTERM; newest checkpoint: {out}/checkpoints/step_3"
     assert shlex.split(line.removeprefix("resume with: ")) == [
-        "fastcrit", "train", "configs/cpu/grpo.yaml", "--resume", out,
-        "--set", "rollout.n=4", "--set", "data.system_prompt=Be brief."]
+        "fastcrit",
+        "train",
+        "configs/cpu/grpo.yaml",
+        "--resume",
+        out,
+        "--set",
+        "rollout.n=4",
+        "--set",
+        "data.system_prompt=Be brief.",
+    ]
     # Before the first step: the command as it was given.
     text = _stop_report(_args(sets=sets), cfg, Stopped(signal.SIGINT, None))
     assert text.startswith("fastcrit: stopped by SIGINT before the first RL step; nothing to resume from\n")
-    assert shlex.split(text.splitlines()[1].removeprefix("start again with: "))[3:] == \
-        [x for s in sets for x in ("--set", s)]
+    assert shlex.split(text.splitlines()[1].removeprefix("start again with: "))[3:] == [
+        x for s in sets for x in ("--set", s)
+    ]
     sft = _stop_report(_args("sft", sets=sets), cfg, Stopped(signal.SIGTERM, None))
     assert "stopped by SIGTERM during `fastcrit sft`" in sft and "start again with: fastcrit sft" in sft
     # At once: resume from the newest checkpoint there is.

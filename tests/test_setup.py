@@ -1,6 +1,7 @@
 """What `pip install` brings (setup.py, kernels/pyproject.toml) and that a CPU user needs no triton:
 triton is an extra (`fastcrit[triton]`, `fastcrit-kernels[triton]`; in `gpu` and `test`), never a
 requirement, and training on CPU runs in a process where triton cannot be imported."""
+
 from __future__ import annotations
 
 import os
@@ -38,6 +39,17 @@ def test_triton_is_an_extra_of_fastcrit_not_a_requirement(monkeypatch):
     assert "tensorboardx" in _names(extras["tensorboard"]) and "tensorboardx" in _names(extras["test"])
 
 
+def test_ruff_is_pinned_in_the_test_extra_and_run_by_make_test(monkeypatch):
+    """CI (.ci/run) runs `make test`, which runs the linter and the format check before pytest,
+    with the version the test extra pins (a new release could fail unchanged code)."""
+    extras = _setup_kwargs(monkeypatch)["extras_require"]
+    assert [r for r in extras["test"] if r.startswith("ruff")] == ["ruff==0.17.6"]
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        make = f.read()
+    assert "test: lint\n" in make
+    assert "$(BIN)/ruff format --check ." in make and "$(BIN)/ruff check ." in make
+
+
 def test_triton_is_an_extra_of_fastcrit_kernels_not_a_dependency():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     with open(os.path.join(ROOT, "kernels", "pyproject.toml"), "rb") as f:
@@ -57,7 +69,9 @@ class NoTriton(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, NoTriton())
 """
 
-TRAIN = NO_TRITON + r"""
+TRAIN = (
+    NO_TRITON
+    + r"""
 import json, os, torch
 from fastcrit.cli import main
 argv = ["train", sys.argv[1]]
@@ -73,12 +87,27 @@ try:
 except RuntimeError as e:
     print("ERROR", e)
 """
+)
 
-SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model.tiny.heads=2",
-        "model.tiny.kv_heads=1", "model.tiny.intermediate=128", "data.prompts_per_step=2", "data.val_size=4",
-        "rollout.n=4", "rollout.max_new_tokens=6", "sft.steps=1", "sft.batch_size=8",
-        "algorithm.kl_coef=0.01", "trainer.micro_batch_size=4", "trainer.progress=false",
-        "trainer.compute_threads=1", "trainer.total_steps=1"]
+SETS = [
+    "model.path=tiny",
+    "model.tiny.hidden=64",
+    "model.tiny.layers=2",
+    "model.tiny.heads=2",
+    "model.tiny.kv_heads=1",
+    "model.tiny.intermediate=128",
+    "data.prompts_per_step=2",
+    "data.val_size=4",
+    "rollout.n=4",
+    "rollout.max_new_tokens=6",
+    "sft.steps=1",
+    "sft.batch_size=8",
+    "algorithm.kl_coef=0.01",
+    "trainer.micro_batch_size=4",
+    "trainer.progress=false",
+    "trainer.compute_threads=1",
+    "trainer.total_steps=1",
+]
 
 
 def test_cpu_training_runs_without_triton_and_asking_for_it_names_the_install(tmp_path):
@@ -87,9 +116,21 @@ def test_cpu_training_runs_without_triton_and_asking_for_it_names_the_install(tm
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FASTCRIT_KERNELS_BACKEND")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "kernels")]))
     out = str(tmp_path / "run")
-    p = subprocess.run([sys.executable, "-c", TRAIN, os.path.join(ROOT, "configs", "cpu", "grpo.yaml"),
-                        *SETS, f"trainer.output_dir={out}"], capture_output=True, text=True, timeout=600,
-                       env=env, cwd=ROOT)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            TRAIN,
+            os.path.join(ROOT, "configs", "cpu", "grpo.yaml"),
+            *SETS,
+            f"trainer.output_dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=ROOT,
+    )
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     assert os.path.isfile(os.path.join(out, "summary.json"))
     (line,) = [x for x in p.stdout.splitlines() if x.startswith("ERROR ")]

@@ -1,7 +1,8 @@
 """Outcome advantage estimators, chosen by name. Pure tensor math over fastcrit_kernels."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -10,8 +11,9 @@ from fastcrit_kernels import broadcast_to_tokens, group_advantages
 ESTIMATORS = ("grpo", "rloo")
 
 
-def outcome_advantages(name: str, scores: torch.Tensor, group_ids: torch.Tensor,
-                       response_mask: torch.Tensor, *, norm_by_std: bool = True) -> torch.Tensor:
+def outcome_advantages(
+    name: str, scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, *, norm_by_std: bool = True
+) -> torch.Tensor:
     """Sequence scores [B] + group ids [B] -> token advantages [B, R] (0 on masked tokens).
 
     grpo: (s - mean) / (std + 1e-6) per group (unbiased std; a group of one keeps its raw score);
@@ -23,8 +25,9 @@ def outcome_advantages(name: str, scores: torch.Tensor, group_ids: torch.Tensor,
     return broadcast_to_tokens(adv, response_mask)
 
 
-def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float,
-        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over response tokens (verl's ``compute_gae_advantage_return``).
 
     token_rewards, values, mask: [B, R]. Masked positions are skipped: the next valid token's value
@@ -46,8 +49,9 @@ def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *
     return adv, returns
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
-                  all_sum: Callable[[list[float]], list[float]] | None = None) -> torch.Tensor:
+def masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, all_sum: Callable[[list[float]], list[float]] | None = None
+) -> torch.Tensor:
     """x, mask: [B, R] -> [B, R]: (x - mean) * rsqrt(var + eps) on the valid tokens, 0 elsewhere
     (verl's ``masked_whiten``: var = the mean squared deviation times n / (n - 1), the unbiased one).
 

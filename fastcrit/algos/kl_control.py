@@ -1,6 +1,7 @@
 """The coefficient of PPO's KL penalty in the reward, fixed or adapted towards a target KL (verl's
 ``FixedKLController`` / ``AdaptiveKLController``, Ziegler et al. 2019). Pure math: the caller
 measures the step's KL over all ranks and keeps the coefficient (and checkpoints it)."""
+
 from __future__ import annotations
 
 import torch

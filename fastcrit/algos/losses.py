@@ -4,6 +4,7 @@ An objective turns one micro-batch's log-probs into a scalar loss and float stat
 micro-batch losses combine into the mini-batch loss (``agg``) and whether its samples must stay with
 their group (a loss that couples a group's samples, as PACS's advantages of log-prob ratios do).
 """
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -15,12 +16,24 @@ from fastcrit.types import RolloutBatch
 from fastcrit_kernels import aggregate_loss, group_advantages, kl_penalty, pacs_loss, ppo_policy_loss
 
 
-def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                     mask: torch.Tensor, *, clip_low: float, clip_high: float, clip_c: float | None,
-                     agg: str, agg_scale: float | None = None, ref_logp: torch.Tensor | None = None,
-                     kl_coef: float = 0.0, kl_kind: str = "low_var_kl",
-                     entropy: torch.Tensor | None = None, entropy_coef: float = 0.0,
-                     token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def policy_objective(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    clip_c: float | None,
+    agg: str,
+    agg_scale: float | None = None,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_kind: str = "low_var_kl",
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+    token_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """All [B, R] (``advantages`` may be [B]). Returns the scalar loss to minimise and detached
     float stats.
 
@@ -34,8 +47,17 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
     if token_weights is not None:
         a = advantages[:, None] if advantages.dim() == 1 else advantages
         advantages = a * token_weights
-    pg_loss, stats = ppo_policy_loss(logp, old_logp, advantages, mask, clip_low=clip_low,
-                                     clip_high=clip_high, clip_c=clip_c, agg=agg, agg_scale=agg_scale)
+    pg_loss, stats = ppo_policy_loss(
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        clip_c=clip_c,
+        agg=agg,
+        agg_scale=agg_scale,
+    )
     loss = pg_loss
     out = {"loss/policy": pg_loss.item()}
     out.update({f"actor/{k}": float(v) for k, v in stats.items()})
@@ -48,8 +70,9 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
     return loss, out
 
 
-def tis_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
-                cap: float) -> tuple[torch.Tensor, dict[str, float]]:
+def tis_weights(
+    old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Truncated importance sampling (verl ``tis_imp_ratio_cap``; its token-level ``rollout_is``
     with ``rollout_is_threshold``): w = min(exp(old_logp - rollout_logp), cap), all [B, R], detached,
     0 on padding. ``old_logp`` is the trainer's log-prob of the behaviour policy, ``rollout_logp``
@@ -86,9 +109,9 @@ class Objective(Protocol):
     def check(self, batch: RolloutBatch) -> None:
         """Raise ValueError naming what the batch lacks."""
 
-    def __call__(self, logp: torch.Tensor, entropy: torch.Tensor | None,
-                 mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        ...
+    def __call__(
+        self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
 class PPOObjective:
@@ -103,8 +126,10 @@ class PPOObjective:
         self.algo, self.agg, self.entropy = algo, algo.loss_agg, algo.entropy_coef != 0.0
         self.agg_scale = algo.loss_scale_factor if algo.loss_scale_factor is not None else agg_scale
         if self.agg == "seq-mean-token-sum-norm" and self.agg_scale is None:
-            raise ValueError("loss_agg=seq-mean-token-sum-norm divides by a constant: set "
-                             "algorithm.loss_scale_factor (or pass agg_scale)")
+            raise ValueError(
+                "loss_agg=seq-mean-token-sum-norm divides by a constant: set "
+                "algorithm.loss_scale_factor (or pass agg_scale)"
+            )
 
     def check(self, batch: RolloutBatch) -> None:
         if batch.advantages is None:
@@ -119,11 +144,22 @@ class PPOObjective:
         old, mask = mb.old_logprobs.to(d), mb.response_mask.to(d)
         w, tis = (None, {}) if a.tis_cap is None else tis_weights(old, mb.rollout_logprobs.to(d), mask, a.tis_cap)
         loss, out = policy_objective(
-            logp, old, mb.advantages.to(d), mask,
-            clip_low=a.clip_low, clip_high=a.clip_high, clip_c=a.clip_c, agg=a.loss_agg,
-            agg_scale=self.agg_scale, ref_logp=None if mb.ref_logprobs is None else mb.ref_logprobs.to(d),
-            kl_coef=a.kl_coef, kl_kind=a.kl_kind, entropy=entropy, entropy_coef=a.entropy_coef,
-            token_weights=w)
+            logp,
+            old,
+            mb.advantages.to(d),
+            mask,
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            clip_c=a.clip_c,
+            agg=a.loss_agg,
+            agg_scale=self.agg_scale,
+            ref_logp=None if mb.ref_logprobs is None else mb.ref_logprobs.to(d),
+            kl_coef=a.kl_coef,
+            kl_kind=a.kl_kind,
+            entropy=entropy,
+            entropy_coef=a.entropy_coef,
+            token_weights=w,
+        )
         return loss, {**out, **tis}
 
 
@@ -144,8 +180,9 @@ class PACSObjective:
         if self.algo.kl_coef != 0.0 and batch.ref_logprobs is None:
             raise ValueError("update_policy: kl_coef != 0 needs batch.ref_logprobs")
 
-    def logits(self, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
-               group_ids: torch.Tensor) -> torch.Tensor:
+    def logits(
+        self, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor
+    ) -> torch.Tensor:
         """[B] the BCE's input (advantage of the scaled log-prob score), detached, for metrics."""
         p = self.pacs
         with torch.no_grad():
@@ -154,16 +191,25 @@ class PACSObjective:
             else:
                 r = p.beta * (logp * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
             r = torch.where(mask.sum(-1) > 0, r, torch.zeros_like(r))
-            return group_advantages(r.float(), group_ids.to(r.device), p.estimator,
-                                    norm_by_std=self.algo.norm_adv_by_std)
+            return group_advantages(
+                r.float(), group_ids.to(r.device), p.estimator, norm_by_std=self.algo.norm_adv_by_std
+            )
 
     def __call__(self, logp, entropy, mb):
         p, d = self.pacs, logp.device
         old, mask, y = mb.old_logprobs.to(d), mb.response_mask.to(d), mb.scores.to(d)
-        loss, stats = pacs_loss(logp, old, y, mask, mb.group_ids.to(d), beta=p.beta,
-                                reward_method=p.reward_method, estimator=p.estimator,
-                                weight_mode=None if p.weight_mode == "none" else p.weight_mode,
-                                norm_by_std=self.algo.norm_adv_by_std)
+        loss, stats = pacs_loss(
+            logp,
+            old,
+            y,
+            mask,
+            mb.group_ids.to(d),
+            beta=p.beta,
+            reward_method=p.reward_method,
+            estimator=p.estimator,
+            weight_mode=None if p.weight_mode == "none" else p.weight_mode,
+            norm_by_std=self.algo.norm_adv_by_std,
+        )
         out = {"pacs/loss": loss.item(), "pacs/accuracy": float(stats["accuracy"])}
         ref = None if mb.ref_logprobs is None else mb.ref_logprobs.to(d)
         return _with_kl(loss, out, logp, ref, mask, self.algo.kl_coef, self.algo.kl_kind, "token-mean")

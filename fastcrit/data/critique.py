@@ -5,6 +5,7 @@ template``). The prompts themselves are in ``fastcrit.data.ctrl_prompts``.
 A critique has three parts, as in the CTRL paper: "Analysis:", "Improvement suggestions:" and a
 last line "Overall judgment: Correct" or "Overall judgment: Incorrect".
 """
+
 from __future__ import annotations
 
 import re
@@ -15,8 +16,16 @@ JUDGMENT_RE = re.compile(r"Overall judgment:\s*\**\s*(Correct|Incorrect)\b")
 NO_SUGGESTION = "none."
 
 # Texts the tiny tokenizer should know as whole words (fastcrit.models.tokenizer adds them).
-TEMPLATE_TEXTS = (COMPACT_CRITIC, FINALIZE, "Problem:\n", "Solution:\n", "Analysis:",
-                  "Improvement suggestions:", "Overall judgment: Correct", "Overall judgment: Incorrect")
+TEMPLATE_TEXTS = (
+    COMPACT_CRITIC,
+    FINALIZE,
+    "Problem:\n",
+    "Solution:\n",
+    "Analysis:",
+    "Improvement suggestions:",
+    "Overall judgment: Correct",
+    "Overall judgment: Incorrect",
+)
 
 
 def parse_judgment(critique: str) -> bool | None:
@@ -29,8 +38,10 @@ def parse_judgment(critique: str) -> bool | None:
 
 
 def format_critique(analysis: str, suggestion: str, correct: bool) -> str:
-    return (f"Analysis: {analysis.strip()}\nImprovement suggestions: {suggestion.strip()}\n"
-            f"Overall judgment: {'Correct' if correct else 'Incorrect'}")
+    return (
+        f"Analysis: {analysis.strip()}\nImprovement suggestions: {suggestion.strip()}\n"
+        f"Overall judgment: {'Correct' if correct else 'Incorrect'}"
+    )
 
 
 def _lines(code: str) -> list[str]:
@@ -87,8 +98,7 @@ def feedback_sentence(passed: bool, failures: list[str]) -> str:
     return first if first.endswith(".") else first + "."
 
 
-def synthetic_critique(passed: bool, failures: list[str], solution_code: str,
-                       reference_code: str | None) -> str:
+def synthetic_critique(passed: bool, failures: list[str], solution_code: str, reference_code: str | None) -> str:
     """A critique grounded in execution feedback, whose judgment is the real outcome.
 
     Where the solution and a reference solution differ in one line (or not at all), the analysis
@@ -130,7 +140,7 @@ def suggested_edit(critique: str) -> tuple[str, str] | None:
 
 def _count(words: list[str], part: list[str]) -> int:
     n = len(part)
-    return sum(words[i:i + n] == part for i in range(len(words) - n + 1)) if n else 0
+    return sum(words[i : i + n] == part for i in range(len(words) - n + 1)) if n else 0
 
 
 def _balance(words: list[str]) -> int:
@@ -198,9 +208,9 @@ def apply_edit(code: str, edit: tuple[str, str]) -> str | None:
         return None
     i = hits[0][0]
     words = lines[i].split()
-    at = next(k for k in range(len(words)) if words[k:k + len(old)] == old)
-    indent = lines[i][:len(lines[i]) - len(lines[i].lstrip())]
-    lines[i] = indent + " ".join(words[:at] + new + words[at + len(old):])
+    at = next(k for k in range(len(words)) if words[k : k + len(old)] == old)
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    lines[i] = indent + " ".join(words[:at] + new + words[at + len(old) :])
     return "\n".join(lines)
 
 
@@ -253,7 +263,10 @@ def review_agrees(critique: str, code: str | None = None) -> bool | None:
         if any(_squash(has) not in text for _, has in pairs):
             return False
     differ = [(needs, has) for needs, has in pairs if _squash(needs) != _squash(has)]
-    if edit is not None and differ and not any(_squash(apply_edit(has, edit) or "") == _squash(needs)
-                                               for needs, has in differ):
+    if (
+        edit is not None
+        and differ
+        and not any(_squash(apply_edit(has, edit) or "") == _squash(needs) for needs, has in differ)
+    ):
         return False  # an edit that is not the change its review states
     return verdict == (not differ)

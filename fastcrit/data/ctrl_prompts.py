@@ -19,6 +19,7 @@ starter code and the signature of the function the tests call whenever the state
 already show them (LiveCodeBench's functional problems and APPS / TACO's call-based ones name the
 function only there).
 """
+
 from __future__ import annotations
 
 import ast
@@ -32,29 +33,44 @@ FINALIZE = "Please finalize your answer accordingly using the same format."
 
 # compact style: the texts the tiny tokenizer was trained on (fastcrit.data.critique.TEMPLATE_TEXTS)
 COMPACT_CRITIC = (
-    "Review the solution to the programming problem below. Write \"Analysis:\" with what the code "
-    "does and where it goes wrong, then \"Improvement suggestions:\" with how to fix it, and end with "
-    "the line \"Overall judgment: Correct\" or \"Overall judgment: Incorrect\".")
-COMPACT_WRITER = ("The hint below says what running the solution showed. Let it guide the review, but "
-                  "never mention the hint and never quote a test or its expected result.")
+    'Review the solution to the programming problem below. Write "Analysis:" with what the code '
+    'does and where it goes wrong, then "Improvement suggestions:" with how to fix it, and end with '
+    'the line "Overall judgment: Correct" or "Overall judgment: Incorrect".'
+)
+COMPACT_WRITER = (
+    "The hint below says what running the solution showed. Let it guide the review, but "
+    "never mention the hint and never quote a test or its expected result."
+)
 
-PAPER_CRITIC = ("Your task is to analyse an answer to a problem and give constructive feedback. Reason "
-                "step by step about what the answer does and where it fails. Do NOT give a direct "
-                "solution: no corrected code.")
-PAPER_WRITER = (PAPER_CRITIC + "\nThe hint below tells you what running the answer showed: think it "
-                "through to guide the author.\n**Important: never mention the hint, and never quote a "
-                "test case or its expected output.**")
-REPLY_FORMAT = ("Write your reply in this format (leave out the <format> tags):\n<format>\nAnalysis:\n"
-                "{analysis}\n\nImprovement suggestions:\n{suggestions}\n\nOverall judgment: "
-                "{Correct or Incorrect}\n</format>")
+PAPER_CRITIC = (
+    "Your task is to analyse an answer to a problem and give constructive feedback. Reason "
+    "step by step about what the answer does and where it fails. Do NOT give a direct "
+    "solution: no corrected code."
+)
+PAPER_WRITER = (
+    PAPER_CRITIC + "\nThe hint below tells you what running the answer showed: think it "
+    "through to guide the author.\n**Important: never mention the hint, and never quote a "
+    "test case or its expected output.**"
+)
+REPLY_FORMAT = (
+    "Write your reply in this format (leave out the <format> tags):\n<format>\nAnalysis:\n"
+    "{analysis}\n\nImprovement suggestions:\n{suggestions}\n\nOverall judgment: "
+    "{Correct or Incorrect}\n</format>"
+)
 
-GEN_STDIO = ("Write a Python program that solves the coding problem below. It must obey the problem's "
-             "constraints and pass its example tests.")
-GEN_STDIO_FORMAT = ("The program reads its input from standard input and writes its answer to standard "
-                    "output. Put the whole program in one ```python code block.")
+GEN_STDIO = (
+    "Write a Python program that solves the coding problem below. It must obey the problem's "
+    "constraints and pass its example tests."
+)
+GEN_STDIO_FORMAT = (
+    "The program reads its input from standard input and writes its answer to standard "
+    "output. Put the whole program in one ```python code block."
+)
 GEN_FUNCTION = "Write Python code that solves the coding problem below."
-GEN_FUNCTION_FORMAT = ("Define {what}; the tests call it. Do not read input or print the answer, and do "
-                       "not include test cases. Put the code in one ```python code block.")
+GEN_FUNCTION_FORMAT = (
+    "Define {what}; the tests call it. Do not read input or print the answer, and do "
+    "not include test cases. Put the code in one ```python code block."
+)
 
 
 @dataclass(frozen=True)
@@ -143,9 +159,12 @@ def problem_text(problem: Problem) -> str:
     ep = problem.entry_point
     if ep and problem.test_kind != "stdio" and not re.search(rf"\b{re.escape(ep)}\s*\(", text):
         sig = signature(problem)
-        text += (f"\n\nThe tests call this function:\n```python\n{sig}\n```" if sig else
-                 f"\n\nThe tests call a function named `{ep}`" + (
-                     f" with {_arity(problem)} argument(s)." if _arity(problem) is not None else "."))
+        text += (
+            f"\n\nThe tests call this function:\n```python\n{sig}\n```"
+            if sig
+            else f"\n\nThe tests call a function named `{ep}`"
+            + (f" with {_arity(problem)} argument(s)." if _arity(problem) is not None else ".")
+        )
     return text
 
 
@@ -180,8 +199,10 @@ def generation_prompt(problem: Problem, style: str = "paper") -> str:
         head, fmt = GEN_STDIO, GEN_STDIO_FORMAT
     else:
         head, fmt = GEN_FUNCTION, GEN_FUNCTION_FORMAT.format(what=_target(problem))
-    return (f"{head}\n\nProblem description:\n<problem>\n{problem_text(problem)}\n</problem>\n\n"
-            f"Format:\n<format>\n{fmt}\n</format>")
+    return (
+        f"{head}\n\nProblem description:\n<problem>\n{problem_text(problem)}\n</problem>\n\n"
+        f"Format:\n<format>\n{fmt}\n</format>"
+    )
 
 
 def critique_messages(problem: Problem, solution: str, style: str = "paper") -> list[dict]:
@@ -200,8 +221,10 @@ def _review_prompt(problem: Problem, solution: str, style: str, hint: Hint | Non
         head = COMPACT_CRITIC if hint is None else f"{COMPACT_CRITIC} {COMPACT_WRITER}"
         out = f"{head}\n\nProblem:\n{problem_text(problem)}\n\nSolution:\n{solution}"
         return out if hint is None else f"{out}\n\nHint:\n{hint.text}"
-    out = (f"{PAPER_CRITIC if hint is None else PAPER_WRITER}\n\nProblem description:\n<problem>\n"
-           f"{problem_text(problem)}\n</problem>\n\nAnswer:\n<answer>\n{solution}\n</answer>\n\n")
+    out = (
+        f"{PAPER_CRITIC if hint is None else PAPER_WRITER}\n\nProblem description:\n<problem>\n"
+        f"{problem_text(problem)}\n</problem>\n\nAnswer:\n<answer>\n{solution}\n</answer>\n\n"
+    )
     if hint is not None:
         out += f"Hint:\n<hint>\n{hint.text}\n</hint>\n\n"
     return out + REPLY_FORMAT
@@ -226,9 +249,11 @@ def feedback_messages(problem: Problem, solution: str, hint: Hint, style: str = 
 
 
 def _followup(problem: Problem, solution: str, turn: str, style: str) -> list[dict]:
-    return [{"role": "user", "content": generation_prompt(problem, style)},
-            {"role": "assistant", "content": solution},
-            {"role": "user", "content": turn}]
+    return [
+        {"role": "user", "content": generation_prompt(problem, style)},
+        {"role": "assistant", "content": solution},
+        {"role": "user", "content": turn},
+    ]
 
 
 _FORMAT_TAGS = re.compile(r"</?format>")
@@ -249,20 +274,26 @@ def hint_for(problem: Problem, passed: bool, failures: list[str], failed_tests: 
     failing test with what it expected and what came back. ``failed_tests``: indices of the tests
     that did not pass (in the order of ``failures``), when known."""
     if passed:
-        return Hint("The answer is correct: it passes every test. A short, positive review with no "
-                    "needless suggestions fits.")
+        return Hint(
+            "The answer is correct: it passes every test. A short, positive review with no needless suggestions fits."
+        )
     failed_tests = list(failed_tests or [])
     message = (failures[0] if failures else "").strip()
     test = problem.tests[failed_tests[0]] if failed_tests and failed_tests[0] < len(problem.tests) else None
     total = len(problem.tests)
-    lead = ("The answer is incorrect" if not failed_tests else "The answer fails its only test" if total == 1
-            else "The answer fails every test" if len(failed_tests) >= total
-            else f"The answer fails {len(failed_tests)} of {total} tests")
+    lead = (
+        "The answer is incorrect"
+        if not failed_tests
+        else "The answer fails its only test"
+        if total == 1
+        else "The answer fails every test"
+        if len(failed_tests) >= total
+        else f"The answer fails {len(failed_tests)} of {total} tests"
+    )
     if "timeout" in message or "time limit" in message.lower():
         return Hint(f"{lead}: it runs out of time and needs a more efficient approach.")
     shown, quotes, expected = _test_shown(problem, test, message)
-    text = f"{lead}. " + (f"On this test:\n{shown}\n" if shown else "") + (
-        f"It gives: {message}" if message else "")
+    text = f"{lead}. " + (f"On this test:\n{shown}\n" if shown else "") + (f"It gives: {message}" if message else "")
     return Hint(text.strip(), tuple(dict.fromkeys(q for q in quotes if q.strip())), expected)
 
 
@@ -293,9 +324,15 @@ def _test_shown(problem: Problem, test, message: str) -> tuple[str, list[str], s
 # ---------------------------------------------------------------------------------------------
 # Filters on written critiques
 
-_EXPECT_PHRASES = (r"expected(?: output| result| value)?(?: is| was| of)?:?", r"==", r"should (?:return|output|"
-                   r"print|be|give|equal)", r"must (?:return|output|print|be)", r"correct (?:output|answer|result) "
-                   r"is:?")
+_EXPECT_PHRASES = (
+    r"expected(?: output| result| value)?(?: is| was| of)?:?",
+    r"==",
+    r"should (?:return|output|"
+    r"print|be|give|equal)",
+    r"must (?:return|output|print|be)",
+    r"correct (?:output|answer|result) "
+    r"is:?",
+)
 DISTINCT = 8  # a quote this long (spaces squashed) is taken as copied, wherever it stands
 
 

@@ -10,6 +10,7 @@ Bad rows never crash a run deep inside and are never lost silently: each is coun
 with ``strict`` (``data.strict``), if any row was skipped. A file that cannot be read as text
 raises DatasetError naming the file and line.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -64,8 +65,9 @@ FILE_TYPES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
 
 
 def _not_utf8(path: str, line_no: int, byte: int, col: int) -> DatasetError:
-    return DatasetError(f"{path}:{line_no}: not UTF-8 text (byte 0x{byte:02x} at byte {col} of the line); "
-                        f"save the file as UTF-8")
+    return DatasetError(
+        f"{path}:{line_no}: not UTF-8 text (byte 0x{byte:02x} at byte {col} of the line); save the file as UTF-8"
+    )
 
 
 def _object(row) -> str | None:
@@ -77,7 +79,7 @@ def _jsonl_rows(path: str):
     with opener(path, "rb") as f:
         for i, raw in enumerate(f, start=1):
             if i == 1 and raw.startswith(codecs.BOM_UTF8):  # utf-8-sig: the BOM is no part of row 1
-                raw = raw[len(codecs.BOM_UTF8):]
+                raw = raw[len(codecs.BOM_UTF8) :]
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -98,7 +100,7 @@ def _json_rows(path: str):
     with opener(path, "rb") as f:
         data = f.read()
     if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8):]
+        data = data[len(codecs.BOM_UTF8) :]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -109,8 +111,10 @@ def _json_rows(path: str):
     except json.JSONDecodeError as e:
         raise DatasetError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(items, list):
-        raise DatasetError(f"{path}: expected a JSON array of objects (or a .jsonl file, one object per line), "
-                           f"got {type(items).__name__}")
+        raise DatasetError(
+            f"{path}: expected a JSON array of objects (or a .jsonl file, one object per line), "
+            f"got {type(items).__name__}"
+        )
     decoder, ws = json.JSONDecoder(), re.compile(r"[ \t\n\r]*")
     pos = ws.match(text, 0).end() + 1  # past the "["; the text is valid JSON, so the walk is safe
     line_no, counted = 1, 0
@@ -151,8 +155,10 @@ def refuse_skipped(skipped: list[str], what: str) -> None:
     empty, naming how many and the first few."""
     if skipped:
         more = f"; and {len(skipped) - STRICT_SHOWN} more" if len(skipped) > STRICT_SHOWN else ""
-        raise DatasetError(f"{what}: {len(skipped)} row{'s' * (len(skipped) != 1)} skipped and data.strict "
-                           f"is true: {'; '.join(skipped[:STRICT_SHOWN])}{more}")
+        raise DatasetError(
+            f"{what}: {len(skipped)} row{'s' * (len(skipped) != 1)} skipped and data.strict "
+            f"is true: {'; '.join(skipped[:STRICT_SHOWN])}{more}"
+        )
 
 
 ROLES = ("system", "user", "assistant")
@@ -170,8 +176,13 @@ def parse_messages(messages) -> tuple[list[dict] | None, str]:
     return [dict(role=m["role"], content=m["content"]) for m in messages[:-1]], messages[-1]["content"]
 
 
-def load_dataset(spec: str, prompt_key: str = "prompt", answer_key: str = "answer",
-                 default_split: str = "train", strict: bool = False) -> Dataset:
+def load_dataset(
+    spec: str,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    default_split: str = "train",
+    strict: bool = False,
+) -> Dataset:
     path = resolve_source(spec, default_split)
     examples: list[Example] = []
     skipped: list[str] = []

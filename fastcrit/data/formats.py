@@ -57,6 +57,7 @@ Where this departs from the reference harnesses (what a converted problem does N
   evalplus computes by running the canonical solution) is refused; the HF ``evalplus/mbppplus``
   layout carries its expected outputs in ``test`` and is converted.
 """
+
 from __future__ import annotations
 
 import ast
@@ -69,6 +70,19 @@ import pickle
 import zlib
 from collections import Counter
 
+from fastcrit.data.format_fields import (
+    _check_row,
+    _check_sets,
+    _identifier,
+    _json,
+    _meta,
+    _opt_str,
+    _row_id,
+    _str,
+    _str_list,
+    _text,
+    _unwrap_outputs,
+)
 from fastcrit.data.problems import Problem, ProblemError
 
 FORMATS = ("humaneval", "mbpp", "mbppplus", "apps", "taco", "codecontests", "livecodebench")
@@ -83,121 +97,48 @@ APPS_PRELUDE = (
     "import fractions\nfrom typing import List, Tuple\nimport random\nimport heapq\nfrom heapq import *\n"
 )
 # What LiveCodeBench's harness imports before a solution: star imports first, then the modules.
-_LCB_MODULES = ("string", "re", "datetime", "collections", "heapq", "bisect", "copy", "math", "random",
-                "statistics", "itertools", "functools", "operator", "io", "sys", "json")
-LCB_PRELUDE = ("".join(f"from {m} import *\n" for m in _LCB_MODULES + ("builtins", "typing"))
-               + "".join(f"import {m}\n" for m in _LCB_MODULES) + "sys.setrecursionlimit(50000)\n")
+_LCB_MODULES = (
+    "string",
+    "re",
+    "datetime",
+    "collections",
+    "heapq",
+    "bisect",
+    "copy",
+    "math",
+    "random",
+    "statistics",
+    "itertools",
+    "functools",
+    "operator",
+    "io",
+    "sys",
+    "json",
+)
+LCB_PRELUDE = (
+    "".join(f"from {m} import *\n" for m in _LCB_MODULES + ("builtins", "typing"))
+    + "".join(f"import {m}\n" for m in _LCB_MODULES)
+    + "sys.setrecursionlimit(50000)\n"
+)
 
 _CC_SETS = ("public", "private", "generated")
 _LCB_SETS = ("public", "private")
 _CC_PYTHON3 = (3, "PYTHON3")  # ContestProblem.Solution.Language (contest_problem.proto)
-_CC_SOURCES = {0: "UNKNOWN_SOURCE", 1: "CODECHEF", 2: "CODEFORCES", 3: "HACKEREARTH", 4: "CODEJAM",
-               6: "ATCODER", 7: "AIZU"}
+_CC_SOURCES = {
+    0: "UNKNOWN_SOURCE",
+    1: "CODECHEF",
+    2: "CODEFORCES",
+    3: "HACKEREARTH",
+    4: "CODEJAM",
+    6: "ATCODER",
+    7: "AIZU",
+}
 _BUILTIN_NAMES = frozenset(dir(builtins))
 
 
 # ---------------------------------------------------------------------------------------------
-# Field helpers: each names the field it rejects.
-
-def _check_row(row) -> dict:
-    if not isinstance(row, dict):
-        raise ProblemError(f"a row must be an object, got {type(row).__name__}")
-    return row
-
-
-def _str(row: dict, key: str, *, empty_ok: bool = False) -> str:
-    if key not in row or row[key] is None:
-        raise ProblemError(f"missing field {key!r}")
-    v = row[key]
-    if not isinstance(v, str):
-        raise ProblemError(f"{key!r} must be a string, got {type(v).__name__}")
-    if not empty_ok and not v.strip():
-        raise ProblemError(f"{key!r} is empty")
-    return v
-
-
-def _opt_str(row: dict, key: str) -> str:
-    v = row.get(key)
-    if v is None:
-        return ""
-    if not isinstance(v, str):
-        raise ProblemError(f"{key!r} must be a string, got {type(v).__name__}")
-    return v
-
-
-def _str_list(value, where: str) -> list[str]:
-    if isinstance(value, tuple):
-        value = list(value)
-    if not isinstance(value, list):
-        raise ProblemError(f"{where} must be a list of strings, got {type(value).__name__}")
-    for i, s in enumerate(value):
-        if not isinstance(s, str):
-            raise ProblemError(f"{where}[{i}] must be a string, got {type(s).__name__}")
-    return value
-
-
-def _identifier(value, where: str) -> str:
-    if not isinstance(value, str) or not value.isidentifier():
-        raise ProblemError(f"{where} must be a Python identifier, got {value!r}")
-    return value
-
-
-def _json(value, where: str):
-    """A field the dataset stores as a JSON string (an already decoded value is taken as is)."""
-    if isinstance(value, (bytes, bytearray)):
-        value = value.decode("utf-8", errors="replace")
-    if not isinstance(value, str):
-        return value
-    try:
-        return json.loads(value)
-    except ValueError as e:
-        raise ProblemError(f"{where} is not valid JSON ({e})") from None
-
-
-def _row_id(row: dict, keys: tuple, source: str, index) -> str:
-    for k in keys:
-        v = row.get(k)
-        if isinstance(v, bool):
-            break
-        if isinstance(v, str) and v.strip():
-            return v if "/" in v else f"{source}/{v}"
-        if isinstance(v, int):
-            return f"{source}/{v}"
-    if index is None:
-        raise ProblemError(f"no id: the row has none of {list(keys)} and no row index was given")
-    return f"{source}/{index}"
-
-
-def _plain(v):
-    """A meta value that survives JSON (parquet may hand over dates and numpy-ish scalars)."""
-    if v is None or isinstance(v, (str, bool, int, float)):
-        return v
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if hasattr(v, "isoformat"):
-        return v.isoformat()
-    return str(v)
-
-
-def _meta(row: dict, keys) -> dict:
-    return {k: _plain(row[k]) for k in keys if k in row and row[k] not in (None, "", [])}
-
-
-def _check_sets(test_sets, allowed: tuple) -> tuple:
-    """Validates a caller's option (a ValueError, not a row's ProblemError)."""
-    if isinstance(test_sets, str):
-        test_sets = tuple(s.strip() for s in test_sets.split(",") if s.strip())
-    test_sets = tuple(test_sets)
-    bad = [s for s in test_sets if s not in allowed]
-    if bad or not test_sets:
-        raise ValueError(f"test_sets must name some of {', '.join(allowed)}; got {list(test_sets)!r}")
-    return test_sets
-
-
-# ---------------------------------------------------------------------------------------------
 # HumanEval
+
 
 def from_humaneval(row: dict, *, index: int | None = None) -> Problem:
     """HumanEval (and HumanEval+'s HF layout): the prompt is the question and the starter code;
@@ -208,12 +149,21 @@ def from_humaneval(row: dict, *, index: int | None = None) -> Problem:
     canonical = _str(row, "canonical_solution", empty_ok=True)
     test = _str(row, "test")
     ep = _identifier(row.get("entry_point"), "'entry_point'")
-    return Problem(id=tid, question=prompt, test_kind="assert", tests=[test + f"\ncheck({ep})\n"],
-                   entry_point=ep, starter_code=prompt, solutions=[prompt + canonical], source="humaneval")
+    return Problem(
+        id=tid,
+        question=prompt,
+        test_kind="assert",
+        tests=[test + f"\ncheck({ep})\n"],
+        entry_point=ep,
+        starter_code=prompt,
+        solutions=[prompt + canonical],
+        source="humaneval",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # MBPP and MBPP+
+
 
 def _top_level_names(source: str) -> set[str]:
     """Names a piece of Python binds at top level (defs, classes, imports, assignments)."""
@@ -283,9 +233,16 @@ def from_mbpp(row: dict, *, index: int | None = None, challenge_tests: bool = Fa
     setup = _opt_str(row, "test_setup_code")
     prefix = "".join(s + "\n" for s in imports) + (setup.rstrip("\n") + "\n" if setup.strip() else "")
     ep = _called_function(asserts, code, helpers=prefix)
-    return Problem(id=pid, question=f"{text.strip()}\n{test_list[0]}", test_kind="assert",
-                   tests=[prefix + a for a in asserts], entry_point=ep, solutions=[code], source="mbpp",
-                   meta=_meta(row, ("source_file",)))
+    return Problem(
+        id=pid,
+        question=f"{text.strip()}\n{test_list[0]}",
+        test_kind="assert",
+        tests=[prefix + a for a in asserts],
+        entry_point=ep,
+        solutions=[code],
+        source="mbpp",
+        meta=_meta(row, ("source_file",)),
+    )
 
 
 def from_mbppplus(row: dict, *, index: int | None = None) -> Problem:
@@ -296,9 +253,11 @@ def from_mbppplus(row: dict, *, index: int | None = None) -> Problem:
     _check_row(row)
     pid = _row_id(row, ("task_id",), "mbppplus", index)
     if "test" not in row and ("base_input" in row or "plus_input" in row):
-        raise ProblemError("evalplus release layout (base_input/plus_input) stores no expected outputs "
-                           "(evalplus computes them by running canonical_solution); convert the HF "
-                           "evalplus/mbppplus layout, whose 'test' carries them")
+        raise ProblemError(
+            "evalplus release layout (base_input/plus_input) stores no expected outputs "
+            "(evalplus computes them by running canonical_solution); convert the HF "
+            "evalplus/mbppplus layout, whose 'test' carries them"
+        )
     test = _str(row, "test")
     code = _str(row, "code") if "code" in row else _str(row, "canonical_solution")
     text = _strip_docstring_quotes(_str(row, "prompt"))
@@ -312,27 +271,20 @@ def from_mbppplus(row: dict, *, index: int | None = None) -> Problem:
     else:
         raise ProblemError("no 'entry_point' and no 'test_list' to find it from")
     question = f"{text}\n{test_list[0]}" if test_list and test_list[0] not in text else text
-    return Problem(id=pid, question=question, test_kind="assert", tests=[prefix + test], entry_point=ep,
-                   solutions=[code], source="mbppplus", meta=_meta(row, ("source_file", "atol")))
+    return Problem(
+        id=pid,
+        question=question,
+        test_kind="assert",
+        tests=[prefix + test],
+        entry_point=ep,
+        solutions=[code],
+        source="mbppplus",
+        meta=_meta(row, ("source_file", "atol")),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # APPS and TACO
-
-def _text(v, where: str) -> str:
-    """A stdin/stdout value: a string, or a list of lines joined with newlines."""
-    if isinstance(v, str):
-        return v
-    if isinstance(v, list) and all(isinstance(x, str) for x in v):
-        return "\n".join(v)
-    raise ProblemError(f"{where} must be a string or a list of strings, got {type(v).__name__}")
-
-
-def _unwrap_outputs(outputs: list) -> list:
-    """One expected value per call-based test (see the module docstring)."""
-    if any(isinstance(o, list) and len(o) != 1 for o in outputs):
-        return list(outputs)
-    return [o[0] if isinstance(o, list) else o for o in outputs]
 
 
 def _apps_like(row: dict, source: str, index, prelude: bool, meta_keys: tuple) -> Problem:
@@ -361,17 +313,30 @@ def _apps_like(row: dict, source: str, index, prelude: bool, meta_keys: tuple) -
         fn = _identifier(fn, "'input_output'.fn_name")
         for i, a in enumerate(ins):
             if not isinstance(a, list):
-                raise ProblemError(f"'input_output'.inputs[{i}] must be a list of arguments for fn_name "
-                                   f"{fn!r}, got {type(a).__name__}")
+                raise ProblemError(
+                    f"'input_output'.inputs[{i}] must be a list of arguments for fn_name {fn!r}, got {type(a).__name__}"
+                )
         tests = [{"args": a, "kwargs": {}, "expected": e} for a, e in zip(ins, _unwrap_outputs(outs))]
         kind = "call"
     else:
-        tests = [{"input": _text(a, f"'input_output'.inputs[{i}]"), "output": _text(e, f"'input_output'.outputs[{i}]")}
-                 for i, (a, e) in enumerate(zip(ins, outs))]
+        tests = [
+            {"input": _text(a, f"'input_output'.inputs[{i}]"), "output": _text(e, f"'input_output'.outputs[{i}]")}
+            for i, (a, e) in enumerate(zip(ins, outs))
+        ]
         kind = "stdio"
     meta = _meta(row, meta_keys)
-    return Problem(id=pid, question=question, test_kind=kind, tests=tests, entry_point=fn, starter_code=starter,
-                   solutions=solutions, source=source, meta=meta, prelude=APPS_PRELUDE if prelude else "")
+    return Problem(
+        id=pid,
+        question=question,
+        test_kind=kind,
+        tests=tests,
+        entry_point=fn,
+        starter_code=starter,
+        solutions=solutions,
+        source=source,
+        meta=meta,
+        prelude=APPS_PRELUDE if prelude else "",
+    )
 
 
 def from_apps(row: dict, *, index: int | None = None, prelude: bool = True) -> Problem:
@@ -383,13 +348,31 @@ def from_apps(row: dict, *, index: int | None = None, prelude: bool = True) -> P
 def from_taco(row: dict, *, index: int | None = None, prelude: bool = True) -> Problem:
     """TACO (BAAI/TACO): as APPS. Its rows carry no id, so the id is ``taco/<row index in the file>``
     (the split's index when the file is a whole split in order)."""
-    return _apps_like(row, "taco", index, prelude,
-                      ("difficulty", "url", "name", "source", "tags", "skill_types", "time_limit", "memory_limit", "picture_num",
-                       "Expected Time Complexity", "Expected Auxiliary Space", "date"))
+    return _apps_like(
+        row,
+        "taco",
+        index,
+        prelude,
+        (
+            "difficulty",
+            "url",
+            "name",
+            "source",
+            "tags",
+            "skill_types",
+            "time_limit",
+            "memory_limit",
+            "picture_num",
+            "Expected Time Complexity",
+            "Expected Auxiliary Space",
+            "date",
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # CodeContests
+
 
 def _cc_tests(value, where: str) -> list[dict]:
     """{input: [...], output: [...]} (HF) or [{input, output}, ...] (the riegeli->JSON export)."""
@@ -435,8 +418,9 @@ def _cc_solutions(value) -> list[str]:
     return out
 
 
-def from_codecontests(row: dict, *, index: int | None = None,
-                      test_sets: tuple = ("public", "private", "generated")) -> Problem:
+def from_codecontests(
+    row: dict, *, index: int | None = None, test_sets: tuple = ("public", "private", "generated")
+) -> Problem:
     """CodeContests (deepmind/code_contests): stdio tests from ``test_sets`` (in that order);
     references are the PYTHON3 solutions (language 3 in contest_problem.proto; Python 2 ones are
     left out). Time and memory limits go to meta (``time_limit_s``, ``memory_limit_bytes``)."""
@@ -452,19 +436,38 @@ def from_codecontests(row: dict, *, index: int | None = None,
         tests += _cc_tests(row.get(f"{s}_tests"), f"'{s}_tests'")
     if not tests:
         raise ProblemError(f"no tests in {', '.join(f'{s}_tests' for s in test_sets)}")
-    meta = _meta(row, ("source", "difficulty", "cf_contest_id", "cf_index", "cf_rating", "cf_tags",
-                       "memory_limit_bytes", "is_description_translated"))
+    meta = _meta(
+        row,
+        (
+            "source",
+            "difficulty",
+            "cf_contest_id",
+            "cf_index",
+            "cf_rating",
+            "cf_tags",
+            "memory_limit_bytes",
+            "is_description_translated",
+        ),
+    )
     if isinstance(row.get("source"), int) and row["source"] in _CC_SOURCES:
         meta["source_name"] = _CC_SOURCES[row["source"]]
     tl = row.get("time_limit")
     if isinstance(tl, dict) and isinstance(tl.get("seconds") or 0, int):
         meta["time_limit_s"] = (tl.get("seconds") or 0) + (tl.get("nanos") or 0) / 1e9
-    return Problem(id=name if "/" in name else f"codecontests/{name}", question=desc, test_kind="stdio",
-                   tests=tests, solutions=_cc_solutions(row.get("solutions")), source="codecontests", meta=meta)
+    return Problem(
+        id=name if "/" in name else f"codecontests/{name}",
+        question=desc,
+        test_kind="stdio",
+        tests=tests,
+        solutions=_cc_solutions(row.get("solutions")),
+        source="codecontests",
+        meta=meta,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # LiveCodeBench
+
 
 class _NoGlobalsUnpickler(pickle.Unpickler):
     """Unpickles plain data only: any global (a class, a function to call) is refused."""
@@ -520,8 +523,9 @@ def _lcb_call_test(case: dict, where: str) -> dict:
     return {"args": args, "kwargs": {}, "expected": expected}
 
 
-def from_livecodebench(row: dict, *, index: int | None = None, test_sets: tuple = ("public", "private"),
-                       max_private_bytes: int = 1 << 30) -> Problem:
+def from_livecodebench(
+    row: dict, *, index: int | None = None, test_sets: tuple = ("public", "private"), max_private_bytes: int = 1 << 30
+) -> Problem:
     """LiveCodeBench code_generation_lite: ``functional`` tests become ``call`` tests on
     ``Solution.<metadata.func_name>`` (arguments: one JSON value per input line; expected: the
     output's JSON), ``stdin`` tests become ``stdio``. A problem mixing the two is refused. The
@@ -567,11 +571,25 @@ def from_livecodebench(row: dict, *, index: int | None = None, test_sets: tuple 
         tests = [{"input": c["input"], "output": c["output"]} for _, c in cases]
         kind = "stdio"
     meta = _meta(row, ("question_title", "platform", "contest_id", "contest_date", "difficulty"))
-    return Problem(id=pid, question=question, test_kind=kind, tests=tests, entry_point=fn, starter_code=starter,
-                   source="livecodebench", meta=meta, prelude=LCB_PRELUDE)
+    return Problem(
+        id=pid,
+        question=question,
+        test_kind=kind,
+        tests=tests,
+        entry_point=fn,
+        starter_code=starter,
+        source="livecodebench",
+        meta=meta,
+        prelude=LCB_PRELUDE,
+    )
 
 
 CONVERTERS = {
-    "humaneval": from_humaneval, "mbpp": from_mbpp, "mbppplus": from_mbppplus, "apps": from_apps,
-    "taco": from_taco, "codecontests": from_codecontests, "livecodebench": from_livecodebench,
+    "humaneval": from_humaneval,
+    "mbpp": from_mbpp,
+    "mbppplus": from_mbppplus,
+    "apps": from_apps,
+    "taco": from_taco,
+    "codecontests": from_codecontests,
+    "livecodebench": from_livecodebench,
 }

@@ -24,10 +24,12 @@ unseen numbers.
 
 `python -m fastcrit.data.tasks` writes the files (deterministic, seed 0).
 """
+
 from __future__ import annotations
 
 import random
 from fractions import Fraction
+
 
 def last_boxed(text: str) -> str | None:
     """The last ``\\boxed{...}`` of ``text`` with its braces balanced, or None (unclosed: None)."""
@@ -38,7 +40,7 @@ def last_boxed(text: str) -> str | None:
     for i in range(start + len("\\boxed"), len(text)):
         depth += {"{": 1, "}": -1}.get(text[i], 0)
         if depth == 0:
-            return text[start:i + 1]
+            return text[start : i + 1]
     return None
 
 
@@ -56,8 +58,15 @@ RANGES = {
     "pizzas": [(m, k) for k in range(2, 9) for m in range(1, k)],
     "money": [(a, k) for k in (2, 4, 5) for a in range(1, 25) if a % k],
 }
-NOUNS = {"add": ITEMS, "remove": ITEMS, "share": ITEMS, "price": ITEMS, "eaten": FOODS,
-         "pizzas": FOODS, "money": ("dollar",)}
+NOUNS = {
+    "add": ITEMS,
+    "remove": ITEMS,
+    "share": ITEMS,
+    "price": ITEMS,
+    "eaten": FOODS,
+    "pizzas": FOODS,
+    "money": ("dollar",),
+}
 # Share of each template in both splits (integer answers 72%, fractions 20%, decimals 8%).
 MIX = {"add": 22, "remove": 20, "share": 15, "price": 15, "eaten": 12, "pizzas": 8, "money": 8}
 
@@ -66,27 +75,45 @@ def _problem(template: str, x: int, y: int, name: str, noun: str) -> tuple[str, 
     """(prompt, working without its result, value) of one problem."""
     items = noun + "s"
     if template == "add":
-        return (f"{name} has {x} {items} and gets {y} more. How many {items} does {name} have now?",
-                f"{x} + {y}", Fraction(x + y))
+        return (
+            f"{name} has {x} {items} and gets {y} more. How many {items} does {name} have now?",
+            f"{x} + {y}",
+            Fraction(x + y),
+        )
     if template == "remove":
-        return (f"{name} has {x} {items} and gives away {y}. How many {items} are left?",
-                f"{x} - {y}", Fraction(x - y))
+        return (f"{name} has {x} {items} and gives away {y}. How many {items} are left?", f"{x} - {y}", Fraction(x - y))
     if template == "share":
-        return (f"{name} shares {x} {items} equally among {y} friends. How many {items} does each "
-                "friend get?", f"{x} / {y}", Fraction(x, y))
+        return (
+            f"{name} shares {x} {items} equally among {y} friends. How many {items} does each friend get?",
+            f"{x} / {y}",
+            Fraction(x, y),
+        )
     if template == "price":
-        return (f"{name} buys {y} {items} at {x} dollars each. How many dollars does {name} pay?",
-                f"{y} * {x}", Fraction(x * y))
+        return (
+            f"{name} buys {y} {items} at {x} dollars each. How many dollars does {name} pay?",
+            f"{y} * {x}",
+            Fraction(x * y),
+        )
     if template == "eaten":
-        return (f"{name} cuts a {noun} into {y} equal pieces and eats {x} of them. What fraction of "
-                f"the {noun} does {name} eat?", f"{x} / {y}", Fraction(x, y))
+        return (
+            f"{name} cuts a {noun} into {y} equal pieces and eats {x} of them. What fraction of "
+            f"the {noun} does {name} eat?",
+            f"{x} / {y}",
+            Fraction(x, y),
+        )
     if template == "pizzas":
         amount = f"1 {noun}" if x == 1 else f"{x} {items}"
-        return (f"{name} shares {amount} equally among {y} friends. What fraction of a {noun} does "
-                "each friend get?", f"{x} / {y}", Fraction(x, y))
+        return (
+            f"{name} shares {amount} equally among {y} friends. What fraction of a {noun} does each friend get?",
+            f"{x} / {y}",
+            Fraction(x, y),
+        )
     if template == "money":
-        return (f"{name} splits {x} {items} equally among {y} friends. How many {items} does each "
-                "friend get?", f"{x} / {y}", Fraction(x, y))
+        return (
+            f"{name} splits {x} {items} equally among {y} friends. How many {items} does each friend get?",
+            f"{x} / {y}",
+            Fraction(x, y),
+        )
     raise ValueError(f"unknown math template {template!r}")
 
 
@@ -100,7 +127,7 @@ def decimal(v: Fraction) -> str | None:
     if d != 1:
         return None
     digits = 0
-    while (v * 10 ** digits).denominator != 1:
+    while (v * 10**digits).denominator != 1:
         digits += 1
     return f"{float(v):.{digits}f}"
 
@@ -134,21 +161,23 @@ def make_math(n_train: int = 4000, n_test: int = 200, seed: int = 0) -> dict[str
     test: list[tuple[dict, str]] = []
     for template, weight in MIX.items():
         k_train, k_test = n_train * weight // total, n_test * weight // total
-        combos = [(x, y, name, noun) for x, y in RANGES[template] for name in NAMES
-                  for noun in NOUNS[template]]
+        combos = [(x, y, name, noun) for x, y in RANGES[template] for name in NAMES for noun in NOUNS[template]]
         if len(combos) < k_train + k_test:
             raise ValueError(f"math template {template!r}: {len(combos)} problems < {k_train + k_test}")
         rows = []
         for combo in rng.sample(combos, k_train + k_test):
             prompt, working, v = _problem(template, *combo)
-            rows.append(({"prompt": prompt, "answer": reference(template, v), "task": "math"},
-                         solution(working, v, rng)))
+            rows.append(
+                ({"prompt": prompt, "answer": reference(template, v), "task": "math"}, solution(working, v, rng))
+            )
         train += rows[:k_train]
         test += rows[k_train:]
     if len(train) != n_train or len(test) != n_test:
         raise ValueError(f"math: MIX must divide the split sizes ({n_train}, {n_test}) exactly")
     rng.shuffle(train)
     rng.shuffle(test)
-    sft = [{"messages": [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": s}],
-            "task": "math"} for r, s in train]
+    sft = [
+        {"messages": [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": s}], "task": "math"}
+        for r, s in train
+    ]
     return {"train": [r for r, _ in train], "test": [r for r, _ in test], "sft": sft}

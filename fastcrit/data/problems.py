@@ -12,6 +12,7 @@ A problem file is JSONL (or parquet) with one object per problem in this layout:
 ``Solution``). Public formats (HumanEval, MBPP, APPS / TACO, CodeContests, LiveCodeBench) are turned
 into this record by ``fastcrit.data.formats``.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -56,20 +57,28 @@ class Problem:
         except JobError as e:
             raise ProblemError(f"{self.id}: {e}") from None
 
-    def job(self, code: str, *, timeout_s: float = 10.0, memory_mb: int = 1024,
-            run_all_cases: bool = True, job_id=None) -> Job:
+    def job(
+        self, code: str, *, timeout_s: float = 10.0, memory_mb: int = 1024, run_all_cases: bool = True, job_id=None
+    ) -> Job:
         """A sandbox job that runs ``prelude`` + ``code`` against every test of this problem."""
         if self.prelude:
             code = self.prelude.rstrip("\n") + "\n" + code
-        return Job(code=code, kind=self.test_kind, tests=list(self.tests), entry_point=self.entry_point,
-                   timeout_s=timeout_s, memory_mb=memory_mb, run_all_cases=run_all_cases,
-                   id=self.id if job_id is None else job_id)
+        return Job(
+            code=code,
+            kind=self.test_kind,
+            tests=list(self.tests),
+            entry_point=self.entry_point,
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            run_all_cases=run_all_cases,
+            id=self.id if job_id is None else job_id,
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Problem":
+    def from_dict(cls, d: dict) -> Problem:
         if not isinstance(d, dict):
             raise ProblemError(f"a problem must be an object, got {type(d).__name__}")
         known = set(cls.__dataclass_fields__)

@@ -1,4 +1,5 @@
 """Prompt templates: examples -> chat-formatted token ids."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,9 @@ def render_chat(tokenizer, user: str | list[dict], system: str = "") -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def encode_prompts(tokenizer, examples: list[Example], *, system: str = "",
-                   max_len: int) -> tuple[list[EncodedPrompt], list[str]]:
+def encode_prompts(
+    tokenizer, examples: list[Example], *, system: str = "", max_len: int
+) -> tuple[list[EncodedPrompt], list[str]]:
     """Encode each example's prompt with the chat template.
 
     Prompts longer than ``max_len`` tokens are skipped (never truncated: a cut problem statement
@@ -30,8 +32,7 @@ def encode_prompts(tokenizer, examples: list[Example], *, system: str = "",
     out: list[EncodedPrompt] = []
     skipped: list[str] = []
     for i, ex in enumerate(examples):
-        ids = tokenizer.encode(render_chat(tokenizer, ex.messages or ex.prompt, system),
-                               add_special_tokens=False)
+        ids = tokenizer.encode(render_chat(tokenizer, ex.messages or ex.prompt, system), add_special_tokens=False)
         if len(ids) > max_len:
             skipped.append(f"example {i}: prompt has {len(ids)} tokens > data.max_prompt_len={max_len}")
             continue

@@ -1,5 +1,6 @@
 """A replay buffer of past items (RARO keeps (question, expert answer, policy answer) triples), FIFO
 or reservoir, with a state that checkpoints save and a resumed run restores exactly."""
+
 from __future__ import annotations
 
 import random
@@ -43,12 +44,20 @@ class ReplayBuffer:
         return self.rng.sample(self.items, min(k, len(self.items)))
 
     def state_dict(self) -> dict:
-        return {"capacity": self.capacity, "mode": self.mode, "items": list(self.items),
-                "seen": self.seen, "next": self._next, "rng": self.rng.getstate()}
+        return {
+            "capacity": self.capacity,
+            "mode": self.mode,
+            "items": list(self.items),
+            "seen": self.seen,
+            "next": self._next,
+            "rng": self.rng.getstate(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state["capacity"] != self.capacity or state["mode"] != self.mode:
-            raise ValueError(f"replay buffer: the checkpoint's is {state['mode']} x {state['capacity']}, "
-                             f"this run's {self.mode} x {self.capacity}; resume with the same settings")
+            raise ValueError(
+                f"replay buffer: the checkpoint's is {state['mode']} x {state['capacity']}, "
+                f"this run's {self.mode} x {self.capacity}; resume with the same settings"
+            )
         self.items, self.seen, self._next = list(state["items"]), state["seen"], state["next"]
         self.rng.setstate(state["rng"])

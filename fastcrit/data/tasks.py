@@ -17,6 +17,7 @@ test splits are disjoint.
 Each task also declares how its final answer is read from a model's output (``TASK_ANSWER_FORMATS``,
 ``final_answer``): what RARO's critic sees of an answer (``raro.critic_sees: answer``).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ def _boxed_or_last_line(text: str) -> str | None:
     boxed = last_boxed(text)
     if boxed is None:
         return _last_line(text)
-    return boxed[len("\\boxed{"):-1].strip() or None
+    return boxed[len("\\boxed{") : -1].strip() or None
 
 
 # How a final answer is read from an output, by name: "line", its last non-empty line; "boxed", the

@@ -4,21 +4,25 @@ A model is named by a *spec*: either a local directory holding a Hugging Face ca
 (``config.json`` + weights + tokenizer files), or ``tiny`` / ``tiny:<key>=<value>,...`` for the tiny
 local Qwen2 model of tiny.py (built once and cached, e.g. ``tiny:hidden=64,layers=2,seed=1``).
 """
+
 from __future__ import annotations
 
-import importlib
 import dataclasses
+import importlib
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
 from fastcrit.models.tiny import TinySettings, ensure_tiny_model
 
 _DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
 }
 
 
@@ -39,8 +43,9 @@ def _parse_tiny_options(spec: str) -> dict:
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or key not in fields:
-            raise ValueError(f"model spec {spec!r}: bad option {item!r}; expected key=value with key in "
-                             f"{sorted(fields)}")
+            raise ValueError(
+                f"model spec {spec!r}: bad option {item!r}; expected key=value with key in {sorted(fields)}"
+            )
         if fields[key].type in ("bool", bool):
             if value.strip().lower() not in ("true", "false", "1", "0"):
                 raise ValueError(f"model spec {spec!r}: {key} must be true or false, got {value!r}")
@@ -57,8 +62,9 @@ def model_spec(model) -> str:
     """A model config's spec (``fastcrit.config.ModelConfig``: ``path`` and ``tiny``): its path, or
     the full ``tiny:...`` spec of its tiny settings when the path is ``tiny``."""
     if model.path == "tiny":
-        opts = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-                        for k, v in dataclasses.asdict(model.tiny).items())
+        opts = ",".join(
+            f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in dataclasses.asdict(model.tiny).items()
+        )
         return f"tiny:{opts}"
     return model.path
 
@@ -70,15 +76,22 @@ def resolve_model_path(spec: str | os.PathLike) -> str:
         return ensure_tiny_model(**_parse_tiny_options(spec))
     path = os.path.abspath(os.path.expanduser(spec))
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"model path {path!r} does not exist or is not a directory "
-                                "(use a local Hugging Face model directory, or 'tiny' for the built-in tiny model)")
+        raise FileNotFoundError(
+            f"model path {path!r} does not exist or is not a directory "
+            "(use a local Hugging Face model directory, or 'tiny' for the built-in tiny model)"
+        )
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"model path {path!r} is not a Hugging Face model directory: it has no config.json")
     return path
 
 
-def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
-               attn_implementation: str | None = None, meta: bool = False):
+def load_model(
+    spec: str | os.PathLike,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    attn_implementation: str | None = None,
+    meta: bool = False,
+):
     """Load a causal LM from a spec (see module docstring) in ``dtype`` on ``device``, in eval mode.
     ``meta``: the architecture alone, its weights on the meta device (nothing read or allocated),
     for a rank whose shards come from another rank's copy."""
@@ -103,8 +116,10 @@ def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32", de
 
 
 # What flash_attn_2_problem's message ends with: the two ways out.
-FLASH_ATTN_2_FIX = ("install flash-attn 2 after the gpu extra, built against the torch it installed: "
-                    "pip install flash-attn --no-build-isolation; or set trainer.pack_sequences=false")
+FLASH_ATTN_2_FIX = (
+    "install flash-attn 2 after the gpu extra, built against the torch it installed: "
+    "pip install flash-attn --no-build-isolation; or set trainer.pack_sequences=false"
+)
 FLASH_ATTN_2_MIN = "2.3.3"  # Transformers' is_flash_attn_2_available refuses older releases
 
 
@@ -133,8 +148,10 @@ def flash_attn_2_problem() -> str | None:
     dists = sorted({d.lower().replace("_", "-") for d in metadata.packages_distributions().get("flash_attn", [])})
     if "flash-attn" not in dists:
         if "flash-attn-4" in dists:
-            why = ("the flash_attn module here is flash-attn-4's (installed by sglang): a namespace with "
-                   "flash_attn.cute only, not flash-attn 2's functions")
+            why = (
+                "the flash_attn module here is flash-attn-4's (installed by sglang): a namespace with "
+                "flash_attn.cute only, not flash-attn 2's functions"
+            )
         elif dists:
             why = f"the flash_attn module here belongs to {', '.join(dists)}, not to flash-attn"
         else:
@@ -151,9 +168,11 @@ def flash_attn_2_problem() -> str | None:
         varlen = importlib.import_module("flash_attn").flash_attn_varlen_func
         importlib.import_module("flash_attn.bert_padding")
     except Exception as exc:  # an extension built for another torch raises ImportError or OSError
-        return (f"flash-attn {version} is installed but does not import ({type(exc).__name__}: {exc}); "
-                f"if it was built against another torch, reinstall it with --force-reinstall "
-                f"--no-cache-dir; {FLASH_ATTN_2_FIX}")
+        return (
+            f"flash-attn {version} is installed but does not import ({type(exc).__name__}: {exc}); "
+            f"if it was built against another torch, reinstall it with --force-reinstall "
+            f"--no-cache-dir; {FLASH_ATTN_2_FIX}"
+        )
     if not callable(varlen):
         return f"flash-attn {version}: flash_attn.flash_attn_varlen_func is not a function; {FLASH_ATTN_2_FIX}"
     return None
@@ -162,8 +181,12 @@ def flash_attn_2_problem() -> str | None:
 VALUE_HEAD_KINDS = ("ForTokenClassification", "ForSequenceClassification")
 
 
-def load_value_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
-                     device: str | torch.device = "cpu", meta: bool = False):
+def load_value_model(
+    spec: str | os.PathLike,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    meta: bool = False,
+):
     """A backbone with a scalar head (hidden -> 1): a PPO critic or a reward model, verl's form.
 
     A directory saved with such a head (``*ForTokenClassification`` or ``*ForSequenceClassification``
@@ -173,16 +196,17 @@ def load_value_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float3
     ``transformers`` as the same kind of model. ``meta``: the architecture alone, as in
     ``load_model`` (its head's values then come from another rank).
     """
-    from transformers import (AutoConfig, AutoModelForSequenceClassification,
-                              AutoModelForTokenClassification)
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
     path = resolve_model_path(spec)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     archs = config.architectures or []
     head = next((k for a in archs for k in VALUE_HEAD_KINDS if a.endswith(k)), None)
     if head and config.num_labels != 1:
-        raise ValueError(f"{path!r}: a {archs[0]} with {config.num_labels} labels is not a value model "
-                         "(one scalar per token is needed)")
+        raise ValueError(
+            f"{path!r}: a {archs[0]} with {config.num_labels} labels is not a value model "
+            "(one scalar per token is needed)"
+        )
     config.num_labels, config.classifier_dropout = 1, 0.0
     cls = AutoModelForSequenceClassification if head == "ForSequenceClassification" else AutoModelForTokenClassification
     if meta:
@@ -265,14 +289,17 @@ def _full(name: str, t: torch.Tensor) -> torch.Tensor:
     # Gathering a DTensor is a collective, which stays in train/; here it is refused, told apart
     # without importing torch.distributed. Everything else ends contiguous on CPU.
     if hasattr(t, "full_tensor"):
-        raise TypeError(f"save_pretrained_safetensors: {name!r} is a sharded DTensor; pass full tensors "
-                        "(gather them in train/, e.g. with fastcrit.train.policy.full_named_tensors, "
-                        "on every rank, and let rank 0 write)")
+        raise TypeError(
+            f"save_pretrained_safetensors: {name!r} is a sharded DTensor; pass full tensors "
+            "(gather them in train/, e.g. with fastcrit.train.policy.full_named_tensors, "
+            "on every rank, and let rank 0 write)"
+        )
     return t.detach().to("cpu").contiguous()
 
 
-def save_pretrained_safetensors(model_or_state_dict, tokenizer, directory: str, config=None,
-                                generation_config=None) -> str:
+def save_pretrained_safetensors(
+    model_or_state_dict, tokenizer, directory: str, config=None, generation_config=None
+) -> str:
     """Write a Hugging Face directory (config, safetensors weights, tokenizer) that
     ``AutoModelForCausalLM.from_pretrained(directory)`` loads.
 
@@ -417,7 +444,6 @@ def make_portable(directory: str) -> str:
     _rewrite_json(os.path.join(directory, "tokenizer_config.json"), portable_tokenizer_config)
     share_files(directory)
     return directory
-
 
 
 def export_model(src: str | os.PathLike, out: str | os.PathLike, dtype: str | torch.dtype | None = None) -> str:

@@ -17,6 +17,7 @@ model of that architecture built afterwards in the process (the reference, a cri
 engine's copy) runs Liger's kernels as well. That is why the trainer applies them only on CUDA:
 on CPU the kernels run only under TRITON_INTERPRET, where RMSNorm and SwiGLU fail (docs/gpu.md).
 """
+
 from __future__ import annotations
 
 SUPPORTED = ("qwen2", "llama")  # config.model_type values
@@ -36,10 +37,11 @@ def apply_liger(lm, *, rope: bool = True, rms_norm: bool = True, swiglu: bool = 
     try:
         from liger_kernel.transformers import monkey_patch
     except ImportError as exc:
-        raise ImportError("model.liger=true needs liger-kernel (pip install 'fastcrit[gpu]'), "
-                          "or set model.liger=false") from exc
-    apply = {"qwen2": monkey_patch.apply_liger_kernel_to_qwen2,
-             "llama": monkey_patch.apply_liger_kernel_to_llama}[model_type]
-    apply(rope=rope, rms_norm=rms_norm, swiglu=swiglu, cross_entropy=False,
-          fused_linear_cross_entropy=False, model=lm)
+        raise ImportError(
+            "model.liger=true needs liger-kernel (pip install 'fastcrit[gpu]'), or set model.liger=false"
+        ) from exc
+    apply = {"qwen2": monkey_patch.apply_liger_kernel_to_qwen2, "llama": monkey_patch.apply_liger_kernel_to_llama}[
+        model_type
+    ]
+    apply(rope=rope, rms_norm=rms_norm, swiglu=swiglu, cross_entropy=False, fused_linear_cross_entropy=False, model=lm)
     return [name for name, on in zip(PATCHES, (rope, rms_norm, swiglu)) if on]

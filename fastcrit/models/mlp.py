@@ -32,6 +32,7 @@ three projections are plain bias-free ``nn.Linear``\\s and the activation is SiL
 a bias, an adapter-wrapped projection or another activation runs the module's own forward). On
 CUDA the trainer leaves the modules alone (Liger's kernels are there: ``fastcrit.models.liger``).
 """
+
 from __future__ import annotations
 
 import types
@@ -56,7 +57,7 @@ def _gated_(g: torch.Tensor, u: torch.Tensor, out: torch.Tensor) -> torch.Tensor
     """out := silu(g) * u, block by block (``out`` may be ``g``)."""
     b = _rows(g.shape[1])
     for r0 in range(0, g.shape[0], b):
-        _silu_out(g[r0:r0 + b], out=out[r0:r0 + b]).mul_(u[r0:r0 + b])
+        _silu_out(g[r0 : r0 + b], out=out[r0 : r0 + b]).mul_(u[r0 : r0 + b])
     return out
 
 
@@ -80,7 +81,7 @@ class SwiGLUFunction(torch.autograd.Function):
         b = max(1, min(_rows(g.shape[1]), g.shape[0]))
         sig, silu, t = (g.new_empty(b, g.shape[1]) for _ in range(3))
         for r0 in range(0, g.shape[0], b):
-            gb, ub, db = g[r0:r0 + b], u[r0:r0 + b], dh[r0:r0 + b]
+            gb, ub, db = g[r0 : r0 + b], u[r0 : r0 + b], dh[r0 : r0 + b]
             n = gb.shape[0]
             s, f, tb = sig[:n], silu[:n], t[:n]
             torch.sigmoid(gb, out=s)
@@ -92,8 +93,12 @@ class SwiGLUFunction(torch.autograd.Function):
         dg, h, du = g, u, dh
         need = ctx.needs_input_grad
         dx = torch.addmm(dg @ w_gate, du, w_up).view(*dy.shape[:-1], x2.shape[1]) if need[0] else None
-        return (dx, dg.t() @ x2 if need[1] else None, du.t() @ x2 if need[2] else None,
-                dy2.t() @ h if need[3] else None)
+        return (
+            dx,
+            dg.t() @ x2 if need[1] else None,
+            du.t() @ x2 if need[2] else None,
+            dy2.t() @ h if need[3] else None,
+        )
 
 
 def _forward(self, x: torch.Tensor) -> torch.Tensor:

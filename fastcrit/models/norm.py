@@ -18,6 +18,7 @@ Measured on one CPU thread ([16, 64, 384] fp32, forward + backward, 26 calls): 3
 kept as it is). On CUDA the trainer leaves the modules alone (Liger's kernels are there:
 ``fastcrit.models.liger``).
 """
+
 from __future__ import annotations
 
 import types
@@ -65,8 +66,12 @@ def patch_rms_norms(model: torch.nn.Module) -> int:
     n = 0
     for module in model.modules():
         w = getattr(module, "weight", None)
-        if (type(module).__name__ in CLASSES and isinstance(w, torch.Tensor) and w.dim() == 1
-                and isinstance(getattr(module, "variance_epsilon", None), (int, float))):
+        if (
+            type(module).__name__ in CLASSES
+            and isinstance(w, torch.Tensor)
+            and w.dim() == 1
+            and isinstance(getattr(module, "variance_epsilon", None), (int, float))
+        ):
             module.forward = types.MethodType(_forward, module)
             n += 1
     return n

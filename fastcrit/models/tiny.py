@@ -10,6 +10,7 @@ changed task file gives a new model instead of a stale one.
 The weights are a deterministic function of the settings and the seed (torch's CPU generator is
 forked and seeded for the build, the caller's RNG state is untouched).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,8 +50,9 @@ class TinySettings:
         if self.heads % self.kv_heads:
             raise ValueError(f"tiny model: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
         if (self.hidden // self.heads) % 2:
-            raise ValueError(f"tiny model: head size hidden/heads={self.hidden // self.heads} must be "
-                             "even (rotary embeddings)")
+            raise ValueError(
+                f"tiny model: head size hidden/heads={self.hidden // self.heads} must be even (rotary embeddings)"
+            )
 
 
 def build_tiny_model(directory: str, *, corpus: list[str] | None = None, **settings) -> str:
@@ -85,7 +87,8 @@ def build_tiny_model(directory: str, *, corpus: list[str] | None = None, **setti
         torch.manual_seed(s.seed)
         model = Qwen2ForCausalLM(config).to(torch.float32)
     model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False)
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
+    )
     os.makedirs(directory, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -100,14 +103,15 @@ def default_cache_root() -> str:
 
 
 def tiny_model_dir(settings: TinySettings, corpus: list[str]) -> str:
-    key = json.dumps({"s": asdict(settings), "corpus": corpus_hash(corpus), "v": _FORMAT_VERSION},
-                     sort_keys=True)
+    key = json.dumps({"s": asdict(settings), "corpus": corpus_hash(corpus), "v": _FORMAT_VERSION}, sort_keys=True)
     return os.path.join(default_cache_root(), "tiny-qwen2-" + hashlib.sha256(key.encode()).hexdigest()[:12])
 
 
 def _complete(directory: str) -> bool:
-    return all(os.path.exists(os.path.join(directory, f))
-               for f in ("config.json", "model.safetensors", "tokenizer.json", "fastcrit_tiny.json"))
+    return all(
+        os.path.exists(os.path.join(directory, f))
+        for f in ("config.json", "model.safetensors", "tokenizer.json", "fastcrit_tiny.json")
+    )
 
 
 def ensure_tiny_model(directory: str | None = None, **settings) -> str:
@@ -120,8 +124,9 @@ def ensure_tiny_model(directory: str | None = None, **settings) -> str:
     """
     unknown = set(settings) - set(TinySettings.__dataclass_fields__)
     if unknown:
-        raise ValueError(f"tiny model: unknown option(s) {sorted(unknown)}; "
-                         f"known: {sorted(TinySettings.__dataclass_fields__)}")
+        raise ValueError(
+            f"tiny model: unknown option(s) {sorted(unknown)}; known: {sorted(TinySettings.__dataclass_fields__)}"
+        )
     s = TinySettings(**settings)
     s.validate()
     corpus = default_corpus()
@@ -146,8 +151,15 @@ def ensure_tiny_model(directory: str | None = None, **settings) -> str:
     return directory
 
 
-def build_from_config(directory: str, config_json: str, *, dtype: str = "bfloat16", device: str = "cpu",
-                      seed: int = 0, overrides: dict | None = None) -> str:
+def build_from_config(
+    directory: str,
+    config_json: str,
+    *,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    seed: int = 0,
+    overrides: dict | None = None,
+) -> str:
     """A randomly initialised causal LM of the architecture in ``config_json`` (e.g. a published
     model's config.json: its real size, for memory and speed measurements where no weights can be
     downloaded), with the local tokenizer, saved in ``dtype`` as a Hugging Face directory.
@@ -167,15 +179,17 @@ def build_from_config(directory: str, config_json: str, *, dtype: str = "bfloat1
     raw.update(overrides or {})
     tokenizer = train_tokenizer(TinySettings.vocab_size, default_corpus())
     if raw["vocab_size"] < len(tokenizer):
-        raise ValueError(f"{config_json}: vocab_size {raw['vocab_size']} is smaller than the local tokenizer's "
-                         f"{len(tokenizer)} ids")
+        raise ValueError(
+            f"{config_json}: vocab_size {raw['vocab_size']} is smaller than the local tokenizer's {len(tokenizer)} ids"
+        )
     raw.update(bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     config = AutoConfig.for_model(**raw)
     with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config).to(parse_dtype(dtype))
-    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id, do_sample=False)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
+    )
     os.makedirs(directory, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

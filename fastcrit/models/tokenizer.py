@@ -13,6 +13,7 @@ Special tokens follow Qwen: ``<|endoftext|>`` pads, ``<|im_end|>`` ends a turn (
 ``<|im_start|>`` opens one. The chat template is ChatML as Qwen2 writes it, without Qwen's default
 system prompt (a system turn is written only when the caller passes one).
 """
+
 from __future__ import annotations
 
 import glob
@@ -20,7 +21,7 @@ import gzip
 import hashlib
 import json
 import os
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -84,8 +85,9 @@ def task_files() -> list[str]:
     they are made from a task's own rows and add no words, and reading them would change the
     tokenizer, hence every tiny model built from it, whenever they are regenerated."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return sorted(p for p in glob.glob(os.path.join(here, "data", "tasks", "*.jsonl"))
-                  if not p.endswith("_prefs.jsonl"))
+    return sorted(
+        p for p in glob.glob(os.path.join(here, "data", "tasks", "*.jsonl")) if not p.endswith("_prefs.jsonl")
+    )
 
 
 TEMPLATE_WEIGHT = 200  # prompt templates count like text seen this often (their words become tokens)
@@ -164,18 +166,22 @@ def train_tokenizer(vocab_size: int = 512, corpus: list[str] | None = None):
 
     min_size = 256 + len(SPECIAL_TOKENS)
     if vocab_size < min_size:
-        raise ValueError(f"vocab_size={vocab_size} is too small: it must be at least {min_size} "
-                         f"(256 bytes + {len(SPECIAL_TOKENS)} special tokens)")
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: it must be at least {min_size} "
+            f"(256 bytes + {len(SPECIAL_TOKENS)} special tokens)"
+        )
     if corpus is None:
         corpus = default_corpus()
     # The exact pipeline transformers' Qwen2Tokenizer rebuilds on load (AutoTokenizer picks that class
     # from the model type), so the trained tokenizer and the reloaded one encode identically.
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

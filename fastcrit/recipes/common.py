@@ -1,4 +1,5 @@
 """Small pieces the recipes share: run directory, model resolution, data order, hardware checks."""
+
 from __future__ import annotations
 
 import functools
@@ -21,16 +22,15 @@ def check_hardware(cfg: Config, config_path: str | None) -> None:
         raise ConfigError(
             f"{where} is a GPU setup (trainer.device: cuda, rollout.engine: {cfg.rollout.engine}) "
             "and this machine has no CUDA device. For the embedded CPU default run: "
-            f"fastcrit train {twin}")
+            f"fastcrit train {twin}"
+        )
     if cfg.rollout.engine == "sglang" and cfg.trainer.device != "cuda":
-        raise ConfigError(f"{where}: rollout.engine=sglang needs trainer.device=cuda; "
-                          "use rollout.engine=native on CPU")
+        raise ConfigError(f"{where}: rollout.engine=sglang needs trainer.device=cuda; use rollout.engine=native on CPU")
     if cfg.trainer.pack_sequences and cfg.trainer.device == "cuda":
         # before any process starts or weight loads (build_actor checks again, for other callers)
         problem = flash_attn_2_problem()
         if problem is not None:
-            raise ConfigError(f"{where}: trainer.pack_sequences on CUDA runs on flash-attn 2's varlen "
-                              f"path: {problem}")
+            raise ConfigError(f"{where}: trainer.pack_sequences on CUDA runs on flash-attn 2's varlen path: {problem}")
     try:  # a tracker whose package is missing stops the run here, not after the SFT warm start
         check_installed(cfg.trainer.loggers)
     except ConfigError as e:
@@ -79,4 +79,4 @@ def step_indices(n: int, per_step: int, step: int, seed: int, rank: int, world: 
         epoch, off = divmod(pos, n)
         idx.append(int(epoch_order(n, seed, epoch)[off]))
     share = per_step // world
-    return idx[rank * share:(rank + 1) * share]
+    return idx[rank * share : (rank + 1) * share]

@@ -16,6 +16,7 @@ revisions went fail -> pass (fixed) and pass -> fail (broken), and how often the
 solution as it was when the critique judged it correct (``kept_when_correct``: a generator that
 rewrites code it was told is correct makes the critic's judgment count for little).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -63,14 +64,19 @@ class RoundReport:
         if self.pass_at_k is not None:
             out[f"{prefix}pass@k"] = self.pass_at_k
         if self.round:
-            out.update({f"{prefix}judgment_acc": self.judgment_acc, f"{prefix}valid_rate": self.valid_rate,
-                        f"{prefix}fixed": self.fixed / max(self.failing_before, 1),
-                        f"{prefix}broken": self.broken / max(self.passing_before, 1),
-                        # the paper's Δ↑ and Δ↓: fixed and broken as shares of all problems
-                        f"{prefix}delta_up": self.fixed / max(self.failing_before + self.passing_before, 1),
-                        f"{prefix}delta_down": self.broken / max(self.failing_before + self.passing_before, 1),
-                        f"{prefix}kept_when_correct": self.kept / max(self.judged_correct, 1),
-                        f"{prefix}review_agrees": self.true_to_review / max(self.reviewed, 1)})
+            out.update(
+                {
+                    f"{prefix}judgment_acc": self.judgment_acc,
+                    f"{prefix}valid_rate": self.valid_rate,
+                    f"{prefix}fixed": self.fixed / max(self.failing_before, 1),
+                    f"{prefix}broken": self.broken / max(self.passing_before, 1),
+                    # the paper's Δ↑ and Δ↓: fixed and broken as shares of all problems
+                    f"{prefix}delta_up": self.fixed / max(self.failing_before + self.passing_before, 1),
+                    f"{prefix}delta_down": self.broken / max(self.failing_before + self.passing_before, 1),
+                    f"{prefix}kept_when_correct": self.kept / max(self.judged_correct, 1),
+                    f"{prefix}review_agrees": self.true_to_review / max(self.reviewed, 1),
+                }
+            )
         return {k: v for k, v in out.items() if v is not None}  # a round without verdicts has no accuracy
 
 
@@ -87,8 +93,9 @@ def answer_of(text: str) -> str:
     return f"```python\n{program.rstrip()}\n```" if rule.startswith("fenced") else text
 
 
-def kept_when_correct(attempts: list[Attempt], judged: list[bool | None],
-                      sent: list[tuple[int, str]]) -> tuple[int, int]:
+def kept_when_correct(
+    attempts: list[Attempt], judged: list[bool | None], sent: list[tuple[int, str]]
+) -> tuple[int, int]:
     """(revisions sent after a "Correct" judgment, those that left the solution unchanged)."""
     told = [(i, t) for i, t in sent if judged[i]]
     return len(told), sum(unchanged(attempts[i].solution, t) for i, t in told)
@@ -106,20 +113,40 @@ def execute(reward, problems: list[Problem], texts: list[str]) -> list[Attempt]:
     return out
 
 
-def sample_solutions(generator: ChatModel, problems: list[Problem], *, k: int, temperature: float,
-                     max_new_tokens: int, seed: int, style: str = "paper", top_p: float = 1.0
-                     ) -> list[tuple[Problem, str]]:
+def sample_solutions(
+    generator: ChatModel,
+    problems: list[Problem],
+    *,
+    k: int,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    style: str = "paper",
+    top_p: float = 1.0,
+) -> list[tuple[Problem, str]]:
     """``k`` answers per problem from the generator (problem-major order), asked in the prompts
     of ``style`` (``ctrl.prompts``)."""
     convs = [generation_messages(p, style) for p in problems for _ in range(k)]
-    outs = generator.chat(convs, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                          top_p=1.0 if is_greedy(temperature) else top_p)
+    outs = generator.chat(
+        convs,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        top_p=1.0 if is_greedy(temperature) else top_p,
+    )
     return [(problems[i // k], o.text) for i, o in enumerate(outs)]
 
 
-def revise(generator: ChatModel, attempts: list[Attempt], critiques: list[str], *,
-           max_new_tokens: int, temperature: float = 0.0, skip: set[int] = frozenset(), style: str = "paper"
-           ) -> tuple[list[bool | None], list[tuple[int, str]]]:
+def revise(
+    generator: ChatModel,
+    attempts: list[Attempt],
+    critiques: list[str],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    skip: set[int] = frozenset(),
+    style: str = "paper",
+) -> tuple[list[bool | None], list[tuple[int, str]]]:
     """The generator revises each solution after its critique. A critique with no overall
     judgment is not sent, nor one in ``skip`` (judged invalid by the caller), nor a revision prompt
     the generator cannot take. Returns every critique's judgment and the (critique index, revision
@@ -130,8 +157,9 @@ def revise(generator: ChatModel, attempts: list[Attempt], critiques: list[str], 
     return judged, revise_from(generator, convs, max_new_tokens=max_new_tokens, temperature=temperature)
 
 
-def revise_from(generator: ChatModel, convs: list[tuple[int, list[dict]]], *, max_new_tokens: int,
-                temperature: float = 0.0) -> list[tuple[int, str]]:
+def revise_from(
+    generator: ChatModel, convs: list[tuple[int, list[dict]]], *, max_new_tokens: int, temperature: float = 0.0
+) -> list[tuple[int, str]]:
     """The generator's answers to (attempt index, revision conversation) pairs, as (index, text);
     a conversation it cannot take is left out (its solution stays)."""
     outs = generator.chat([c for _, c in convs], max_new_tokens=max_new_tokens, temperature=temperature)
@@ -141,8 +169,10 @@ def revise_from(generator: ChatModel, convs: list[tuple[int, list[dict]]], *, ma
 def run_revisions(reward, attempts: list[Attempt], sent: list[tuple[int, str]]) -> dict[int, Attempt]:
     """The revisions run in the sandbox: attempt index -> the revised attempt (carrying the
     revision's program, not its prose)."""
-    return {i: replace(b, solution=answer_of(t)) for (i, t), b in
-            zip(sent, execute(reward, [attempts[i].problem for i, _ in sent], [t for _, t in sent]))}
+    return {
+        i: replace(b, solution=answer_of(t))
+        for (i, t), b in zip(sent, execute(reward, [attempts[i].problem for i, _ in sent], [t for _, t in sent]))
+    }
 
 
 def tally(report: RoundReport, attempts: list[Attempt], ran: dict[int, Attempt]) -> list[Attempt]:
@@ -161,63 +191,110 @@ def tally(report: RoundReport, attempts: list[Attempt], ran: dict[int, Attempt])
 def pass_at_k(attempts: list[Attempt], per_problem: int) -> float:
     """The share of problems one of whose ``per_problem`` attempts (consecutive, problem-major)
     passes: pass@k with k = ``per_problem`` samples of each problem."""
-    groups = [attempts[i:i + per_problem] for i in range(0, len(attempts), per_problem)]
+    groups = [attempts[i : i + per_problem] for i in range(0, len(attempts), per_problem)]
     return sum(any(a.passed for a in g) for g in groups) / max(len(groups), 1)
 
 
-def critique_round(critic: ChatModel, generator: ChatModel, reward, attempts: list[Attempt], *,
-                   critic_tokens: int, generator_tokens: int, round_no: int = 1,
-                   temperature: float = 0.0, seed: int = 0, top_p: float = 1.0, style: str = "paper"
-                   ) -> tuple[list[Attempt], RoundReport, list[dict]]:
+def critique_round(
+    critic: ChatModel,
+    generator: ChatModel,
+    reward,
+    attempts: list[Attempt],
+    *,
+    critic_tokens: int,
+    generator_tokens: int,
+    round_no: int = 1,
+    temperature: float = 0.0,
+    seed: int = 0,
+    top_p: float = 1.0,
+    style: str = "paper",
+) -> tuple[list[Attempt], RoundReport, list[dict]]:
     """One critique -> revision round over every attempt: the critic writes at ``temperature`` and
     ``top_p`` (greedy by default; sampled, attempt i draws with ``seed`` and its place i, so a list of
     repeated attempts gets independent critiques), the generator revises greedily. Returns the new
     attempts, the report and one record per problem (texts and verdicts, for the JSONL file)."""
-    crits = critic.chat([critique_messages(a.problem, a.solution, style) for a in attempts],
-                        max_new_tokens=critic_tokens, temperature=temperature,
-                        seed=None if is_greedy(temperature) else seed, top_p=top_p)
+    crits = critic.chat(
+        [critique_messages(a.problem, a.solution, style) for a in attempts],
+        max_new_tokens=critic_tokens,
+        temperature=temperature,
+        seed=None if is_greedy(temperature) else seed,
+        top_p=top_p,
+    )
     texts = ["" if c.finish_reason == "prompt_too_long" else c.text for c in crits]
     judged, sent = revise(generator, attempts, texts, max_new_tokens=generator_tokens, style=style)
     raw = dict(sent)  # the revisions as written (prose and all); attempts carry their programs
     ran = run_revisions(reward, attempts, sent)  # no valid critique, or no revision sent: the solution stays
     valid = sum(j is not None for j in judged)
-    report = RoundReport(round_no, 0.0, too_long=sum(c.finish_reason == "prompt_too_long" for c in crits)
-                         + valid - len(sent))
+    report = RoundReport(
+        round_no, 0.0, too_long=sum(c.finish_reason == "prompt_too_long" for c in crits) + valid - len(sent)
+    )
     report.judged_correct, report.kept = kept_when_correct(attempts, judged, sent)
     agrees = [review_agrees(t, a.solution) for t, a in zip(texts, attempts)]
     report.reviewed = sum(g is not None for g in agrees)
     report.true_to_review = sum(g is True for g in agrees)
     new = tally(report, attempts, ran)
-    records = [{"problem_id": a.problem.id, "round": round_no, "solution": a.solution,
-                "passed_before": a.passed, "critique": texts[i],
-                "judgment": None if judged[i] is None else ("Correct" if judged[i] else "Incorrect"),
-                "review_agrees": agrees[i], "revised": i in ran, "revision": raw.get(i),
-                "passed_after": b.passed, "pass_rate_after": b.pass_rate}
-               for i, (a, b) in enumerate(zip(attempts, new))]
+    records = [
+        {
+            "problem_id": a.problem.id,
+            "round": round_no,
+            "solution": a.solution,
+            "passed_before": a.passed,
+            "critique": texts[i],
+            "judgment": None if judged[i] is None else ("Correct" if judged[i] else "Incorrect"),
+            "review_agrees": agrees[i],
+            "revised": i in ran,
+            "revision": raw.get(i),
+            "passed_after": b.passed,
+            "pass_rate_after": b.pass_rate,
+        }
+        for i, (a, b) in enumerate(zip(attempts, new))
+    ]
     n = max(len(attempts), 1)
     report.judgment_acc = sum(j is not None and j == a.passed for j, a in zip(judged, attempts)) / n
     report.valid_rate = valid / n
     return new, report, records
 
 
-def critique_rounds(critic: ChatModel, generator: ChatModel, reward, attempts: list[Attempt], *,
-                    rounds: int, critic_tokens: int, generator_tokens: int, temperature: float = 0.0,
-                    samples: int = 1, seed: int = 0, top_p: float = 1.0, style: str = "paper",
-                    per_problem: int = 1) -> tuple[list[RoundReport], list[dict]]:
+def critique_rounds(
+    critic: ChatModel,
+    generator: ChatModel,
+    reward,
+    attempts: list[Attempt],
+    *,
+    rounds: int,
+    critic_tokens: int,
+    generator_tokens: int,
+    temperature: float = 0.0,
+    samples: int = 1,
+    seed: int = 0,
+    top_p: float = 1.0,
+    style: str = "paper",
+    per_problem: int = 1,
+) -> tuple[list[RoundReport], list[dict]]:
     """Round 0 (the generator alone) and ``rounds`` critique -> revision rounds. With ``samples`` >
     1 (sampled critiques), each attempt starts that many chains; the reports are over all of them
     and each record names its ``sample``. ``per_problem``: the attempts of each problem (consecutive,
     problem-major); every report then has pass@k over a problem's chains."""
     attempts = repeat_attempts(attempts, samples)
     group = per_problem * samples
-    reports = [RoundReport(0, sum(a.passed for a in attempts) / max(len(attempts), 1),
-                           pass_at_k=pass_at_k(attempts, group))]
+    reports = [
+        RoundReport(0, sum(a.passed for a in attempts) / max(len(attempts), 1), pass_at_k=pass_at_k(attempts, group))
+    ]
     records: list[dict] = []
     for r in range(1, rounds + 1):
-        attempts, rep, recs = critique_round(critic, generator, reward, attempts, round_no=r,
-                                             critic_tokens=critic_tokens, generator_tokens=generator_tokens,
-                                             temperature=temperature, seed=round_seed(seed, r), top_p=top_p,
-                                             style=style)
+        attempts, rep, recs = critique_round(
+            critic,
+            generator,
+            reward,
+            attempts,
+            round_no=r,
+            critic_tokens=critic_tokens,
+            generator_tokens=generator_tokens,
+            temperature=temperature,
+            seed=round_seed(seed, r),
+            top_p=top_p,
+            style=style,
+        )
         rep.pass_at_k = pass_at_k(attempts, group)
         reports.append(rep)
         records += [dict(rec, sample=i % samples) for i, rec in enumerate(recs)]
@@ -240,19 +317,24 @@ def critique_protocol(temperature: float, samples: int, top_p: float = 1.0) -> s
     if is_greedy(temperature):
         return "greedy critiques"
     return f"{samples} critique(s) per solution at temperature {temperature:g}" + (
-        f", top-p {top_p:g}" if top_p < 1 else "")
+        f", top-p {top_p:g}" if top_p < 1 else ""
+    )
 
 
 def format_reports(reports: list[RoundReport]) -> list[str]:
-    lines = ["  round  pass@1  judgment_acc  valid  fixed (fail->pass)  broken (pass->fail)"
-             "  delta_up  delta_down  kept when judged correct"]
+    lines = [
+        "  round  pass@1  judgment_acc  valid  fixed (fail->pass)  broken (pass->fail)"
+        "  delta_up  delta_down  kept when judged correct"
+    ]
     for r in reports:
         if r.round == 0:
             lines.append(f"  {0:5d}  {r.pass_at_1:6.3f}  (generator alone)")
         else:
             m = r.metrics("")
-            lines.append(f"  {r.round:5d}  {r.pass_at_1:6.3f}  {r.judgment_acc:12.3f}  {r.valid_rate:5.3f}"
-                         f"  {r.fixed:5d} / {r.failing_before:<5d}       {r.broken:5d} / {r.passing_before:<5d}"
-                         f"        {m['delta_up']:8.3f}  {m['delta_down']:10.3f}"
-                         f"  {r.kept:5d} / {r.judged_correct}")
+            lines.append(
+                f"  {r.round:5d}  {r.pass_at_1:6.3f}  {r.judgment_acc:12.3f}  {r.valid_rate:5.3f}"
+                f"  {r.fixed:5d} / {r.failing_before:<5d}       {r.broken:5d} / {r.passing_before:<5d}"
+                f"        {m['delta_up']:8.3f}  {m['delta_down']:10.3f}"
+                f"  {r.kept:5d} / {r.judged_correct}"
+            )
     return lines

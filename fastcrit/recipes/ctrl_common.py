@@ -1,5 +1,6 @@
 """What CTRL's three stages share: problem sets, the generator ("proxy"), the test-time critic, and
 the synthesis files that link stage 1 to stage 2."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +19,9 @@ from fastcrit.rollout.chat import HTTPChat, LocalChat
 from fastcrit.train.checkpoint import latest_checkpoint
 
 
-def load_problem_set(spec: str, fmt: str, *, limit: int | None = None, what: str = "data.train",
-                     log=print, strict: bool = False) -> list[Problem]:
+def load_problem_set(
+    spec: str, fmt: str, *, limit: int | None = None, what: str = "data.train", log=print, strict: bool = False
+) -> list[Problem]:
     """Problems from a shipped task (``minicode``, ``minicode:test``), ``humaneval`` or a file in any
     supported format; skipped rows are reported (first few, and how many), or, ``strict``, refused."""
     if not spec:
@@ -29,8 +31,7 @@ def load_problem_set(spec: str, fmt: str, *, limit: int | None = None, what: str
     if ps.skipped:
         for msg in ps.skipped[:5]:
             log(f"data: skipped {msg}")
-        log(f"data: {what}: {len(ps.skipped)} rows skipped, {len(ps.problems)} problems kept "
-            f"({ps.format} format)")
+        log(f"data: {what}: {len(ps.skipped)} rows skipped, {len(ps.problems)} problems kept ({ps.format} format)")
     return ps.problems
 
 
@@ -41,8 +42,9 @@ class OwnedChat:
         self.chat_model, self.engine, self.name = chat_model, engine, name
 
     def chat(self, conversations, *, max_new_tokens, temperature=0.0, seed=None, top_p=1.0):
-        return self.chat_model.chat(conversations, max_new_tokens=max_new_tokens,
-                                    temperature=temperature, seed=seed, top_p=top_p)
+        return self.chat_model.chat(
+            conversations, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p
+        )
 
     def sleep(self) -> None:
         """Release the engine's device memory while the trainer works (an engine that keeps a host
@@ -63,8 +65,7 @@ class OwnedChat:
             self.engine = None
 
 
-def local_chat(model: ModelConfig, rollout, max_prompt_len: int, device, seed: int,
-                sleeps: bool = False) -> OwnedChat:
+def local_chat(model: ModelConfig, rollout, max_prompt_len: int, device, seed: int, sleeps: bool = False) -> OwnedChat:
     """A local model on its own engine. ``sleeps`` (a frozen model sharing a GPU with the trainer,
     CTRL's proxy): the engine keeps a host copy of its weights (the native engine's ``cpu_backup``,
     SGLang's ``enable_weights_cpu_backup``), so ``OwnedChat.sleep`` can release its device memory
@@ -76,8 +77,9 @@ def local_chat(model: ModelConfig, rollout, max_prompt_len: int, device, seed: i
         rollout = dataclasses.replace(rollout, engine_args={key: True, **rollout.engine_args})
     engine = make_engine(rollout, path, dtype=model.dtype, device=device, seed=seed)
     chat = OwnedChat(LocalChat(engine, load_tokenizer(path), max_prompt_len=max_prompt_len), engine, path)
-    chat.asleep_between_uses = sleeps and bool(rollout.engine_args.get(
-        "enable_weights_cpu_backup" if rollout.engine == "sglang" else "cpu_backup"))
+    chat.asleep_between_uses = sleeps and bool(
+        rollout.engine_args.get("enable_weights_cpu_backup" if rollout.engine == "sglang" else "cpu_backup")
+    )
     return chat
 
 
@@ -89,8 +91,9 @@ def http_chat(cfg: Config, endpoint: str, api_model: str, what: str) -> OwnedCha
         raise ConfigError(f"proxy.api_key_env: the environment variable {p.api_key_env} is not set")
     if not api_model:
         raise ConfigError(f"{what}: name the model the endpoint {endpoint} serves")
-    chat = HTTPChat(endpoint, api_model, api_key=key, concurrency=p.concurrency,
-                    timeout_s=p.timeout_s, retries=p.retries)
+    chat = HTTPChat(
+        endpoint, api_model, api_key=key, concurrency=p.concurrency, timeout_s=p.timeout_s, retries=p.retries
+    )
     return OwnedChat(chat, None, f"{endpoint} ({api_model})")
 
 
@@ -139,8 +142,10 @@ def critic_chat(cfg: Config) -> tuple[OwnedChat, str]:
         return chat, chat.name
     path = c.critic or latest_checkpoint(cfg.trainer.output_dir)
     if not path:
-        raise ConfigError(f"ctrl.critic: no critic given and no checkpoint in {cfg.trainer.output_dir} "
-                          "(train one with `fastcrit train`, or set ctrl.critic=<model dir>)")
+        raise ConfigError(
+            f"ctrl.critic: no critic given and no checkpoint in {cfg.trainer.output_dir} "
+            "(train one with `fastcrit train`, or set ctrl.critic=<model dir>)"
+        )
     device = "cpu" if cfg.trainer.device == "cpu" else "cuda"
     model = ModelConfig(path=path, dtype=cfg.model.dtype, tiny=cfg.model.tiny)
     chat = local_chat(model, cfg.rollout, cfg.data.max_prompt_len, device, cfg.trainer.seed)
@@ -168,16 +173,24 @@ def solutions_path(directory: str, split: str) -> str:
 
 
 def attempt_row(a: Attempt) -> dict:
-    return {"problem": a.problem.to_dict(), "solution": a.solution, "passed": a.passed,
-            "pass_rate": a.pass_rate, "failures": a.failures, "failed_tests": a.failed_tests}
+    return {
+        "problem": a.problem.to_dict(),
+        "solution": a.solution,
+        "passed": a.passed,
+        "pass_rate": a.pass_rate,
+        "failures": a.failures,
+        "failed_tests": a.failed_tests,
+    }
 
 
 def load_attempts(directory: str, split: str) -> list[Attempt]:
     """The (problem, initial solution, outcome) rows stage 1 wrote; bad rows raise naming file:line."""
     path = solutions_path(directory, split)
     if not os.path.exists(path):
-        raise DatasetError(f"{path}: not found; run `fastcrit ctrl-synth CONFIG` first "
-                           "(`fastcrit train` runs it when the directory has no COMPLETE marker)")
+        raise DatasetError(
+            f"{path}: not found; run `fastcrit ctrl-synth CONFIG` first "
+            "(`fastcrit train` runs it when the directory has no COMPLETE marker)"
+        )
     out = []
     with open(path) as f:
         for i, line in enumerate(f, 1):
@@ -185,9 +198,16 @@ def load_attempts(directory: str, split: str) -> list[Attempt]:
                 continue
             try:
                 r = json.loads(line)
-                out.append(Attempt(Problem.from_dict(r["problem"]), r["solution"], bool(r["passed"]),
-                                   float(r["pass_rate"]), list(r["failures"]),
-                                   [int(i) for i in r.get("failed_tests", [])]))
+                out.append(
+                    Attempt(
+                        Problem.from_dict(r["problem"]),
+                        r["solution"],
+                        bool(r["passed"]),
+                        float(r["pass_rate"]),
+                        list(r["failures"]),
+                        [int(i) for i in r.get("failed_tests", [])],
+                    )
+                )
             except (json.JSONDecodeError, KeyError, TypeError, ValueError, ProblemError) as e:
                 raise DatasetError(f"{path}:{i}: not a solutions row written by ctrl-synth ({e})") from None
     return out

@@ -21,6 +21,7 @@ of the number of seeds; none with one seed). The critic's records go to ``ctrl.o
 every seed and round); the baselines' beside it (``<name>_baselines.jsonl``); the table to
 ``<name>_summary.json``.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,16 +34,32 @@ from tqdm import tqdm
 
 from fastcrit.config import Config
 from fastcrit.data.ctrl_prompts import feedback_messages, hint_for, no_critique_messages
-from fastcrit.recipes.critique import (RoundReport, critique_protocol, critique_round, critique_rounds, execute,
-                                      format_reports, pass_at_k, repeat_attempts, revise_from, round_seed,
-                                      run_revisions, sample_solutions, tally)
+from fastcrit.recipes.critique import (
+    RoundReport,
+    critique_protocol,
+    critique_round,
+    critique_rounds,
+    execute,
+    format_reports,
+    pass_at_k,
+    repeat_attempts,
+    revise_from,
+    round_seed,
+    run_revisions,
+    sample_solutions,
+    tally,
+)
 from fastcrit.reward import make_reward
 from fastcrit.types import is_greedy
 
 BASELINES = ("generator_greedy", "no_critique", "self_critique", "execution_feedback")
-LABELS = {"generator_greedy": "generator, greedy", "generator": "generator (evaluated solutions)",
-          "no_critique": "no critique (revise)", "self_critique": "self-critique",
-          "execution_feedback": "execution feedback"}
+LABELS = {
+    "generator_greedy": "generator, greedy",
+    "generator": "generator (evaluated solutions)",
+    "no_critique": "no critique (revise)",
+    "self_critique": "self-critique",
+    "execution_feedback": "execution feedback",
+}
 
 
 def solution_seed(seed: int) -> int:
@@ -57,29 +74,59 @@ def baseline_round(name: str, cfg: Config, generator, proxy, reward, attempts, *
     tokens = cfg.proxy.rollout.max_new_tokens
     if name == "self_critique":
         chains = repeat_attempts(attempts, c.critique_samples)
-        return critique_round(generator, proxy, reward, chains, critic_tokens=cfg.rollout.max_new_tokens,
-                              generator_tokens=tokens, temperature=c.critique_temperature,
-                              seed=round_seed(seed, 1), top_p=c.critique_top_p, style=style)
+        return critique_round(
+            generator,
+            proxy,
+            reward,
+            chains,
+            critic_tokens=cfg.rollout.max_new_tokens,
+            generator_tokens=tokens,
+            temperature=c.critique_temperature,
+            seed=round_seed(seed, 1),
+            top_p=c.critique_top_p,
+            style=style,
+        )
     if name == "no_critique":
         convs = [(i, no_critique_messages(a.problem, a.solution, style)) for i, a in enumerate(attempts)]
     else:
-        convs = [(i, feedback_messages(a.problem, a.solution, hint_for(a.problem, a.passed, a.failures,
-                                                                        a.failed_tests), style))
-                 for i, a in enumerate(attempts)]
+        convs = [
+            (
+                i,
+                feedback_messages(
+                    a.problem, a.solution, hint_for(a.problem, a.passed, a.failures, a.failed_tests), style
+                ),
+            )
+            for i, a in enumerate(attempts)
+        ]
     sent = revise_from(proxy, convs, max_new_tokens=tokens)
     raw = dict(sent)
     rep = RoundReport(1, 0.0, too_long=len(convs) - len(sent))
     new = tally(rep, attempts, run_revisions(reward, attempts, sent))
-    recs = [{"problem_id": a.problem.id, "solution": a.solution, "passed_before": a.passed,
-             "prompt": convs[i][1][-1]["content"], "revision": raw.get(i), "passed_after": b.passed}
-            for i, (a, b) in enumerate(zip(attempts, new))]
+    recs = [
+        {
+            "problem_id": a.problem.id,
+            "solution": a.solution,
+            "passed_before": a.passed,
+            "prompt": convs[i][1][-1]["content"],
+            "revision": raw.get(i),
+            "passed_after": b.passed,
+        }
+        for i, (a, b) in enumerate(zip(attempts, new))
+    ]
     return new, rep, recs
 
 
 def greedy_pass_at_1(generator, reward, problems, cfg: Config) -> float:
     """The generator's greedy answer to each problem, run: the share that passes (no seed)."""
-    sols = sample_solutions(generator, problems, k=1, temperature=0.0, max_new_tokens=cfg.proxy.rollout.max_new_tokens,
-                            seed=0, style=cfg.ctrl.prompts)
+    sols = sample_solutions(
+        generator,
+        problems,
+        k=1,
+        temperature=0.0,
+        max_new_tokens=cfg.proxy.rollout.max_new_tokens,
+        seed=0,
+        style=cfg.ctrl.prompts,
+    )
     greedy = execute(reward, [p for p, _ in sols], [t for _, t in sols])
     return sum(a.passed for a in greedy) / max(len(greedy), 1)
 
@@ -111,16 +158,24 @@ def format_table(methods: dict[str, dict], k: int) -> list[str]:
         text = f"{v['mean']:.3f}" + ("" if v["se"] is None else f" ± {v['se']:.3f}")
         return f"{text:<{width}}"
 
-    keys = ("pass@1", "pass@k", "delta_up", "delta_down", "judgment_acc") if k > 1 else (
-        "pass@1", "delta_up", "delta_down", "judgment_acc")  # pass@1 is pass@k with one solution
-    heads = {"pass@1": "pass@1", "pass@k": f"pass@{k}", "delta_up": "Δ↑", "delta_down": "Δ↓",
-             "judgment_acc": "judgment"}
+    keys = (
+        ("pass@1", "pass@k", "delta_up", "delta_down", "judgment_acc")
+        if k > 1
+        else ("pass@1", "delta_up", "delta_down", "judgment_acc")
+    )  # pass@1 is pass@k with one solution
+    heads = {
+        "pass@1": "pass@1",
+        "pass@k": f"pass@{k}",
+        "delta_up": "Δ↑",
+        "delta_down": "Δ↓",
+        "judgment_acc": "judgment",
+    }
     lines = [f"  {'method':34s}" + "".join(f"{heads[key]:17s}" for key in keys) + "valid"]
     for name, m in methods.items():
-        label = LABELS.get(name) or (f"critic, round {name.rsplit('_', 1)[1]}" if name.startswith("critic_round_")
-                                     else name)
-        lines.append((f"  {label:34s}" + "".join(cell(m, key, 17) for key in keys)
-                      + cell(m, "valid_rate", 5)).rstrip())
+        label = LABELS.get(name) or (
+            f"critic, round {name.rsplit('_', 1)[1]}" if name.startswith("critic_round_") else name
+        )
+        lines.append((f"  {label:34s}" + "".join(cell(m, key, 17) for key in keys) + cell(m, "valid_rate", 5)).rstrip())
     return lines
 
 
@@ -145,8 +200,9 @@ def run_critique(cfg: Config) -> dict:
     c = cfg.ctrl
     out_dir = cfg.trainer.output_dir
     os.makedirs(out_dir, exist_ok=True)
-    problems = load_problem_set(cfg.data.val, cfg.data.format, limit=cfg.data.val_size, what="data.val",
-                                strict=cfg.data.strict)
+    problems = load_problem_set(
+        cfg.data.val, cfg.data.format, limit=cfg.data.val_size, what="data.val", strict=cfg.data.strict
+    )
     device = "cpu" if cfg.trainer.device == "cpu" else "cuda"
     proxy = make_proxy(cfg, device)  # the reviser; it also writes the solutions unless ctrl.generator
     writer = make_generator(cfg, device) if c.generator else proxy
@@ -155,15 +211,24 @@ def run_critique(cfg: Config) -> dict:
     reward = make_reward(cfg, out_dir)
     k, seeds = c.eval_solutions, [cfg.trainer.seed + i for i in range(c.eval_seeds)]
     temperature = c.solution_temperature if c.eval_temperature is None else c.eval_temperature
-    runs: dict[str, list[dict]] = {"generator_greedy": [], "generator": [],
-                                   **{f"critic_round_{r}": [] for r in range(1, c.rounds + 1)},
-                                   **{b: [] for b in c.baselines if b != "generator_greedy"}}
+    runs: dict[str, list[dict]] = {
+        "generator_greedy": [],
+        "generator": [],
+        **{f"critic_round_{r}": [] for r in range(1, c.rounds + 1)},
+        **{b: [] for b in c.baselines if b != "generator_greedy"},
+    }
     records, baseline_records, first_reports = [], [], None
     tokens = cfg.proxy.rollout.max_new_tokens
     phases = critique_phases(cfg)
     # stderr, as the training bar; disable=None: none when stderr is not a terminal
-    bar = tqdm(total=len(phases), desc="critique", unit="step", file=sys.stderr, dynamic_ncols=True,
-               disable=None if cfg.trainer.progress else True)
+    bar = tqdm(
+        total=len(phases),
+        desc="critique",
+        unit="step",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        disable=None if cfg.trainer.progress else True,
+    )
     phase = iter(phases)
     bar.set_postfix_str(next(phase, ""))
 
@@ -176,14 +241,33 @@ def run_critique(cfg: Config) -> dict:
             runs["generator_greedy"].append({"pass@1": greedy_pass_at_1(writer, reward, problems, cfg)})
             step()
         for seed in seeds:
-            sols = sample_solutions(writer, problems, k=k, temperature=temperature, max_new_tokens=tokens,
-                                    seed=solution_seed(seed), style=c.prompts, top_p=c.solution_top_p)
+            sols = sample_solutions(
+                writer,
+                problems,
+                k=k,
+                temperature=temperature,
+                max_new_tokens=tokens,
+                seed=solution_seed(seed),
+                style=c.prompts,
+                top_p=c.solution_top_p,
+            )
             attempts = execute(reward, [p for p, _ in sols], [t for _, t in sols])
             step()
-            reports, recs = critique_rounds(critic, proxy, reward, attempts, rounds=c.rounds,
-                                            critic_tokens=cfg.rollout.max_new_tokens, generator_tokens=tokens,
-                                            temperature=c.critique_temperature, samples=c.critique_samples,
-                                            seed=seed, top_p=c.critique_top_p, style=c.prompts, per_problem=k)
+            reports, recs = critique_rounds(
+                critic,
+                proxy,
+                reward,
+                attempts,
+                rounds=c.rounds,
+                critic_tokens=cfg.rollout.max_new_tokens,
+                generator_tokens=tokens,
+                temperature=c.critique_temperature,
+                samples=c.critique_samples,
+                seed=seed,
+                top_p=c.critique_top_p,
+                style=c.prompts,
+                per_problem=k,
+            )
             first_reports = first_reports or reports
             records += [dict(r, seed=seed) for r in recs]
             runs["generator"].append({"pass@1": reports[0].pass_at_1, "pass@k": reports[0].pass_at_k})
@@ -210,21 +294,41 @@ def run_critique(cfg: Config) -> dict:
     _write_jsonl(path, records)
     base_path = os.path.splitext(path)[0] + "_baselines.jsonl"
     _write_jsonl(base_path, baseline_records)
-    summary = {"problems": len(problems), "source": cfg.data.val, "critic": critic_name,
-               "generator": generator_name, "prompts": c.prompts, "solutions_per_problem": k,
-               "solution_temperature": temperature, "seeds": seeds,
-               "critique_temperature": c.critique_temperature, "critique_top_p": c.critique_top_p,
-               "critique_samples": c.critique_samples, "methods": methods,
-               "rounds": [asdict(r) for r in first_reports], "records": path, "baseline_records": base_path}
+    summary = {
+        "problems": len(problems),
+        "source": cfg.data.val,
+        "critic": critic_name,
+        "generator": generator_name,
+        "prompts": c.prompts,
+        "solutions_per_problem": k,
+        "solution_temperature": temperature,
+        "seeds": seeds,
+        "critique_temperature": c.critique_temperature,
+        "critique_top_p": c.critique_top_p,
+        "critique_samples": c.critique_samples,
+        "methods": methods,
+        "rounds": [asdict(r) for r in first_reports],
+        "records": path,
+        "baseline_records": base_path,
+    }
     with open(os.path.splitext(path)[0] + "_summary.json", "w") as f:
         json.dump(summary, f, indent=1)
     how = critique_protocol(c.critique_temperature, c.critique_samples, c.critique_top_p)
     sampled = "greedy" if is_greedy(temperature) else f"temperature {temperature:g}"
-    print("\n".join([
-        f"critique: {len(problems)} problems from {cfg.data.val}, {k} solution(s) each ({sampled}), "
-        f"{len(seeds)} seed(s) (mean ± standard error); critic {critic_name}, {how}; generator {generator_name}",
-        *format_table(methods, k), f"  seed {seeds[0]}, round by round:", *format_reports(first_reports),
-        f"  every round's texts and verdicts: {path}; the baselines': {base_path}"]), flush=True)
+    print(
+        "\n".join(
+            [
+                f"critique: {len(problems)} problems from {cfg.data.val}, {k} solution(s) each ({sampled}), "
+                f"{len(seeds)} seed(s) (mean ± standard error); critic {critic_name}, {how}; "
+                f"generator {generator_name}",
+                *format_table(methods, k),
+                f"  seed {seeds[0]}, round by round:",
+                *format_reports(first_reports),
+                f"  every round's texts and verdicts: {path}; the baselines': {base_path}",
+            ]
+        ),
+        flush=True,
+    )
     return summary
 
 

@@ -42,6 +42,7 @@ Sandbox: every rank runs its own pool at the same time, so ``sandbox.workers`` (
 of a node's L ranks gets 1/L of them (at least 1). ``proxy.concurrency`` (an endpoint generator's
 requests in flight) is per rank.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,14 +59,21 @@ from tqdm import tqdm
 from fastcrit.config import Config, ConfigError
 from fastcrit.data.problems import Problem
 from fastcrit.recipes.critique import Attempt, execute, sample_solutions
-from fastcrit.recipes.ctrl_common import (attempt_row, critic_sft_path, generator_name, load_problem_set,
-                                          make_generator, solutions_path, synth_complete, synth_dir)
+from fastcrit.recipes.ctrl_common import (
+    attempt_row,
+    critic_sft_path,
+    generator_name,
+    load_problem_set,
+    make_generator,
+    solutions_path,
+    synth_complete,
+    synth_dir,
+)
 from fastcrit.recipes.ctrl_writer import FILTERS, Written, make_writer, write_critiques, writer_name
 from fastcrit.reward import make_reward
 from fastcrit.sandbox.types import SandboxConfig
 from fastcrit.train.dist import DistContext, barrier, local_world_size
-from fastcrit.train.shards import (Chunk, ChunkFiles, ShardError, cut, dealt, missing_message, wait_for,
-                                   write_atomically)
+from fastcrit.train.shards import Chunk, ChunkFiles, ShardError, cut, dealt, missing_message, wait_for, write_atomically
 
 
 @dataclass
@@ -78,13 +86,32 @@ class Synthesis:
     critiques: Written | None
 
 
-def synthesise(generator, reward, problems: list[Problem], *, k: int, temperature: float,
-               max_new_tokens: int, seed: int, write=None, style: str = "paper", top_p: float = 1.0) -> Synthesis:
+def synthesise(
+    generator,
+    reward,
+    problems: list[Problem],
+    *,
+    k: int,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    write=None,
+    style: str = "paper",
+    top_p: float = 1.0,
+) -> Synthesis:
     """Stage 1's unit of work: ``k`` sampled solutions per problem, run in the sandbox, and (with
     ``write``: attempts -> ``Written``) a critique of each from its execution. Solution j
     (problem-major) draws from ``seed + j``."""
-    sols = sample_solutions(generator, problems, k=k, temperature=temperature, max_new_tokens=max_new_tokens,
-                            seed=seed, style=style, top_p=top_p)
+    sols = sample_solutions(
+        generator,
+        problems,
+        k=k,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        style=style,
+        top_p=top_p,
+    )
     attempts = execute(reward, [p for p, _ in sols], [t for _, t in sols])
     return Synthesis(attempts, write(attempts) if write is not None else None)
 
@@ -108,12 +135,16 @@ def solutions_per_problem(cfg: Config, split: str) -> int:
 def rank_sandbox(sandbox: SandboxConfig, ranks_here: int) -> SandboxConfig:
     """One rank's sandbox settings where ``ranks_here`` ranks of a node run their pools at once: the
     node's workers (0 = every CPU), jobs in flight and remote requests shared out, at least 1 each."""
+
     def share(n: int) -> int:
         return max(1, n // ranks_here)
 
-    return dataclasses.replace(sandbox, workers=share(sandbox.worker_count()),
-                               max_concurrency=share(sandbox.max_concurrency),
-                               remote_concurrency=share(sandbox.remote_concurrency))
+    return dataclasses.replace(
+        sandbox,
+        workers=share(sandbox.worker_count()),
+        max_concurrency=share(sandbox.max_concurrency),
+        remote_concurrency=share(sandbox.remote_concurrency),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,22 +168,33 @@ def run_synth(ctx: DistContext, cfg: Config) -> str:
     mine = [c for c in dealt(chunks, ctx.rank, ctx.world_size) if not files.done(c)]
     if ctx.is_main:
         done = len(chunks) - len(files.missing(chunks))
-        print(f"ctrl-synth: {out}: {len(chunks)} chunks of up to {cfg.ctrl.synth_chunk} problems over "
-              f"{ctx.world_size} rank(s)" + (f"; resuming, {done} already written" if done else ""), flush=True)
+        print(
+            f"ctrl-synth: {out}: {len(chunks)} chunks of up to {cfg.ctrl.synth_chunk} problems over "
+            f"{ctx.world_size} rank(s)" + (f"; resuming, {done} already written" if done else ""),
+            flush=True,
+        )
     if mine:
         _run_chunks(ctx, cfg, splits, files, mine)
     wait_s = cfg.trainer.stage_wait_s
     if ctx.is_main:
-        wait_for(lambda: not files.missing(chunks), files.count, wait_s=wait_s,
-                 failure=lambda: missing_message(files, chunks, ctx.world_size, wait_s, "trainer.stage_wait_s"))
+        wait_for(
+            lambda: not files.missing(chunks),
+            files.count,
+            wait_s=wait_s,
+            failure=lambda: missing_message(files, chunks, ctx.world_size, wait_s, "trainer.stage_wait_s"),
+        )
         _merge(out, files, chunks, plan, cfg.ctrl.sft_balance)
     else:
+
         def failure() -> str:
             if files.missing(chunks):
                 return missing_message(files, chunks, ctx.world_size, wait_s, "trainer.stage_wait_s")
-            return (f"{out}: every chunk is written but rank 0 has not merged them within {wait_s:g} s "
-                    "(trainer.stage_wait_s): it died, hangs, or writes where this rank cannot see (every node "
-                    "must share trainer.output_dir); its own output says which")
+            return (
+                f"{out}: every chunk is written but rank 0 has not merged them within {wait_s:g} s "
+                "(trainer.stage_wait_s): it died, hangs, or writes where this rank cannot see (every node "
+                "must share trainer.output_dir); its own output says which"
+            )
+
         wait_for(lambda: synth_complete(out), files.count, wait_s=wait_s, failure=failure)
     barrier()  # every rank has seen COMPLETE (so no rank reads the chunks any more): one wait of a poll
     if ctx.is_main:
@@ -174,7 +216,8 @@ def _checked(cfg: Config, out: str) -> str:
             f"(dropped: {writer.get('filtered')}; examples in {path}), so the critic's SFT has no data. "
             "Use a stronger writer (ctrl.synth_writer_model / ctrl.synth_writer_endpoint), longer critiques "
             "(rollout.max_new_tokens), ctrl.synth_writer=template, or sft.steps=0; then delete "
-            f"{out} to write them again")
+            f"{out} to write them again"
+        )
     return out
 
 
@@ -186,14 +229,16 @@ def _problem_sets(cfg: Config, log) -> dict[str, list[Problem]]:
     strict = cfg.data.strict
     splits = {"train": load_problem_set(cfg.data.train, cfg.data.format, what="data.train", log=log, strict=strict)}
     if cfg.data.val:
-        splits["val"] = load_problem_set(cfg.data.val, cfg.data.format, limit=cfg.data.val_size,
-                                         what="data.val", log=log, strict=strict)
+        splits["val"] = load_problem_set(
+            cfg.data.val, cfg.data.format, limit=cfg.data.val_size, what="data.val", log=log, strict=strict
+        )
     return splits
 
 
 def _plan(cfg: Config, splits: dict[str, list[Problem]]) -> dict:
     """What the chunks' contents depend on (compared on a restart). Not the world size: any rank
     may do any chunk."""
+
     def digest(problems: list[Problem]) -> str:
         h = hashlib.sha256()
         for p in problems:
@@ -201,23 +246,39 @@ def _plan(cfg: Config, splits: dict[str, list[Problem]]) -> dict:
             h.update(b"\n")
         return h.hexdigest()
 
-    return {"chunk_problems": cfg.ctrl.synth_chunk, "generator": generator_name(cfg),
-            "engine": cfg.proxy.rollout.engine,
-            "dtype": cfg.proxy.model.dtype if cfg.ctrl.generator or cfg.proxy.model.path else cfg.model.dtype,
-            "max_prompt_len": cfg.proxy.max_prompt_len,
-            "solution_temperature": cfg.ctrl.solution_temperature, "solution_top_p": cfg.ctrl.solution_top_p,
-            "max_new_tokens": cfg.proxy.rollout.max_new_tokens, "prompts": cfg.ctrl.prompts,
-            "writer": {"name": writer_name(cfg), "temperature": cfg.ctrl.synth_writer_temperature,
-                       "top_p": cfg.ctrl.synth_writer_top_p, "max_new_tokens": cfg.rollout.max_new_tokens},
-            "sandbox": {"timeout_s": cfg.sandbox.timeout_s, "memory_mb": cfg.sandbox.memory_mb},
-            "splits": {s: {"problems": len(ps), "sha256": digest(ps),
-                           "solutions_per_problem": solutions_per_problem(cfg, s),
-                           "temperature": solution_temperature(cfg, s),
-                           "seed": solution_seed(cfg, s)} for s, ps in splits.items()}}
+    return {
+        "chunk_problems": cfg.ctrl.synth_chunk,
+        "generator": generator_name(cfg),
+        "engine": cfg.proxy.rollout.engine,
+        "dtype": cfg.proxy.model.dtype if cfg.ctrl.generator or cfg.proxy.model.path else cfg.model.dtype,
+        "max_prompt_len": cfg.proxy.max_prompt_len,
+        "solution_temperature": cfg.ctrl.solution_temperature,
+        "solution_top_p": cfg.ctrl.solution_top_p,
+        "max_new_tokens": cfg.proxy.rollout.max_new_tokens,
+        "prompts": cfg.ctrl.prompts,
+        "writer": {
+            "name": writer_name(cfg),
+            "temperature": cfg.ctrl.synth_writer_temperature,
+            "top_p": cfg.ctrl.synth_writer_top_p,
+            "max_new_tokens": cfg.rollout.max_new_tokens,
+        },
+        "sandbox": {"timeout_s": cfg.sandbox.timeout_s, "memory_mb": cfg.sandbox.memory_mb},
+        "splits": {
+            s: {
+                "problems": len(ps),
+                "sha256": digest(ps),
+                "solutions_per_problem": solutions_per_problem(cfg, s),
+                "temperature": solution_temperature(cfg, s),
+                "seed": solution_seed(cfg, s),
+            }
+            for s, ps in splits.items()
+        },
+    }
 
 
-def _run_chunks(ctx: DistContext, cfg: Config, splits: dict[str, list[Problem]], files: ChunkFiles,
-                chunks: list[Chunk]) -> None:
+def _run_chunks(
+    ctx: DistContext, cfg: Config, splits: dict[str, list[Problem]], files: ChunkFiles, chunks: list[Chunk]
+) -> None:
     """This rank's chunks, each written as soon as it is done."""
     generator = make_generator(cfg, ctx.device)
     reward = writer = owned = None
@@ -226,27 +287,53 @@ def _run_chunks(ctx: DistContext, cfg: Config, splits: dict[str, list[Problem]],
         rank_cfg = dataclasses.replace(cfg, sandbox=rank_sandbox(cfg.sandbox, local_world_size(ctx.world_size)))
         reward = make_reward(rank_cfg, files.directory, ctx.rank)  # its result cache goes with the parts
         # rank 0's chunks, on stderr; disable=None: none when stderr is not a terminal
-        bar = tqdm(total=len(chunks), desc="ctrl-synth", unit="chunk", file=sys.stderr, dynamic_ncols=True,
-                   disable=None if cfg.trainer.progress and ctx.is_main else True)
+        bar = tqdm(
+            total=len(chunks),
+            desc="ctrl-synth",
+            unit="chunk",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            disable=None if cfg.trainer.progress and ctx.is_main else True,
+        )
         for c in chunks:
             t0 = time.perf_counter()
             k = solutions_per_problem(cfg, c.split)
             seed = solution_seed(cfg, c.split) + c.start * k
-            write = None if c.split != "train" else (
-                lambda attempts, seed=seed: write_critiques(cfg, writer, attempts, seed=seed + 500_009))
-            made = synthesise(generator, reward, splits[c.split][c.start:c.stop], k=k,
-                              temperature=solution_temperature(cfg, c.split),
-                              max_new_tokens=cfg.proxy.rollout.max_new_tokens, seed=seed, write=write,
-                              style=cfg.ctrl.prompts, top_p=cfg.ctrl.solution_top_p)
+            write = (
+                None
+                if c.split != "train"
+                else (lambda attempts, seed=seed: write_critiques(cfg, writer, attempts, seed=seed + 500_009))
+            )
+            made = synthesise(
+                generator,
+                reward,
+                splits[c.split][c.start : c.stop],
+                k=k,
+                temperature=solution_temperature(cfg, c.split),
+                max_new_tokens=cfg.proxy.rollout.max_new_tokens,
+                seed=seed,
+                write=write,
+                style=cfg.ctrl.prompts,
+                top_p=cfg.ctrl.solution_top_p,
+            )
             w = made.critiques
-            files.write(c, [{"solution": attempt_row(a)} for a in made.attempts]
-                        + ([] if w is None else [{"critique": r} for r in w.rows]
-                           + [{"filtered": dict(w.filtered), "examples": w.examples}]))
+            files.write(
+                c,
+                [{"solution": attempt_row(a)} for a in made.attempts]
+                + (
+                    []
+                    if w is None
+                    else [{"critique": r} for r in w.rows] + [{"filtered": dict(w.filtered), "examples": w.examples}]
+                ),
+            )
             passed = sum(a.passed for a in made.attempts) / max(len(made.attempts), 1)
             dropped = "" if w is None or not w.filtered else f", critiques dropped {dict(w.filtered)}"
-            bar.write(f"ctrl-synth: rank {ctx.rank}: {c.name} ({c.split} problems {c.start}-{c.stop - 1}): "
-                      f"{len(made.attempts)} solutions, pass@1 {passed:.3f}{dropped}, "
-                      f"{time.perf_counter() - t0:.1f} s", file=sys.stdout)  # above the bar
+            bar.write(
+                f"ctrl-synth: rank {ctx.rank}: {c.name} ({c.split} problems {c.start}-{c.stop - 1}): "
+                f"{len(made.attempts)} solutions, pass@1 {passed:.3f}{dropped}, "
+                f"{time.perf_counter() - t0:.1f} s",
+                file=sys.stdout,
+            )  # above the bar
             sys.stdout.flush()
             bar.update(1)
         bar.close()
@@ -266,25 +353,41 @@ def _merge(out: str, files: ChunkFiles, chunks: list[Chunk], plan: dict, balance
     for split, info in plan["splits"].items():
         counts = {"solutions": 0, "passed": 0}
         mine = [c for c in chunks if c.split == split]
-        write_atomically(solutions_path(out, split),
-                         _solution_lines(files, mine, info["solutions_per_problem"], counts, critiques, dropped))
-        summary[split] = {"problems": info["problems"], "solutions": counts["solutions"],
-                          "pass@1": counts["passed"] / max(counts["solutions"], 1)}
-    summary["writer"] = {"name": plan["writer"]["name"], "kept": len(critiques),
-                         "filtered": {k: dropped.filtered.get(k, 0) for k in FILTERS}, "examples": dropped.examples}
+        write_atomically(
+            solutions_path(out, split),
+            _solution_lines(files, mine, info["solutions_per_problem"], counts, critiques, dropped),
+        )
+        summary[split] = {
+            "problems": info["problems"],
+            "solutions": counts["solutions"],
+            "pass@1": counts["passed"] / max(counts["solutions"], 1),
+        }
+    summary["writer"] = {
+        "name": plan["writer"]["name"],
+        "kept": len(critiques),
+        "filtered": {k: dropped.filtered.get(k, 0) for k in FILTERS},
+        "examples": dropped.examples,
+    }
     summary["critic_sft"] = _write_sft(critiques, critic_sft_path(out), balance)
     write_atomically(os.path.join(out, "synth_summary.json"), [json.dumps(summary, indent=1)])
     write_atomically(os.path.join(out, "COMPLETE"), [])
-    print(f"ctrl-synth: {out}: " + "; ".join(
-        f"{s}: {v['solutions']} solutions, pass@1 {v['pass@1']:.3f}" for s, v in summary.items()
-        if isinstance(v, dict) and "solutions" in v)
+    print(
+        f"ctrl-synth: {out}: "
+        + "; ".join(
+            f"{s}: {v['solutions']} solutions, pass@1 {v['pass@1']:.3f}"
+            for s, v in summary.items()
+            if isinstance(v, dict) and "solutions" in v
+        )
         + f"; critiques by {summary['writer']['name']}: {len(critiques)} kept"
         + (f", dropped {dict(dropped.filtered)}" if dropped.filtered else "")
-        + f"; critic SFT rows: {summary['critic_sft']}", flush=True)
+        + f"; critic SFT rows: {summary['critic_sft']}",
+        flush=True,
+    )
 
 
-def _solution_lines(files: ChunkFiles, chunks: list[Chunk], k: int, counts: dict, critiques: list[dict],
-                    dropped: Written):
+def _solution_lines(
+    files: ChunkFiles, chunks: list[Chunk], k: int, counts: dict, critiques: list[dict], dropped: Written
+):
     """The chunks' solution rows as lines, in order, one chunk in memory at a time; counts them
     (``counts``) and collects the critique rows (``critiques``) and the writer's filter counts
     (``dropped``) on the way."""
@@ -292,8 +395,10 @@ def _solution_lines(files: ChunkFiles, chunks: list[Chunk], k: int, counts: dict
         rows = files.read(c)
         sols = [r["solution"] for r in rows if "solution" in r]
         if len(sols) != len(c) * k:
-            raise ShardError(f"{files.path(c)}: {len(sols)} solutions for {len(c)} problems x {k}; "
-                             "delete it to have the chunk done again")
+            raise ShardError(
+                f"{files.path(c)}: {len(sols)} solutions for {len(c)} problems x {k}; "
+                "delete it to have the chunk done again"
+            )
         critiques.extend(r["critique"] for r in rows if "critique" in r)
         for r in rows:
             if "filtered" in r:

@@ -16,6 +16,7 @@ The writer is ``ctrl.synth_writer_endpoint`` (an OpenAI-compatible server, model
 critic's base model ``model.path``), on the proxy's engine settings and prompt limit; when that
 is the model that writes the solutions, its engine is shared.
 """
+
 from __future__ import annotations
 
 import collections
@@ -44,8 +45,12 @@ class Written:
 
 def critique_row(a: Attempt, critique: str, style: str, writer: str) -> dict:
     """The chat row [critic prompt (no hint) -> critique] of one attempt."""
-    return {"messages": critique_messages(a.problem, a.solution, style) + [{"role": "assistant", "content": critique}],
-            "problem_id": a.problem.id, "passed": a.passed, "writer": writer}
+    return {
+        "messages": critique_messages(a.problem, a.solution, style) + [{"role": "assistant", "content": critique}],
+        "problem_id": a.problem.id,
+        "passed": a.passed,
+        "writer": writer,
+    }
 
 
 def template_critiques(attempts: list[Attempt], style: str) -> Written:
@@ -59,14 +64,26 @@ def template_critiques(attempts: list[Attempt], style: str) -> Written:
     return Written(rows)
 
 
-def model_critiques(writer, attempts: list[Attempt], *, style: str, max_new_tokens: int,
-                    temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> Written:
+def model_critiques(
+    writer,
+    attempts: list[Attempt],
+    *,
+    style: str,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+) -> Written:
     """The model writer: one critique per attempt, written from its execution feedback, then
     filtered (module docstring). Attempt j draws from ``seed + j`` when sampled."""
     hints = [hint_for(a.problem, a.passed, a.failures, a.failed_tests) for a in attempts]
-    outs = writer.chat([writer_messages(a.problem, a.solution, h, style) for a, h in zip(attempts, hints)],
-                       max_new_tokens=max_new_tokens, temperature=temperature,
-                       seed=None if is_greedy(temperature) else seed, top_p=top_p)
+    outs = writer.chat(
+        [writer_messages(a.problem, a.solution, h, style) for a, h in zip(attempts, hints)],
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=None if is_greedy(temperature) else seed,
+        top_p=top_p,
+    )
     out = Written([])
     for a, h, o in zip(attempts, hints, outs):
         text = clean_critique(o.text)
@@ -75,14 +92,27 @@ def model_critiques(writer, attempts: list[Attempt], *, style: str, max_new_toke
             why = "too_long"
         else:
             verdict = parse_judgment(text)
-            why = ("no_verdict" if verdict is None else "wrong_verdict" if verdict != a.passed
-                   else "leak" if leaks(text, h) else None)
+            why = (
+                "no_verdict"
+                if verdict is None
+                else "wrong_verdict"
+                if verdict != a.passed
+                else "leak"
+                if leaks(text, h)
+                else None
+            )
         if why is None:
             out.rows.append(critique_row(a, text, style, "model"))
         else:
             out.filtered[why] += 1
-            out.examples.setdefault(why, {"problem_id": a.problem.id, "critique": text[:400],
-                                          **({"leak": leaks(text, h)} if why == "leak" else {})})
+            out.examples.setdefault(
+                why,
+                {
+                    "problem_id": a.problem.id,
+                    "critique": text[:400],
+                    **({"leak": leaks(text, h)} if why == "leak" else {}),
+                },
+            )
     return out
 
 
@@ -122,5 +152,12 @@ def write_critiques(cfg: Config, writer, attempts: list[Attempt], seed: int) -> 
     c = cfg.ctrl
     if writer is None:
         return template_critiques(attempts, c.prompts)
-    return model_critiques(writer, attempts, style=c.prompts, max_new_tokens=cfg.rollout.max_new_tokens,
-                           temperature=c.synth_writer_temperature, top_p=c.synth_writer_top_p, seed=seed)
+    return model_critiques(
+        writer,
+        attempts,
+        style=c.prompts,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=c.synth_writer_temperature,
+        top_p=c.synth_writer_top_p,
+        seed=seed,
+    )

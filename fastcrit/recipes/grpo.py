@@ -6,6 +6,7 @@ engine's (no extra trainer forward; they equal the trainer's up to kernel roundi
 verl always does (``Run.batch``); and the KL to the frozen reference is a loss term (verl's
 `use_kl_loss`), never folded into the reward.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,7 +25,7 @@ class GRPO:
         self.run = run
         self.reward = make_reward(c, run.out, run.ctx.rank, run.ctx.device)
         self.prompts = run.load_prompts(c.data.train, "train")
-        self.val = run.load_prompts(c.data.val, "test")[:c.data.val_size] if c.data.val else []
+        self.val = run.load_prompts(c.data.val, "test")[: c.data.val_size] if c.data.val else []
 
     def score(self, prompts: list[EncodedPrompt], rollouts) -> tuple[torch.Tensor, dict]:
         texts = [self.run.tok.decode(r.output_ids, skip_special_tokens=True) for r in rollouts]
@@ -46,21 +47,25 @@ class GRPO:
         batch = run.batch(rollouts, scores)
         batch.ref_logprobs = run.reference(batch)
         a = run.cfg.algorithm
-        batch.advantages = outcome_advantages(a.name, scores, batch.group_ids, batch.response_mask,
-                                              norm_by_std=a.norm_adv_by_std)
+        batch.advantages = outcome_advantages(
+            a.name, scores, batch.group_ids, batch.response_mask, norm_by_std=a.norm_adv_by_std
+        )
         stats = run.update(batch)
         run.sync()
-        return {"reward/mean": scores.mean().item(),
-                "reward/std": std_over_ranks(scores),
-                **info_means(results, "reward/"),
-                "response_len/mean": batch.response_mask.sum(-1).mean().item(), **stats}
+        return {
+            "reward/mean": scores.mean().item(),
+            "reward/std": std_over_ranks(scores),
+            **info_means(results, "reward/"),
+            "response_len/mean": batch.response_mask.sum(-1).mean().item(),
+            **stats,
+        }
 
     def evaluate(self) -> dict[str, float]:
         """Greedy decoding on this rank's share of the validation prompts; mean over ranks."""
         if not self.val:
             return {}
         run = self.run
-        share = self.val[run.ctx.rank::run.ctx.world_size]
+        share = self.val[run.ctx.rank :: run.ctx.world_size]
         params = SamplingParams(n=1, max_new_tokens=run.cfg.rollout.max_new_tokens, temperature=0.0)
         scores, results = self.score(share, run.engine.generate([p.ids for p in share], params))
         return all_reduce_mean({"val/reward": scores.mean().item(), **info_means(results, "val/")})

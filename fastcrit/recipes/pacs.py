@@ -13,6 +13,7 @@ loss is ``fastcrit_kernels.pacs_loss`` on the fused log-probs. With reward_metho
 first optimizer step on a batch (the policy is still the behaviour policy), so the gradient there is
 that of BCE at logit 0: +(0.5 - y) per sample's log-prob ratio; later mini-batches see r move.
 """
+
 from __future__ import annotations
 
 import torch
@@ -39,18 +40,25 @@ class PACS(GRPO):
         self.objective.reset()
         stats = run.update(batch, self.objective)
         run.sync()
-        return {"reward/mean": scores.mean().item(), **info_means(results, "reward/"),
-                "pacs/pos_frac": labels.mean().item(), **self.objective.logit_means(),
-                "response_len/mean": batch.response_mask.sum(-1).mean().item(), **stats}
+        return {
+            "reward/mean": scores.mean().item(),
+            **info_means(results, "reward/"),
+            "pacs/pos_frac": labels.mean().item(),
+            **self.objective.logit_means(),
+            "response_len/mean": batch.response_mask.sum(-1).mean().item(),
+            **stats,
+        }
 
 
 def outcome_labels(scores: torch.Tensor, reward_name: str) -> torch.Tensor:
     """PACS trains on 0/1 outcomes: any other score is a configuration error, named."""
     bad = scores[(scores != 0) & (scores != 1)]
     if len(bad):
-        raise ConfigError(f"algorithm.name=pacs needs 0/1 rewards, but reward manager {reward_name!r} "
-                         f"gave {bad[:3].tolist()}: choose a binary one (e.g. reward.name=exact_match, "
-                         f"or reward.score=all_pass for code)")
+        raise ConfigError(
+            f"algorithm.name=pacs needs 0/1 rewards, but reward manager {reward_name!r} "
+            f"gave {bad[:3].tolist()}: choose a binary one (e.g. reward.name=exact_match, "
+            f"or reward.score=all_pass for code)"
+        )
     return scores.float()
 
 
@@ -80,5 +88,5 @@ class SeenLogits:
             return {}
         a = torch.cat([s[0] for s in self.seen])
         y = torch.cat([s[1] for s in self.seen])
-        mean = lambda m: a[m].mean().item() if m.any() else 0.0  # noqa: E731
+        mean = lambda m: a[m].mean().item() if m.any() else 0.0
         return {"pacs/logit_pos": mean(y == 1), "pacs/logit_neg": mean(y == 0)}

@@ -22,6 +22,7 @@ With ``ppo.rm_refresh_every`` the reward model learns on as the policy moves (it
 so the policy is scored by a reward model that has seen what the policy now writes, not only what it
 wrote before training (a frozen one is over-optimised: see docs/algorithms.md).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,13 +56,20 @@ class PPO(GRPO):
         c = run.cfg
         path = c.ppo.critic_path or run.model_path
         if load_tokenizer(path).get_vocab() != run.tok.get_vocab():
-            raise ConfigError(f"ppo.critic_path {path!r}: its tokenizer differs from the policy's; the "
-                              "critic reads the policy's token ids")
+            raise ConfigError(
+                f"ppo.critic_path {path!r}: its tokenizer differs from the policy's; the "
+                "critic reads the policy's token ids"
+            )
         updates = c.trainer.total_steps * c.algorithm.ppo_epochs * c.algorithm.mini_batches
-        self.critic = build_value_actor(path, dtype=c.model.dtype, device=run.ctx.device,
-                                        world_size=run.ctx.world_size, total_updates=updates,
-                                        optim=dataclasses.replace(c.optim, lr=c.ppo.critic_lr),
-                                        checkpointing=c.trainer.gradient_checkpointing)
+        self.critic = build_value_actor(
+            path,
+            dtype=c.model.dtype,
+            device=run.ctx.device,
+            world_size=run.ctx.world_size,
+            total_updates=updates,
+            optim=dataclasses.replace(c.optim, lr=c.ppo.critic_lr),
+            checkpointing=c.trainer.gradient_checkpointing,
+        )
         self.online = OnlineRM(run, self.reward) if c.ppo.rm_refresh_every else None
         self.kl_coef = c.ppo.kl_in_reward_coef  # moves under algorithm.kl_ctrl=adaptive; checkpointed
 
@@ -96,18 +104,32 @@ class PPO(GRPO):
         adv, batch.returns = gae(rewards, batch.values, mask, gamma=c.ppo.gamma, lam=c.ppo.lam)
         batch.advantages = masked_whiten(adv, mask, all_sum=all_reduce)  # over every rank's tokens, as one batch
         with run.timer("critic"):
-            critic_stats = update_values(self.critic, batch, c.algorithm, c.ppo,
-                                         micro_batch_size=c.trainer.micro_batch_size,
-                                         grad_clip=c.optim.grad_clip, agg_scale=loss_scale(c), generator=run.shuffle())
+            critic_stats = update_values(
+                self.critic,
+                batch,
+                c.algorithm,
+                c.ppo,
+                micro_batch_size=c.trainer.micro_batch_size,
+                grad_clip=c.optim.grad_clip,
+                agg_scale=loss_scale(c),
+                generator=run.shuffle(),
+            )
             free_gradients(self.critic)
         stats = run.update(batch) if step > c.ppo.critic_warmup else {}
         run.sync()
-        return {"reward/mean": scores.mean().item(), **info_means(results, "reward/"), **rm_means(results),
-                "critic/explained_var": explained_variance(batch.values, batch.returns, mask),
-                "critic/values_mean": masked_mean_over_ranks(batch.values, mask),
-                "critic/returns_mean": masked_mean_over_ranks(batch.returns, mask),
-                **kl_stats,
-                "response_len/mean": batch.response_mask.sum(-1).mean().item(), **critic_stats, **online, **stats}
+        return {
+            "reward/mean": scores.mean().item(),
+            **info_means(results, "reward/"),
+            **rm_means(results),
+            "critic/explained_var": explained_variance(batch.values, batch.returns, mask),
+            "critic/values_mean": masked_mean_over_ranks(batch.values, mask),
+            "critic/returns_mean": masked_mean_over_ranks(batch.returns, mask),
+            **kl_stats,
+            "response_len/mean": batch.response_mask.sum(-1).mean().item(),
+            **critic_stats,
+            **online,
+            **stats,
+        }
 
     def control_kl(self, kl: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
         """The step's KL to the reference, measured as verl does (the mean over the sequences of all
@@ -134,10 +156,15 @@ class OnlineRM:
         self.labeler = get_reward_manager(c.rm.label_reward)
         refreshes = max(1, c.trainer.total_steps // c.ppo.rm_refresh_every)
         optim = dataclasses.replace(c.optim, lr=c.rm.lr, warmup_steps=0, lr_schedule="constant")
-        self.actor = build_value_actor(reward_model_path(c), dtype=c.model.dtype, device=run.ctx.device,
-                                       world_size=run.ctx.world_size, optim=optim,
-                                       total_updates=refreshes * c.ppo.rm_refresh_steps,
-                                       checkpointing=c.trainer.gradient_checkpointing)
+        self.actor = build_value_actor(
+            reward_model_path(c),
+            dtype=c.model.dtype,
+            device=run.ctx.device,
+            world_size=run.ctx.world_size,
+            optim=optim,
+            total_updates=refreshes * c.ppo.rm_refresh_steps,
+            checkpointing=c.trainer.gradient_checkpointing,
+        )
         self.tok = load_tokenizer(reward_model_path(c))
         self.pairs: list[PreferencePair] = []
         self.loaded = False  # the scorer holds the trained weights (after a refresh or a resume)
@@ -171,8 +198,11 @@ class OnlineRM:
 
     def sync(self) -> None:
         # a collective: the weights in the scorer's dtype, a bucket per all-gather
-        self.scorer.load_weights(gathered_tensors(self.actor.module, parse_dtype(self.cfg.model.dtype),
-                                                  self.cfg.rollout.weight_bucket_mb << 20))
+        self.scorer.load_weights(
+            gathered_tensors(
+                self.actor.module, parse_dtype(self.cfg.model.dtype), self.cfg.rollout.weight_bucket_mb << 20
+            )
+        )
         self.loaded = True
 
     def state_dict(self) -> dict:

@@ -22,6 +22,7 @@ The reward manager (``reward.name``) is not used for training: when the data's a
 checked, it scores the policy's held-out answers (``val/reward``), which says whether fooling the
 critic also meant answering better.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,14 +33,14 @@ import random
 import torch
 
 from fastcrit.algos.raro import TIE, RaroObjective, kept_group_advantages
-from fastcrit.data.datasets import load_dataset
-from fastcrit.data.tasks import ANSWER_FORMATS, TASK_ANSWER_FORMATS, answer_format, final_answer
-from fastcrit.data.prompts import render_chat
-from fastcrit.data.replay import ReplayBuffer
-from fastcrit.recipes.scaffold import Run, reward_items
-from fastcrit.reward import RewardItem, get_reward_manager, make_reward
 from fastcrit.config import ConfigError
 from fastcrit.config_values import loss_scale
+from fastcrit.data.datasets import load_dataset
+from fastcrit.data.prompts import render_chat
+from fastcrit.data.replay import ReplayBuffer
+from fastcrit.data.tasks import ANSWER_FORMATS, TASK_ANSWER_FORMATS, answer_format, final_answer
+from fastcrit.recipes.scaffold import Run, reward_items
+from fastcrit.reward import RewardItem, get_reward_manager, make_reward
 from fastcrit.train.dist import all_reduce_mean, barrier
 from fastcrit.types import SamplingParams
 
@@ -58,13 +59,15 @@ def shown_answer(text: str, example, r, where: str) -> str | None:
         raise ConfigError(
             f"raro.critic_sees=answer: {where}: a row declares {'no' if fmt is None else f'an unknown ({fmt!r})'} "
             f"final-answer format; give each row a `task` that declares one ({', '.join(TASK_ANSWER_FORMATS)}) "
-            f"or an `answer_format` ({' | '.join(ANSWER_FORMATS)}), or set raro.critic_sees=full")
+            f"or an `answer_format` ({' | '.join(ANSWER_FORMATS)}), or set raro.critic_sees=full"
+        )
     return final_answer(text, fmt)
 
 
 @dataclasses.dataclass
 class Judged:
     """One critic prompt: a (question, expert, policy answer) triple shown in some order."""
+
     question: str
     expert: str
     answer: str
@@ -81,15 +84,21 @@ class RARO:
         def load(spec: str, split: str):
             # the expert's answer is the critic's reference: a row without one (or, where the critic
             # sees final answers, without a final answer in it) is left out
-            return run.load_prompts(spec, split, c.raro.policy_system, why="without an expert (final) answer",
-                                    keep=lambda e: bool(e.answer) and shown_answer(e.answer, e, c.raro, spec) is not None)
+            return run.load_prompts(
+                spec,
+                split,
+                c.raro.policy_system,
+                why="without an expert (final) answer",
+                keep=lambda e: bool(e.answer) and shown_answer(e.answer, e, c.raro, spec) is not None,
+            )
 
         self.prompts = load(c.data.train, "train")
-        self.val = load(c.data.val, "test")[:c.data.val_size] if c.data.val else []
+        self.val = load(c.data.val, "test")[: c.data.val_size] if c.data.val else []
         self.check = make_reward(c, run.out, run.ctx.rank, run.ctx.device) if c.reward.name else None
         self.verdicts = get_reward_manager("raro", tau_crit=c.raro.tau_crit, tau_pol=c.raro.tau_pol)
-        self.objective = RaroObjective(c.algorithm, {POLICY: ("policy", c.raro.lambda_pol),
-                                                     CRITIC: ("critic", c.raro.lambda_crit)}, loss_scale(c))
+        self.objective = RaroObjective(
+            c.algorithm, {POLICY: ("policy", c.raro.lambda_pol), CRITIC: ("critic", c.raro.lambda_crit)}, loss_scale(c)
+        )
         self.start_answers: list[str] | None = None  # the starting policy's held-out answers (evaluate)
 
     def state_dict(self) -> dict:
@@ -115,8 +124,15 @@ class RARO:
         fits = [i for i, x in enumerate(ids) if len(x) <= self.run.cfg.data.max_prompt_len]
         outs = self.run.generate([ids[i] for i in fits], params)
         outs = [dataclasses.replace(o, prompt_index=fits[o.prompt_index]) for o in outs]
-        items = [RewardItem("", self.run.tok.decode(o.output_ids, skip_special_tokens=True) if o.finish_reason != "length"
-                            else "", "", {"expert_pos": pairs[o.prompt_index].expert_pos}) for o in outs]
+        items = [
+            RewardItem(
+                "",
+                self.run.tok.decode(o.output_ids, skip_special_tokens=True) if o.finish_reason != "length" else "",
+                "",
+                {"expert_pos": pairs[o.prompt_index].expert_pos},
+            )
+            for o in outs
+        ]
         return outs, self.verdicts(items), len(pairs) - len(fits)
 
     # -- one step ---------------------------------------------------------------------------------
@@ -141,8 +157,10 @@ class RARO:
         for j in fresh:
             self.buffer.push((j.question, j.expert, j.answer))
         pairs = fresh + replayed
-        params = dataclasses.replace(run.sampling(step, n=r.critic_samples, stream=1, first=run.ctx.rank * 2**24),
-                                     max_new_tokens=r.critic_max_new_tokens)
+        params = dataclasses.replace(
+            run.sampling(step, n=r.critic_samples, stream=1, first=run.ctx.rank * 2**24),
+            max_new_tokens=r.critic_max_new_tokens,
+        )
         crit, verdicts, too_long = self.judge(pairs, params)
         labels = [None if v.info["unparseable"] else v.info["label"] for v in verdicts]
 
@@ -171,15 +189,18 @@ class RARO:
         run.sync()
         parsed = [(lab, pairs[o.prompt_index].expert_pos) for o, lab in zip(crit, labels) if lab is not None]
         n_crit = max(len(crit), 1)
-        return {"raro/critic_acc": critic_acc(parsed),
-                "raro/tie_rate": sum(l == TIE for l, _ in parsed) / max(len(parsed), 1),
-                "raro/unparseable_rate": sum(lab is None for lab in labels) / n_crit,
-                "raro/policy_reward": sum(pol_scores[i] for i in pol_votes) / max(len(pol_votes), 1),
-                "raro/buffer_size": float(len(self.buffer)),
-                "raro/replayed_pairs": float(len(replayed)),
-                "raro/critic_prompt_too_long": float(too_long),
-                **{f"raro/masked/{k}": float(v) for k, v in masked.items()},
-                "reward/mean": batch.scores[keep].mean().item() if keep.any() else 0.0, **stats}
+        return {
+            "raro/critic_acc": critic_acc(parsed),
+            "raro/tie_rate": sum(lab == TIE for lab, _ in parsed) / max(len(parsed), 1),
+            "raro/unparseable_rate": sum(lab is None for lab in labels) / n_crit,
+            "raro/policy_reward": sum(pol_scores[i] for i in pol_votes) / max(len(pol_votes), 1),
+            "raro/buffer_size": float(len(self.buffer)),
+            "raro/replayed_pairs": float(len(replayed)),
+            "raro/critic_prompt_too_long": float(too_long),
+            **{f"raro/masked/{k}": float(v) for k, v in masked.items()},
+            "reward/mean": batch.scores[keep].mean().item() if keep.any() else 0.0,
+            **stats,
+        }
 
     def evaluate(self) -> dict[str, float]:
         """Greedy: the policy answers each held-out question; the critic judges it against the
@@ -192,7 +213,7 @@ class RARO:
         if not self.val:
             return {}
         run = self.run
-        share = self.val[run.ctx.rank::run.ctx.world_size]
+        share = self.val[run.ctx.rank :: run.ctx.world_size]
         greedy = SamplingParams(n=1, max_new_tokens=run.cfg.rollout.max_new_tokens, temperature=0.0)
         pol = run.engine.generate([p.ids for p in share], greedy)
         texts = [run.tok.decode(o.output_ids, skip_special_tokens=True) for o in pol]
@@ -214,8 +235,12 @@ class RARO:
         answers earn from the final critic."""
         if not first or not last:
             return {}
-        out = {"critic_acc_start": first["val/critic_acc_fixed"], "critic_acc_end": last["val/critic_acc_fixed"],
-               "policy_reward_start": last["val/start_policy_reward"], "policy_reward_end": last["val/policy_reward"]}
+        out = {
+            "critic_acc_start": first["val/critic_acc_fixed"],
+            "critic_acc_end": last["val/critic_acc_fixed"],
+            "policy_reward_start": last["val/start_policy_reward"],
+            "policy_reward_end": last["val/policy_reward"],
+        }
         if "val/reward" in first:
             out.update(reward_start=first["val/reward"], reward_end=last["val/reward"])
         return {"eval": out}
@@ -224,13 +249,17 @@ class RARO:
         e = summary.get("eval")
         if not e:
             return []
-        lines = [f"  critic accuracy on the starting policy's held-out answers: "
-                 f"{e['critic_acc_start']:.3f} -> {e['critic_acc_end']:.3f}",
-                 f"  policy reward from the final critic, starting -> final policy: "
-                 f"{e['policy_reward_start']:.3f} -> {e['policy_reward_end']:.3f}"]
+        lines = [
+            f"  critic accuracy on the starting policy's held-out answers: "
+            f"{e['critic_acc_start']:.3f} -> {e['critic_acc_end']:.3f}",
+            f"  policy reward from the final critic, starting -> final policy: "
+            f"{e['policy_reward_start']:.3f} -> {e['policy_reward_end']:.3f}",
+        ]
         if "reward_start" in e:
-            lines.append(f"  held-out task reward (reward.name, never trained on): "
-                         f"{e['reward_start']:.3f} -> {e['reward_end']:.3f}")
+            lines.append(
+                f"  held-out task reward (reward.name, never trained on): "
+                f"{e['reward_start']:.3f} -> {e['reward_end']:.3f}"
+            )
         return lines
 
     def _judged(self, share, texts: list[str], params: SamplingParams) -> dict[str, float]:
@@ -242,11 +271,13 @@ class RARO:
         labels = [None if v.info["unparseable"] else v.info["label"] for v in verdicts]
         parsed = [(lab, pairs[o.prompt_index].expert_pos) for o, lab in zip(crit, labels) if lab is not None]
         pol_r = [v.info["policy_reward"] for v in verdicts if not v.info["unparseable"]]
-        return {"critic_acc": critic_acc(parsed),
-                "tie_rate": sum(l == TIE for l, _ in parsed) / max(len(parsed), 1),
-                "unparseable_rate": sum(lab is None for lab in labels) / max(len(labels), 1),
-                "policy_reward": sum(pol_r) / max(len(pol_r), 1),
-                "no_answer_rate": (len(shown) - len(pairs)) / max(len(shown), 1)}
+        return {
+            "critic_acc": critic_acc(parsed),
+            "tie_rate": sum(lab == TIE for lab, _ in parsed) / max(len(parsed), 1),
+            "unparseable_rate": sum(lab is None for lab in labels) / max(len(labels), 1),
+            "policy_reward": sum(pol_r) / max(len(pol_r), 1),
+            "no_answer_rate": (len(shown) - len(pairs)) / max(len(shown), 1),
+        }
 
 
 def critic_acc(parsed: list[tuple[int, int]]) -> float:
@@ -270,18 +301,24 @@ def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
     for i, ex in enumerate(examples):
         answer, words = ex.answer, ex.answer.split(" ")
         if len(words) > 1 and rng.random() < r.warm_start_cut:
-            answer = " ".join(words[:rng.randrange(1, len(words))])
+            answer = " ".join(words[: rng.randrange(1, len(words))])
         elif r.warm_start_wrong and rng.random() < r.warm_start_wrong:  # no draw unless set: rows as before
             answer = with_mistake(answer, r.warm_start_mistake)
-        rows.append({"messages": [{"role": "system", "content": r.policy_system},
-                                  {"role": "user", "content": ex.prompt},
-                                  {"role": "assistant", "content": answer}]})
+        rows.append(
+            {
+                "messages": [
+                    {"role": "system", "content": r.policy_system},
+                    {"role": "user", "content": ex.prompt},
+                    {"role": "assistant", "content": answer},
+                ]
+            }
+        )
         expert = shown_answer(ex.answer, ex, r, "data.train")
         peer = examples[(i + rng.randrange(1, len(examples))) % len(examples)]
         other = shown_answer(peer.answer, peer, r, "data.train")
         shown_words = (expert or "").split(" ")
         if r.warm_start_critic == "cut" and len(shown_words) > 1:
-            other = " ".join(shown_words[:rng.randrange(1, len(shown_words))])
+            other = " ".join(shown_words[: rng.randrange(1, len(shown_words))])
         elif r.warm_start_critic == "wrong" and expert is not None:
             other = with_mistake(expert, r.warm_start_mistake)
         if expert is None or other is None or other == expert:
@@ -292,9 +329,15 @@ def warm_start_rows(examples, r, seed: int = 0) -> list[dict]:
         pos = rng.choice((1, 2))
         j = Judged(ex.prompt, expert, other, pos, None)
         label = rng.choice((1, 2)) if r.warm_start_critic == "random" else pos
-        rows.append({"messages": [{"role": "system", "content": r.critic_system},
-                                  {"role": "user", "content": critic_text(j)},
-                                  {"role": "assistant", "content": f"[Answer {label}]"}]})
+        rows.append(
+            {
+                "messages": [
+                    {"role": "system", "content": r.critic_system},
+                    {"role": "user", "content": critic_text(j)},
+                    {"role": "assistant", "content": f"[Answer {label}]"},
+                ]
+            }
+        )
     return rows
 
 
@@ -330,8 +373,9 @@ def write_warm_start(ctx, cfg) -> str:
         data = load_dataset(cfg.data.train, cfg.data.prompt_key, cfg.data.answer_key, strict=cfg.data.strict)
         examples = [e for e in data.examples if e.answer]
         if len(examples) < 2:
-            raise ConfigError(f"data.train {cfg.data.train!r}: RARO's warm start needs at least two "
-                              "examples with expert answers")
+            raise ConfigError(
+                f"data.train {cfg.data.train!r}: RARO's warm start needs at least two examples with expert answers"
+            )
         os.makedirs(cfg.trainer.output_dir, exist_ok=True)
         tmp = path + ".tmp"
         with open(tmp, "w") as f:

@@ -23,14 +23,16 @@ update, sync, and the recipe's own) logs ``time/<phase>_s`` and its memory,
 over ranks, where timings are the mean). Every step that samples logs ``logprob/gap_mean`` and
 ``logprob/gap_max``, the engine's log-probs against the trainer's for the same tokens.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -46,8 +48,15 @@ from fastcrit.reward import RewardItem
 from fastcrit.rollout import make_engine
 from fastcrit.rollout.base import Engine
 from fastcrit.rollout.batch import collate
-from fastcrit.train.actor import (Actor, balance_ranks, build_actor, compute_logprobs, free_gradients, logprob_gap,
-                                  update_policy)
+from fastcrit.train.actor import (
+    Actor,
+    balance_ranks,
+    build_actor,
+    compute_logprobs,
+    free_gradients,
+    logprob_gap,
+    update_policy,
+)
 from fastcrit.train.checkpoint import clean_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
 from fastcrit.train.colocate import sync_weights
 from fastcrit.train.dist import DistContext, agree_to_stop, all_reduce, all_reduce_mean, stop_if_asked
@@ -99,12 +108,14 @@ class Run:
     def share(self, items: list, step: int) -> list:
         """This rank's part of the ``data.prompts_per_step`` items of 1-based ``step``."""
         c = self.cfg
-        idx = step_indices(len(items), c.data.prompts_per_step, step, c.trainer.seed,
-                           self.ctx.rank, self.ctx.world_size)
+        idx = step_indices(
+            len(items), c.data.prompts_per_step, step, c.trainer.seed, self.ctx.rank, self.ctx.world_size
+        )
         return [items[i] for i in idx]
 
-    def load_prompts(self, spec: str, split: str, system: str | None = None, keep=None,
-                     why: str = "not kept") -> list[EncodedPrompt]:
+    def load_prompts(
+        self, spec: str, split: str, system: str | None = None, keep=None, why: str = "not kept"
+    ) -> list[EncodedPrompt]:
         """``spec``'s examples (those ``keep`` accepts, when given; the others counted as ``why``) as
         chat-templated prompt ids with ``system`` (default ``data.system_prompt``); skipped rows and
         over-long prompts are logged."""
@@ -113,8 +124,9 @@ class Run:
         examples = [e for e in data.examples if keep is None or keep(e)]
         n_out = len(data.examples) - len(examples)
         dropped = [f"{spec}: {n_out} examples {why}"] if n_out else []
-        prompts, too_long = encode_prompts(self.tok, examples, system=c.system_prompt if system is None else system,
-                                           max_len=c.max_prompt_len)
+        prompts, too_long = encode_prompts(
+            self.tok, examples, system=c.system_prompt if system is None else system, max_len=c.max_prompt_len
+        )
         for msg in data.skipped + dropped + too_long:
             self.log.write(f"data: skipped {msg}")
         return prompts
@@ -130,8 +142,14 @@ class Run:
         n = r.n if n is None else n
         if first is None:
             first = self.ctx.rank * (c.data.prompts_per_step // self.ctx.world_size) * n
-        return SamplingParams(n=n, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                              top_p=r.top_p, top_k=r.top_k, seed=sampling_seed(c.trainer.seed, step, stream, first))
+        return SamplingParams(
+            n=n,
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            seed=sampling_seed(c.trainer.seed, step, stream, first),
+        )
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Rollout]:
         with self.timer("rollout"):
@@ -155,8 +173,14 @@ class Run:
         if self.recompute:
             with self.timer("old_logprobs"):
                 t = self.cfg.trainer
-                batch.old_logprobs = compute_logprobs(self.actor, batch, self.temperature, t.forward_micro_batch_size,
-                                                      t.max_tokens_per_micro_batch, t.pack_sequences)
+                batch.old_logprobs = compute_logprobs(
+                    self.actor,
+                    batch,
+                    self.temperature,
+                    t.forward_micro_batch_size,
+                    t.max_tokens_per_micro_batch,
+                    t.pack_sequences,
+                )
             self.metrics.update(logprob_gap(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask))
         return batch
 
@@ -166,8 +190,14 @@ class Run:
             return None
         with self.timer("ref"):
             t = self.cfg.trainer
-            return compute_logprobs(self.ref, batch, self.temperature, t.forward_micro_batch_size,
-                                    t.max_tokens_per_micro_batch, t.pack_sequences)
+            return compute_logprobs(
+                self.ref,
+                batch,
+                self.temperature,
+                t.forward_micro_batch_size,
+                t.max_tokens_per_micro_batch,
+                t.pack_sequences,
+            )
 
     def update(self, batch: RolloutBatch, objective: Objective | None = None) -> dict[str, float]:
         """Policy update: PPO's clipped objective on ``batch.advantages``, or ``objective``. When the
@@ -179,10 +209,19 @@ class Run:
         with self.timer("update"):
             if budget > 0:  # rows move between ranks by work (Karmarkar-Karp)
                 batch, moved = balance_ranks(batch, objective.whole_groups)
-            stats = update_policy(self.actor, batch, c.algorithm, temperature=self.temperature,
-                                  micro_batch_size=c.trainer.micro_batch_size, grad_clip=c.optim.grad_clip,
-                                  objective=objective, measure_gap=not self.recompute, max_tokens=budget,
-                                  packed=c.trainer.pack_sequences, generator=self.shuffle())
+            stats = update_policy(
+                self.actor,
+                batch,
+                c.algorithm,
+                temperature=self.temperature,
+                micro_batch_size=c.trainer.micro_batch_size,
+                grad_clip=c.optim.grad_clip,
+                objective=objective,
+                measure_gap=not self.recompute,
+                max_tokens=budget,
+                packed=c.trainer.pack_sequences,
+                generator=self.shuffle(),
+            )
             free_gradients(self.actor)  # not kept through generation
             return {**stats, **moved}  # the padding as rolled out, before the rows moved
 
@@ -218,8 +257,10 @@ def sampling_seed(seed: int, step: int, stream: int, first: int) -> int:
 
 def reward_items(rollouts: list[Rollout], texts: list[str], examples: list) -> list[RewardItem]:
     """One RewardItem per rollout; ``examples[r.prompt_index]`` is its prompt's data.Example."""
-    return [RewardItem(examples[r.prompt_index].prompt, t, examples[r.prompt_index].answer,
-                       examples[r.prompt_index].meta) for r, t in zip(rollouts, texts)]
+    return [
+        RewardItem(examples[r.prompt_index].prompt, t, examples[r.prompt_index].answer, examples[r.prompt_index].meta)
+        for r, t in zip(rollouts, texts)
+    ]
 
 
 def info_means(results, prefix: str) -> dict[str, float]:
@@ -245,17 +286,31 @@ def setup_run(ctx: DistContext, cfg: Config) -> Run:
     if cfg.sft.steps > 0:  # warm start (reused once done)
         model_path = run_sft(ctx, cfg, model_path)
     tok = load_tokenizer(model_path)
-    build = dict(dtype=cfg.model.dtype, device=ctx.device, world_size=ctx.world_size, liger=cfg.model.liger,
-                 packed=cfg.trainer.pack_sequences, share_prompts=cfg.trainer.share_prompts)
+    build = dict(
+        dtype=cfg.model.dtype,
+        device=ctx.device,
+        world_size=ctx.world_size,
+        liger=cfg.model.liger,
+        packed=cfg.trainer.pack_sequences,
+        share_prompts=cfg.trainer.share_prompts,
+    )
     updates = cfg.trainer.total_steps * cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches
-    actor = build_actor(model_path, optim=cfg.optim, total_updates=updates,
-                        checkpointing=cfg.trainer.gradient_checkpointing, **build)
+    actor = build_actor(
+        model_path, optim=cfg.optim, total_updates=updates, checkpointing=cfg.trainer.gradient_checkpointing, **build
+    )
     needs_ref = cfg.algorithm.kl_coef != 0.0 or (cfg.algorithm.name == "ppo" and cfg.ppo.kl_in_reward_coef != 0.0)
     ref = build_actor(model_path, **build) if needs_ref else None
-    engine = make_engine(cfg.rollout, model_path, dtype=cfg.model.dtype, device=ctx.device,
-                         seed=cfg.trainer.seed + ctx.rank)
-    log = RunLog(out, enabled=ctx.is_main, total=cfg.trainer.total_steps, start=None,
-                 progress=cfg.trainer.progress, trackers=TrackerSettings.of(cfg))
+    engine = make_engine(
+        cfg.rollout, model_path, dtype=cfg.model.dtype, device=ctx.device, seed=cfg.trainer.seed + ctx.rank
+    )
+    log = RunLog(
+        out,
+        enabled=ctx.is_main,
+        total=cfg.trainer.total_steps,
+        start=None,
+        progress=cfg.trainer.progress,
+        trackers=TrackerSettings.of(cfg),
+    )
     return Run(ctx, cfg, out, model_path, tok, actor, ref, engine, log, memory=PhaseMemory(ctx.device))
 
 
@@ -281,9 +336,18 @@ def _save(run: Run, recipe, step: int) -> None:
     if hasattr(recipe, "state_dict"):
         extra[f"recipe_rank{run.ctx.rank}.pt"] = recipe.state_dict()
     others = recipe.actors() if hasattr(recipe, "actors") else None
-    save_checkpoint(run.actor, run.tok, run.ctx, run.out, step, {"model_path": run.model_path},
-                    extra_files=extra, others=others, keep_last=run.cfg.trainer.keep_last,
-                    dtype=run.cfg.model.dtype)
+    save_checkpoint(
+        run.actor,
+        run.tok,
+        run.ctx,
+        run.out,
+        step,
+        {"model_path": run.model_path},
+        extra_files=extra,
+        others=others,
+        keep_last=run.cfg.trainer.keep_last,
+        dtype=run.cfg.model.dtype,
+    )
 
 
 def run_recipe(ctx: DistContext, cfg: Config, make_recipe: Callable[[Run], Any]) -> dict:
@@ -317,8 +381,9 @@ def _steps(run: Run, make_recipe: Callable[[Run], Any]) -> dict:
             t0 = time.perf_counter()
             metrics = recipe.step(step)
             dt = time.perf_counter() - t0
-            row = all_reduce_mean({**metrics, **run.metrics, **run.times, "time/step_s": dt,
-                                   "throughput/tokens_per_s": run.tokens / dt})
+            row = all_reduce_mean(
+                {**metrics, **run.metrics, **run.times, "time/step_s": dt, "throughput/tokens_per_s": run.tokens / dt}
+            )
             mem = sorted(run.memory.metrics)  # the largest rank's: the one nearest to running out
             row.update(zip(mem, all_reduce([run.memory.metrics[k] for k in mem], "max")))
             row["throughput/tokens_per_s"] *= ctx.world_size  # all processes together
@@ -368,7 +433,8 @@ def _fmt(metrics: dict) -> str:
 def _summarise(run: Run, recipe, start: int, history: list[float], first: dict, last: dict) -> dict:
     k = max(1, min(10, len(history) // 4)) if history else 0
     summary = {
-        "steps": run.cfg.trainer.total_steps, "resumed_from": start,
+        "steps": run.cfg.trainer.total_steps,
+        "resumed_from": start,
         "train_reward_first": sum(history[:k]) / k if k else None,
         "train_reward_last": sum(history[-k:]) / k if k else None,
     }
@@ -385,8 +451,10 @@ def _summarise(run: Run, recipe, start: int, history: list[float], first: dict, 
             json.dump(summary, f, indent=1)
         lines = [f"done: {summary['steps']} steps, output in {run.out}"]
         if k:
-            lines.append(f"  train reward (mean of first/last {k} steps): "
-                         f"{summary['train_reward_first']:.3f} -> {summary['train_reward_last']:.3f}")
+            lines.append(
+                f"  train reward (mean of first/last {k} steps): "
+                f"{summary['train_reward_first']:.3f} -> {summary['train_reward_last']:.3f}"
+            )
         for key in sorted(set(first) & set(last)):
             lines.append(f"  {key} (start -> end): {first[key]:.3f} -> {last[key]:.3f}")
         if hasattr(recipe, "summary_lines"):

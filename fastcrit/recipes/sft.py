@@ -3,6 +3,7 @@
 Loss: token-mean negative log-likelihood of the answer tokens and EOS, through the same FSDP2
 policy and fused log-prob kernel as RL. The result is a Hugging Face directory `<out>/final`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,40 +45,69 @@ def run_sft(ctx: DistContext, cfg: Config, model_path: str | None = None) -> str
     if cfg.sft.steps <= 0:
         raise ValueError("sft.steps: must be > 0 to run SFT")
     if cfg.sft.batch_size % ctx.world_size:
-        raise ValueError(f"sft.batch_size ({cfg.sft.batch_size}) must be a multiple of "
-                         f"trainer.nproc ({ctx.world_size})")
+        raise ValueError(
+            f"sft.batch_size ({cfg.sft.batch_size}) must be a multiple of trainer.nproc ({ctx.world_size})"
+        )
     torch.manual_seed(cfg.trainer.seed + ctx.rank)
     prepare_output_dir(cfg, ctx, out_dir)
     model_path = model_path or resolve_model(cfg, ctx)
     tok = load_tokenizer(model_path)
     data = load_dataset(cfg.sft.data, cfg.data.prompt_key, cfg.data.answer_key, strict=cfg.data.strict)
-    prompts, too_long = encode_prompts(tok, data.examples, system=cfg.data.system_prompt,
-                                       max_len=cfg.data.max_prompt_len)
-    with RunLog(out_dir, enabled=ctx.is_main, total=cfg.sft.steps, start=0,
-                progress=cfg.trainer.progress, desc="sft", show={"nll": "sft/nll", "tok/s": "throughput/tokens_per_s"},
-                trackers=TrackerSettings.of(cfg, "sft")) as log:  # closed on every way out
+    prompts, too_long = encode_prompts(
+        tok, data.examples, system=cfg.data.system_prompt, max_len=cfg.data.max_prompt_len
+    )
+    with RunLog(
+        out_dir,
+        enabled=ctx.is_main,
+        total=cfg.sft.steps,
+        start=0,
+        progress=cfg.trainer.progress,
+        desc="sft",
+        show={"nll": "sft/nll", "tok/s": "throughput/tokens_per_s"},
+        trackers=TrackerSettings.of(cfg, "sft"),
+    ) as log:  # closed on every way out
         for msg in data.skipped + too_long:
             log.write(f"sft: skipped {msg}")
-        optim = dataclasses.replace(cfg.optim, lr=cfg.sft.lr, warmup_steps=cfg.sft.warmup_steps,
-                                    lr_schedule=cfg.sft.lr_schedule)
-        actor = build_actor(model_path, dtype=cfg.model.dtype, device=ctx.device,
-                            world_size=ctx.world_size, optim=optim, total_updates=cfg.sft.steps,
-                            liger=cfg.model.liger, checkpointing=cfg.trainer.gradient_checkpointing,
-                            packed=cfg.trainer.pack_sequences)
+        optim = dataclasses.replace(
+            cfg.optim, lr=cfg.sft.lr, warmup_steps=cfg.sft.warmup_steps, lr_schedule=cfg.sft.lr_schedule
+        )
+        actor = build_actor(
+            model_path,
+            dtype=cfg.model.dtype,
+            device=ctx.device,
+            world_size=ctx.world_size,
+            optim=optim,
+            total_updates=cfg.sft.steps,
+            liger=cfg.model.liger,
+            checkpointing=cfg.trainer.gradient_checkpointing,
+            packed=cfg.trainer.pack_sequences,
+        )
         answers = [encode_answer(tok, p.example.answer) for p in prompts]
         for step in range(1, cfg.sft.steps + 1):
             t0 = time.perf_counter()
-            idx = step_indices(len(prompts), cfg.sft.batch_size, step, cfg.trainer.seed, ctx.rank,
-                               ctx.world_size)
-            batch = collate([Rollout(i, prompts[j].ids, answers[j], [0.0] * len(answers[j]), "stop")
-                             for i, j in enumerate(idx)], tok.pad_token_id)
-            stats = sft_step(actor, batch, micro_batch_size=cfg.trainer.micro_batch_size,
-                             grad_clip=cfg.optim.grad_clip, max_tokens=cfg.trainer.max_tokens_per_micro_batch,
-                             packed=cfg.trainer.pack_sequences)
+            idx = step_indices(len(prompts), cfg.sft.batch_size, step, cfg.trainer.seed, ctx.rank, ctx.world_size)
+            batch = collate(
+                [Rollout(i, prompts[j].ids, answers[j], [0.0] * len(answers[j]), "stop") for i, j in enumerate(idx)],
+                tok.pad_token_id,
+            )
+            stats = sft_step(
+                actor,
+                batch,
+                micro_batch_size=cfg.trainer.micro_batch_size,
+                grad_clip=cfg.optim.grad_clip,
+                max_tokens=cfg.trainer.max_tokens_per_micro_batch,
+                packed=cfg.trainer.pack_sequences,
+            )
             stats = all_reduce_mean(stats)
             dt = time.perf_counter() - t0
-            log.log({"step": step, **stats, "time/step_s": dt,
-                     "throughput/tokens_per_s": batch.attention_mask.sum().item() * ctx.world_size / dt})
+            log.log(
+                {
+                    "step": step,
+                    **stats,
+                    "time/step_s": dt,
+                    "throughput/tokens_per_s": batch.attention_mask.sum().item() * ctx.world_size / dt,
+                }
+            )
             if step < cfg.sft.steps:  # SIGTERM / SIGINT: stop here, unsaved (a rerun starts SFT over)
                 stop_if_asked()
         final = os.path.join(out_dir, "final")

@@ -1,19 +1,35 @@
 """Reward managers by name. Importing this package registers the built-in ones."""
+
 from __future__ import annotations
 
 import os
 
 from fastcrit.config_values import reward_model_path
-from fastcrit.reward import code  # noqa: F401  (registers "code")
-from fastcrit.reward import math_answer  # noqa: F401  (registers "math")
-from fastcrit.reward import raro  # noqa: F401  (registers "raro")
-from fastcrit.reward import rule  # noqa: F401  (registers "rule", "reverse", "exact_match")
+from fastcrit.reward import (
+    code,  # noqa: F401  (registers "code")
+    math_answer,  # noqa: F401  (registers "math")
+    raro,  # noqa: F401  (registers "raro")
+    rule,  # noqa: F401  (registers "rule", "reverse", "exact_match")
+)
+from fastcrit.reward.base import (
+    RewardItem,
+    RewardManager,
+    RewardResult,
+    get_reward_manager,
+    known_reward_managers,
+    register,
+)
 from fastcrit.reward.model import CombinedReward  # registers "model"
-from fastcrit.reward.base import (RewardItem, RewardManager, RewardResult, get_reward_manager,
-                                  known_reward_managers, register)
 
-__all__ = ["RewardItem", "RewardManager", "RewardResult", "get_reward_manager",
-           "known_reward_managers", "make_reward", "register"]
+__all__ = [
+    "RewardItem",
+    "RewardManager",
+    "RewardResult",
+    "get_reward_manager",
+    "known_reward_managers",
+    "make_reward",
+    "register",
+]
 
 
 def make_reward(cfg, workdir: str, rank: int = 0, device="cpu") -> RewardManager:
@@ -36,6 +52,11 @@ def _one(name: str, cfg, workdir: str, rank: int, device) -> RewardManager:
         cache = os.path.join(workdir, f"sandbox_cache_rank{rank}.sqlite")
         return get_reward_manager(name, sandbox=cfg.sandbox, score=cfg.reward.score, cache_path=cache)
     if name == "model":
-        return get_reward_manager(name, path=reward_model_path(cfg), dtype=cfg.model.dtype, device=device,
-                                  batch_size=cfg.reward.model_batch_size)
+        return get_reward_manager(
+            name,
+            path=reward_model_path(cfg),
+            dtype=cfg.model.dtype,
+            device=device,
+            batch_size=cfg.reward.model_batch_size,
+        )
     return get_reward_manager(name)

@@ -1,8 +1,10 @@
 """Reward managers map (prompt, response, answer, meta) -> score + info, chosen by name."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 from fastcrit.config import ConfigError
 from fastcrit.data.problems import Problem
@@ -26,8 +28,7 @@ class RewardResult:
 class RewardManager(Protocol):
     name: str
 
-    def __call__(self, items: list[RewardItem]) -> list[RewardResult]:
-        ...
+    def __call__(self, items: list[RewardItem]) -> list[RewardResult]: ...
 
 
 _REGISTRY: dict[str, Callable[..., RewardManager]] = {}
@@ -48,8 +49,10 @@ def get_reward_manager(name: str, **kwargs) -> RewardManager:
 
         return FunctionReward(name)
     if name not in _REGISTRY:
-        raise ConfigError(f"reward.name: unknown reward manager {name!r} (known: {sorted(_REGISTRY)}, or a "
-                         f"user function as 'module:function')")
+        raise ConfigError(
+            f"reward.name: unknown reward manager {name!r} (known: {sorted(_REGISTRY)}, or a "
+            f"user function as 'module:function')"
+        )
     return _REGISTRY[name](**kwargs)
 
 

@@ -31,6 +31,7 @@ Departures and what is NOT covered:
 - Whether a pass can be forged is the sandbox's matter: see docs/sandbox.md (``judged_in``).
   The remote backend (SandboxFusion) gives none of the local pool's isolation or harness guarantees.
 """
+
 from __future__ import annotations
 
 import ast
@@ -61,7 +62,7 @@ def _unindent(lines: list[str], n: int) -> str:
     out = []
     for ln in lines:
         k = len(ln) - len(ln.lstrip(" "))
-        out.append(ln[min(k, n):])
+        out.append(ln[min(k, n) :])
     return "".join(out)
 
 
@@ -101,8 +102,11 @@ def defines_entry_point(program: str, entry_point: str) -> bool:
     for node in tree.body:
         if isinstance(node, funcs) and node.name == entry_point:
             return True
-        if isinstance(node, ast.ClassDef) and node.name == "Solution" and any(
-                isinstance(n, funcs) and n.name == entry_point for n in node.body):
+        if (
+            isinstance(node, ast.ClassDef)
+            and node.name == "Solution"
+            and any(isinstance(n, funcs) and n.name == entry_point for n in node.body)
+        ):
             return True
     return False
 
@@ -110,8 +114,13 @@ def defines_entry_point(program: str, entry_point: str) -> bool:
 def program_for(text: str, problem: Problem | None) -> tuple[str, str]:
     """The program to run for ``text`` and its rule, with the starter code put in front if needed."""
     program, rule = extract_program(text)
-    if (program.strip() and problem is not None and problem.starter_code and problem.entry_point
-            and not defines_entry_point(program, problem.entry_point)):
+    if (
+        program.strip()
+        and problem is not None
+        and problem.starter_code
+        and problem.entry_point
+        and not defines_entry_point(program, problem.entry_point)
+    ):
         starter = problem.starter_code if problem.starter_code.endswith("\n") else problem.starter_code + "\n"
         program, rule = starter + program, rule + "+starter"
     return program, rule
@@ -235,8 +244,7 @@ class CodeReward:
 
     name = "code"
 
-    def __init__(self, sandbox: SandboxConfig | None = None, score: str = "pass_rate",
-                 cache_path: str | None = None):
+    def __init__(self, sandbox: SandboxConfig | None = None, score: str = "pass_rate", cache_path: str | None = None):
         if score not in SCORES:
             raise ValueError(f"reward.score: must be one of {SCORES}, got {score!r}")
         self.config = sandbox or SandboxConfig()
@@ -280,7 +288,7 @@ class CodeReward:
         if finalize is not None:
             finalize()  # runs _Runner.close once; outside the lock, which a finishing batch takes
 
-    def __enter__(self) -> "CodeReward":
+    def __enter__(self) -> CodeReward:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -313,14 +321,31 @@ class CodeReward:
 
     def _result(self, info: dict, r: Result | None, n_tests: int) -> RewardResult:
         if r is None:
-            info.update(passed=0, total=n_tests, pass_rate=0.0, status="not_run", statuses=[], judged_in="",
-                        cached=False, elapsed_s=0.0, message="", failures=[info["reason"]])
+            info.update(
+                passed=0,
+                total=n_tests,
+                pass_rate=0.0,
+                status="not_run",
+                statuses=[],
+                judged_in="",
+                cached=False,
+                elapsed_s=0.0,
+                message="",
+                failures=[info["reason"]],
+            )
             return RewardResult(0.0, info)
-        info.update(passed=r.passed, total=r.total, pass_rate=r.pass_rate, status=r.status,
-                    statuses=[t.status for t in r.tests], judged_in=r.judged_in, cached=r.cached,
-                    elapsed_s=round(r.elapsed_s, 4), message=r.message[:500],
-                    failures=[(t.message or t.status)[:300]
-                              for t in r.tests if t.status != "passed"][:MAX_FAILURES])
+        info.update(
+            passed=r.passed,
+            total=r.total,
+            pass_rate=r.pass_rate,
+            status=r.status,
+            statuses=[t.status for t in r.tests],
+            judged_in=r.judged_in,
+            cached=r.cached,
+            elapsed_s=round(r.elapsed_s, 4),
+            message=r.message[:500],
+            failures=[(t.message or t.status)[:300] for t in r.tests if t.status != "passed"][:MAX_FAILURES],
+        )
         score = r.pass_rate if self.score == "pass_rate" else float(r.all_passed)
         return RewardResult(score, info)
 
@@ -364,7 +389,14 @@ class CodeReward:
             self._counts, self._skips = collections.Counter(), collections.Counter()
             last = self._last_wall_s
         hits = c["cache"] + c["shared"]
-        return {"items": c["items"], "batches": c["batches"], "executions": c["run"], "cache_hits": hits,
-                "hit_rate": hits / (hits + c["run"]) if hits + c["run"] else 0.0,
-                "sandbox_errors": c["sandbox_errors"], "skipped": sum(skips.values()),
-                "skip_reasons": dict(skips), "last_batch_wall_s": round(last, 4)}
+        return {
+            "items": c["items"],
+            "batches": c["batches"],
+            "executions": c["run"],
+            "cache_hits": hits,
+            "hit_rate": hits / (hits + c["run"]) if hits + c["run"] else 0.0,
+            "sandbox_errors": c["sandbox_errors"],
+            "skipped": sum(skips.values()),
+            "skip_reasons": dict(skips),
+            "last_batch_wall_s": round(last, 4),
+        }

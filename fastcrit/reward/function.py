@@ -9,6 +9,7 @@ the result's info). An import that fails stops the run at once, naming the path;
 raises on one response, or returns something that is not a finite number, gives that response
 0.0 with the reason in its info (``error``), and the run goes on.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -29,7 +30,7 @@ def load_function(path: str):
         sys.path.insert(0, os.getcwd())
     try:
         mod = importlib.import_module(module)
-    except Exception as e:  # noqa: BLE001 (any import failure is the user's to see, named)
+    except Exception as e:  # (any import failure is the user's to see, named)
         raise ConfigError(f"reward.name {path!r}: cannot import {module!r}: {type(e).__name__}: {e}") from None
     fn = getattr(mod, attr, None)
     if not callable(fn):
@@ -45,15 +46,16 @@ class FunctionReward:
     def one(self, it: RewardItem) -> RewardResult:
         try:
             out = self.fn(it.prompt, it.response, it.answer, it.meta)
-        except Exception as e:  # noqa: BLE001 (one bad response must not stop the run)
+        except Exception as e:  # (one bad response must not stop the run)
             return RewardResult(0.0, {"error": True, "reason": f"{self.name} raised {type(e).__name__}: {e}"})
         info = {}
         if isinstance(out, dict):
             info = {k: v for k, v in out.items() if k != "score"}
             out = out.get("score")
         if isinstance(out, bool) or not isinstance(out, (int, float)) or not math.isfinite(out):
-            return RewardResult(0.0, {**info, "error": True,
-                                      "reason": f"{self.name} returned {out!r}, not a finite number"})
+            return RewardResult(
+                0.0, {**info, "error": True, "reason": f"{self.name} returned {out!r}, not a finite number"}
+            )
         return RewardResult(float(out), {**info, "error": False})
 
     def __call__(self, items: list[RewardItem]) -> list[RewardResult]:

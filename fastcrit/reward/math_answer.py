@@ -9,6 +9,7 @@ compared as text and its `reason` says so; a reference that does not parse score
 `reason`. Nothing raises. math-verify bounds each parse and comparison by a timeout (it uses
 signals: main thread only; in other threads the timeouts are off).
 """
+
 from __future__ import annotations
 
 import threading
@@ -38,8 +39,9 @@ def math_score(response: str, answer: str) -> RewardResult:
 
     gold = _parse(answer, gold=True)
     if not gold:
-        return RewardResult(0.0, {"correct": False, "no_answer": False,
-                                  "reason": f"reference answer {answer!r} does not parse"})
+        return RewardResult(
+            0.0, {"correct": False, "no_answer": False, "reason": f"reference answer {answer!r} does not parse"}
+        )
     pred = _parse(response, gold=False)
     if not pred:
         return RewardResult(0.0, {"correct": False, "no_answer": True, "reason": "no answer found"})

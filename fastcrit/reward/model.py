@@ -10,6 +10,7 @@ The reward model has its own tokenizer, so it scores the texts, not the policy's
 local Hugging Face directory with a one-label token / sequence classification head loads (a causal
 LM would get an untrained head: refused, since its scores would mean nothing).
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,11 @@ from fastcrit.reward.base import RewardItem, RewardResult, register
 
 def rm_ids(tok, prompt: str, response: str) -> list[int]:
     """The token ids a reward model reads for one (prompt, response); training uses the same."""
-    return (tok.encode(render_chat(tok, prompt), add_special_tokens=False)
-            + tok.encode(response, add_special_tokens=False) + [tok.eos_token_id])
+    return (
+        tok.encode(render_chat(tok, prompt), add_special_tokens=False)
+        + tok.encode(response, add_special_tokens=False)
+        + [tok.eos_token_id]
+    )
 
 
 def pad_left(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,8 +36,8 @@ def pad_left(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = 1
+        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r) :] = 1
     return ids, mask
 
 
@@ -41,14 +45,17 @@ def pad_left(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 class ModelReward:
     name = "model"
 
-    def __init__(self, path: str = "", dtype: str = "float32", device: str | torch.device = "cpu",
-                 batch_size: int = 32):
+    def __init__(
+        self, path: str = "", dtype: str = "float32", device: str | torch.device = "cpu", batch_size: int = 32
+    ):
         if not path:
             raise ConfigError("reward.name uses 'model': set reward.model_path to a reward model directory")
         self.model = load_value_model(path, dtype=dtype, device=device)
         if getattr(self.model, "_fresh_value_head", False):
-            raise ConfigError(f"reward.model_path {path!r} is a causal LM without a reward head; train one "
-                              "with `fastcrit rm CONFIG` (or point to a reward model directory)")
+            raise ConfigError(
+                f"reward.model_path {path!r} is a causal LM without a reward head; train one "
+                "with `fastcrit rm CONFIG` (or point to a reward model directory)"
+            )
         self.tok = load_tokenizer(path)
         self.device, self.batch_size = torch.device(device), batch_size
 
@@ -64,8 +71,10 @@ class ModelReward:
             raise KeyError(f"ModelReward.load_weights: missing {missing[:3]}, unknown {unknown[:3]}")
         for name, t in given.items():
             if tuple(t.shape) != tuple(targets[name].shape):
-                raise ValueError(f"ModelReward.load_weights: {name!r} has shape {tuple(t.shape)}, "
-                                 f"the reward model expects {tuple(targets[name].shape)}")
+                raise ValueError(
+                    f"ModelReward.load_weights: {name!r} has shape {tuple(t.shape)}, "
+                    f"the reward model expects {tuple(targets[name].shape)}"
+                )
         for name, t in given.items():
             targets[name].data.copy_(t.to(device=targets[name].device, dtype=targets[name].dtype))
 
@@ -77,15 +86,15 @@ class ModelReward:
         d, model = self.device, self.model
         pos = (torch.cumsum(attention_mask, 1) - 1).clamp(min=0)
         hidden = getattr(model, model.base_model_prefix)(
-            input_ids=input_ids.to(d), attention_mask=attention_mask.to(d), position_ids=pos.to(d),
-            use_cache=False).last_hidden_state
+            input_ids=input_ids.to(d), attention_mask=attention_mask.to(d), position_ids=pos.to(d), use_cache=False
+        ).last_hidden_state
         last = last_valid_index(attention_mask).to(d)
         return model.score(hidden[torch.arange(len(last), device=d), last])[:, 0].float().cpu()
 
     def scores(self, items: list[RewardItem]) -> torch.Tensor:
         out = []
         for s in range(0, len(items), self.batch_size):
-            rows = [rm_ids(self.tok, it.prompt, it.response) for it in items[s:s + self.batch_size]]
+            rows = [rm_ids(self.tok, it.prompt, it.response) for it in items[s : s + self.batch_size]]
             out.append(self.score_ids(*pad_left(rows, self.tok.pad_token_id)))
         return torch.cat(out) if out else torch.zeros(0)
 

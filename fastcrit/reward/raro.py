@@ -3,6 +3,7 @@ the critic's text and ``meta["expert_pos"]`` (1 or 2) says where the expert's an
 Score: the critic's reward (names the expert 1, fooled 0, tie ``tau_crit``); the info carries the
 policy's side (``policy_reward``), the parsed ``label``, and ``unparseable`` (score 0) for a text
 without one verdict [Answer 1], [Answer 2] or [Tie] at its end (``algos.raro.parse_label``)."""
+
 from __future__ import annotations
 
 from fastcrit.algos.raro import TIE, judge_rewards, parse_label
@@ -22,10 +23,20 @@ class RaroJudgeReward:
             return RewardResult(0.0, {"unparseable": True, "reason": "meta['expert_pos'] must be 1 or 2"})
         label = parse_label(it.response)
         if label is None:
-            return RewardResult(0.0, {"unparseable": True, "reason": "no single final [Answer 1] / [Answer 2] / [Tie] outside quotes"})
+            return RewardResult(
+                0.0, {"unparseable": True, "reason": "no single final [Answer 1] / [Answer 2] / [Tie] outside quotes"}
+            )
         rc, rp = judge_rewards(label, pos, tau_crit=self.tau_crit, tau_pol=self.tau_pol)
-        return RewardResult(rc, {"unparseable": False, "label": label, "tie": label == TIE,
-                                 "named_expert": label == pos, "policy_reward": rp})
+        return RewardResult(
+            rc,
+            {
+                "unparseable": False,
+                "label": label,
+                "tie": label == TIE,
+                "named_expert": label == pos,
+                "policy_reward": rp,
+            },
+        )
 
     def __call__(self, items: list[RewardItem]) -> list[RewardResult]:
         return [self.one(it) for it in items]

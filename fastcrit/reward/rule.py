@@ -1,4 +1,5 @@
 """Rule-based rewards: exact, checkable answers, no model and no sandbox."""
+
 from __future__ import annotations
 
 from fastcrit.reward.base import RewardItem, RewardResult, register
@@ -22,8 +23,10 @@ class ReverseReward:
     name = "reverse"
 
     def __call__(self, items: list[RewardItem]) -> list[RewardResult]:
-        return [RewardResult(reverse_reward(it.response, it.answer),
-                             {"exact": it.response.split() == it.answer.split()}) for it in items]
+        return [
+            RewardResult(reverse_reward(it.response, it.answer), {"exact": it.response.split() == it.answer.split()})
+            for it in items
+        ]
 
 
 @register("exact_match")
@@ -50,6 +53,10 @@ class TaskRule:
             if it.meta.get("task") == "reverse":
                 out.append(RewardResult(reverse_reward(it.response, it.answer), {"exact": exact}))
             else:
-                out.append(RewardResult(float(it.response.strip() == it.answer.strip()),
-                                        {"exact": it.response.strip() == it.answer.strip()}))
+                out.append(
+                    RewardResult(
+                        float(it.response.strip() == it.answer.strip()),
+                        {"exact": it.response.strip() == it.answer.strip()},
+                    )
+                )
         return out

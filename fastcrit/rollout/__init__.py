@@ -1,4 +1,5 @@
 """Rollout engines behind one protocol (base.Engine): native torch, and SGLang on GPUs."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -9,20 +10,20 @@ if TYPE_CHECKING:  # the package stays light to import (the CLI registers `fastc
     from fastcrit.rollout.base import Engine
 
 
-def make_engine(rollout_cfg, model_path: str, *, dtype: str, device: "torch.device",
-                seed: int = 0) -> "Engine":
+def make_engine(rollout_cfg, model_path: str, *, dtype: str, device: torch.device, seed: int = 0) -> Engine:
     """Build the engine named by ``rollout.engine`` for ``model_path``; ``rollout.engine_args`` go to
     its constructor as keyword arguments."""
     if rollout_cfg.engine == "native":
-        from fastcrit.rollout.native import NativeEngine
-
         import inspect
+
+        from fastcrit.rollout.native import NativeEngine
 
         known = set(inspect.signature(NativeEngine).parameters) - {"model", "tokenizer", "dtype", "device"}
         unknown = sorted(set(rollout_cfg.engine_args) - known)
         if unknown:
-            raise ValueError(f"rollout.engine_args: {unknown} are not NativeEngine arguments "
-                             f"(it takes {sorted(known)})")
+            raise ValueError(
+                f"rollout.engine_args: {unknown} are not NativeEngine arguments (it takes {sorted(known)})"
+            )
         return NativeEngine(model_path, dtype=dtype, device=device, **rollout_cfg.engine_args)
     if rollout_cfg.engine == "sglang":
         from fastcrit.rollout.sglang import SGLangEngine  # GPU only; imports sglang lazily

@@ -1,7 +1,9 @@
 """The Engine protocol that every rollout engine implements (native torch, SGLang)."""
+
 from __future__ import annotations
 
-from typing import Iterable, Protocol, runtime_checkable
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -37,5 +39,4 @@ class Engine(Protocol):
         """
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...

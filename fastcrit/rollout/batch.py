@@ -1,4 +1,5 @@
 """Rollouts (lists of token ids) -> a padded RolloutBatch in verl's layout."""
+
 from __future__ import annotations
 
 import torch
@@ -28,14 +29,20 @@ def collate(rollouts: list[Rollout], pad_id: int, group_offset: int = 0) -> Roll
         p, o = len(r.prompt_ids), len(r.output_ids)
         if len(r.logprobs) != o:
             raise ValueError(f"rollout {i}: {o} output ids but {len(r.logprobs)} logprobs")
-        prompts[i, P - p:] = torch.tensor(r.prompt_ids, dtype=torch.long)
-        attn[i, P - p:P] = 1
+        prompts[i, P - p :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+        attn[i, P - p : P] = 1
         if o:
             responses[i, :o] = torch.tensor(r.output_ids, dtype=torch.long)
-            attn[i, P:P + o] = 1
+            attn[i, P : P + o] = 1
             rmask[i, :o] = 1.0
             old[i, :o] = torch.tensor(r.logprobs, dtype=torch.float32)
     group_ids = torch.tensor([r.prompt_index + group_offset for r in rollouts], dtype=torch.long)
-    return RolloutBatch(prompts=prompts, responses=responses, attention_mask=attn,
-                        response_mask=rmask, old_logprobs=old, group_ids=group_ids,
-                        rollout_logprobs=old.clone())
+    return RolloutBatch(
+        prompts=prompts,
+        responses=responses,
+        attention_mask=attn,
+        response_mask=rmask,
+        old_logprobs=old,
+        group_ids=group_ids,
+        rollout_logprobs=old.clone(),
+    )

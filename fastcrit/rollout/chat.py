@@ -24,6 +24,7 @@ What is and is not guaranteed:
   ``code: context_length_exceeded``, or a message about the context length as vLLM, SGLang and TGI
   word it — a text heuristic, so a server that words it differently yields an error instead).
 """
+
 from __future__ import annotations
 
 import http.client
@@ -42,10 +43,21 @@ FINISH_REASONS = ("stop", "length", "prompt_too_long")
 
 # What other servers call a finish: TGI says eos_token / stop_sequence, some servers eos / end_turn;
 # model_length (vLLM's old name) and max_tokens mean the length limit was hit.
-_STOP_ALIASES = {"stop": "stop", "eos": "stop", "eos_token": "stop", "stop_sequence": "stop", "end_turn": "stop",
-                 "length": "length", "max_tokens": "length", "model_length": "length"}
-_CONTEXT_LENGTH_RE = re.compile(r"context length|context_length|context window|maximum context|"
-                                r"must have less than \d+ tokens|`max_new_tokens` must be <=", re.IGNORECASE)
+_STOP_ALIASES = {
+    "stop": "stop",
+    "eos": "stop",
+    "eos_token": "stop",
+    "stop_sequence": "stop",
+    "end_turn": "stop",
+    "length": "length",
+    "max_tokens": "length",
+    "model_length": "length",
+}
+_CONTEXT_LENGTH_RE = re.compile(
+    r"context length|context_length|context window|maximum context|"
+    r"must have less than \d+ tokens|`max_new_tokens` must be <=",
+    re.IGNORECASE,
+)
 _MAX_BACKOFF_S = 60.0
 _EXCERPT_CHARS = 300
 
@@ -62,14 +74,20 @@ class ChatOutput:
 
 @runtime_checkable
 class ChatModel(Protocol):
-    def chat(self, conversations: list[list[dict]], *, max_new_tokens: int, temperature: float = 0.0,
-             seed: int | None = None, top_p: float = 1.0) -> list[ChatOutput]:
+    def chat(
+        self,
+        conversations: list[list[dict]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        top_p: float = 1.0,
+    ) -> list[ChatOutput]:
         """Answer every conversation once (n=1); outputs in input order. temperature 0 is greedy;
         ``top_p`` < 1 samples from the smallest set of tokens holding that much probability."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 class ChatError(RuntimeError):
@@ -109,13 +127,16 @@ def check_conversation(messages) -> None:
             for k, part in enumerate(content):
                 if not isinstance(part, dict) or part.get("type") != "text":
                     kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                    raise ConversationError(f"{where}.content[{k}].type",
-                                            f"{kind!r}: only text parts ({{'type': 'text', 'text': ...}}) are supported")
+                    raise ConversationError(
+                        f"{where}.content[{k}].type",
+                        f"{kind!r}: only text parts ({{'type': 'text', 'text': ...}}) are supported",
+                    )
                 if not isinstance(part.get("text"), str):
                     raise ConversationError(f"{where}.content[{k}].text", "must be a string")
         elif not isinstance(content, str):
-            raise ConversationError(f"{where}.content",
-                                    f"must be a string or a list of text parts, got {type(content).__name__}")
+            raise ConversationError(
+                f"{where}.content", f"must be a string or a list of text parts, got {type(content).__name__}"
+            )
 
 
 def message_text(content) -> str:
@@ -131,9 +152,14 @@ def render_conversation(tokenizer, messages: list[dict]) -> list[int]:
     from jinja2 import TemplateError
 
     try:
-        text = tokenizer.apply_chat_template([{"role": "system" if m["role"] == "developer" else m["role"],
-                                               "content": message_text(m["content"])} for m in messages],
-                                             tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [
+                {"role": "system" if m["role"] == "developer" else m["role"], "content": message_text(m["content"])}
+                for m in messages
+            ],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
     except TemplateError as e:
         raise ConversationError("messages", f"the chat template refused this conversation: {e}") from None
     return tokenizer.encode(text, add_special_tokens=False)
@@ -179,8 +205,15 @@ class LocalChat:
         self.tokenizer = tokenizer
         self.max_prompt_len = max_prompt_len
 
-    def chat(self, conversations: list[list[dict]], *, max_new_tokens: int, temperature: float = 0.0,
-             seed: int | None = None, top_p: float = 1.0) -> list[ChatOutput]:
+    def chat(
+        self,
+        conversations: list[list[dict]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        top_p: float = 1.0,
+    ) -> list[ChatOutput]:
         from fastcrit.types import SamplingParams, is_greedy
 
         _check_settings(max_new_tokens, temperature, seed, top_p)
@@ -192,8 +225,10 @@ class LocalChat:
         if max_positions:  # the engine refuses prompt + max_new_tokens beyond its positions
             limit = min(limit, int(max_positions) - max_new_tokens)
         if max_positions and max_new_tokens >= int(max_positions):
-            raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt within the engine's "
-                             f"max_positions={max_positions}")
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} leaves no room for a prompt within the engine's "
+                f"max_positions={max_positions}"
+            )
         prompts = []
         for i, conv in enumerate(conversations):
             try:
@@ -210,8 +245,13 @@ class LocalChat:
         runs = [fits] if seed is None else _unbroken_runs(fits)
         rollouts = []
         for run in runs:
-            params = SamplingParams(n=1, max_new_tokens=max_new_tokens, temperature=float(temperature),
-                                    top_p=float(top_p), seed=None if seed is None else seed + run[0])
+            params = SamplingParams(
+                n=1,
+                max_new_tokens=max_new_tokens,
+                temperature=float(temperature),
+                top_p=float(top_p),
+                seed=None if seed is None else seed + run[0],
+            )
             rollouts += self.engine.generate([prompts[i] for i in run], params)
         if len(rollouts) != len(fits):
             raise RuntimeError(f"LocalChat: the engine returned {len(rollouts)} rollouts for {len(fits)} prompts (n=1)")
@@ -295,8 +335,17 @@ class HTTPChat:
     whatever ``usage`` reports (0 without usage).
     """
 
-    def __init__(self, endpoint: str, model: str, *, api_key: str | None = None, concurrency: int = 32,
-                 timeout_s: float = 120.0, retries: int = 3, backoff_s: float = 1.0):
+    def __init__(
+        self,
+        endpoint: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        concurrency: int = 32,
+        timeout_s: float = 120.0,
+        retries: int = 3,
+        backoff_s: float = 1.0,
+    ):
         self.url = chat_completions_url(endpoint)
         if not isinstance(model, str) or not model:
             raise ValueError(f"HTTPChat: model={model!r} must be a non-empty string (the served model name)")
@@ -316,8 +365,15 @@ class HTTPChat:
         self.backoff_s = float(backoff_s)
         self._closed = threading.Event()
 
-    def chat(self, conversations: list[list[dict]], *, max_new_tokens: int, temperature: float = 0.0,
-             seed: int | None = None, top_p: float = 1.0) -> list[ChatOutput]:
+    def chat(
+        self,
+        conversations: list[list[dict]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        top_p: float = 1.0,
+    ) -> list[ChatOutput]:
         if self._closed.is_set():
             raise RuntimeError("HTTPChat.chat: the client is closed")
         _check_settings(max_new_tokens, temperature, seed, top_p)
@@ -326,8 +382,13 @@ class HTTPChat:
             return []
         bodies = []
         for k, conv in enumerate(conversations):
-            payload = {"model": self.model, "messages": [{"role": m["role"], "content": m["content"]} for m in conv],
-                       "max_tokens": max_new_tokens, "temperature": float(temperature), "n": 1}
+            payload = {
+                "model": self.model,
+                "messages": [{"role": m["role"], "content": m["content"]} for m in conv],
+                "max_tokens": max_new_tokens,
+                "temperature": float(temperature),
+                "n": 1,
+            }
             if seed is not None:  # one seed for all would give k samples of one prompt the same draw
                 payload["seed"] = seed + k
             if top_p < 1:  # left out otherwise: a server's default is 1
@@ -368,8 +429,9 @@ class HTTPChat:
             if 200 <= status <= 299:
                 return self._parse(where, status, data)
             message, code = _server_message(data)
-            if status == 400 and (code == "context_length_exceeded"
-                                  or (message is not None and _CONTEXT_LENGTH_RE.search(message))):
+            if status == 400 and (
+                code == "context_length_exceeded" or (message is not None and _CONTEXT_LENGTH_RE.search(message))
+            ):
                 return ChatOutput("", "prompt_too_long", 0, 0)
             said = f"; server says: {message}" if message else ""
             raise ChatError(f"{where}: HTTP {status}{said}; body {_excerpt(data)}")
@@ -385,7 +447,7 @@ class HTTPChat:
 
     def _backoff(self, attempt: int, retry_after: float | None) -> bool:
         """Sleep before the next attempt; False when the client was closed meanwhile."""
-        delay = self.backoff_s * (2 ** attempt) * (1.0 + 0.25 * random.random())
+        delay = self.backoff_s * (2**attempt) * (1.0 + 0.25 * random.random())
         if retry_after is not None:
             delay = max(delay, retry_after)
         return not self._closed.wait(min(delay, _MAX_BACKOFF_S))

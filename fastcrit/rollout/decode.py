@@ -34,6 +34,7 @@ Qwen2 / Llama loaded after it: Liger replaces the class in Transformers' module)
 its activation is SiLU, by its own check of ``hidden_act``. ``unsupported(model)`` says why another
 model falls back to Hugging Face's forward.
 """
+
 from __future__ import annotations
 
 import torch
@@ -60,7 +61,9 @@ def unsupported(model) -> str | None:
     cfg = model.config
     if cfg.model_type not in TYPES:
         return f"model_type {cfg.model_type!r} (supported: {', '.join(TYPES)})"
-    if getattr(cfg, "use_sliding_window", False) or (cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None)):
+    if getattr(cfg, "use_sliding_window", False) or (
+        cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None)
+    ):
         return "sliding-window attention"
     if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
         return "layers other than full attention"
@@ -89,8 +92,11 @@ def _rms(norm, scaled: bool = True):
     eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
     w = norm.weight if scaled else None
     w32 = None if w is None else w.float()  # made per decoder (one per generate call), not per step
-    return lambda x: F.rms_norm(x.float(), (x.shape[-1],), w32, eps).to(x.dtype) if x.dtype != torch.float32 \
+    return lambda x: (
+        F.rms_norm(x.float(), (x.shape[-1],), w32, eps).to(x.dtype)
+        if x.dtype != torch.float32
         else F.rms_norm(x, (x.shape[-1],), w, eps)
+    )
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
@@ -108,8 +114,13 @@ def mkl_packing(model) -> bool:
     row count: 1.15-1.33x faster at 64 rows, 2.3x at 8 (one thread, the 13.4M-parameter model's
     shapes), with the same result bits in our measurements."""
     p = next(model.parameters())
-    return (p.device.type == "cpu" and p.dtype == torch.float32 and torch.backends.mkl.is_available()
-            and hasattr(torch.ops.mkl, "_mkl_linear") and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight"))
+    return (
+        p.device.type == "cpu"
+        and p.dtype == torch.float32
+        and torch.backends.mkl.is_available()
+        and hasattr(torch.ops.mkl, "_mkl_linear")
+        and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
+    )
 
 
 def fuse_weights(model) -> list[tuple]:
@@ -127,8 +138,11 @@ def fuse_weights(model) -> list[tuple]:
             in_weight, in_step = (1.0, a.scaling) if hasattr(a, "q_norm") else (a.scaling, 1.0)
             g_in, g_post = layer.input_layernorm.weight.float(), layer.post_attention_layernorm.weight.float()
             w = torch.cat([a.q_proj.weight.float() * in_weight, a.k_proj.weight.float(), a.v_proj.weight.float()])
-            b = (torch.cat([a.q_proj.bias * in_weight, a.k_proj.bias, a.v_proj.bias])
-                 if a.q_proj.bias is not None else None)
+            b = (
+                torch.cat([a.q_proj.bias * in_weight, a.k_proj.bias, a.v_proj.bias])
+                if a.q_proj.bias is not None
+                else None
+            )
             gu = torch.cat([m.gate_proj.weight.float(), m.up_proj.weight.float()]) * g_post
             out.append(((w * g_in).to(a.q_proj.weight.dtype), b, gu.to(m.gate_proj.weight.dtype), in_step))
     return out
@@ -145,8 +159,16 @@ class StaticDecoder:
     rows are stacked into one matrix against it). Generated keys and values are per row,
     ``[rows, kv, max_new, d]``. A row's scores over both parts go through one softmax."""
 
-    def __init__(self, model, rows: int, prompt_len: int, max_new: int, fused: list[tuple] | None = None,
-                 fixed: bool = False, graph: bool = False):
+    def __init__(
+        self,
+        model,
+        rows: int,
+        prompt_len: int,
+        max_new: int,
+        fused: list[tuple] | None = None,
+        fixed: bool = False,
+        graph: bool = False,
+    ):
         if graph and not fixed:
             raise ValueError("StaticDecoder: graph=True needs fixed=True (a captured step keeps its shapes)")
         self.model, self.base = model, model.model
@@ -174,13 +196,18 @@ class StaticDecoder:
         self.group = torch.arange(rows, device=p.device)  # each row's prompt (ascending)
         self.width = 1  # rows per prompt in the grid of stacked queries
         self.slot = None  # each row's place in the [prompts x width] grid; None: the rows are the grid
-        self.norms = [(_rms(layer.input_layernorm, scaled=False), _rms(layer.post_attention_layernorm, scaled=False))
-                      for layer in self.base.layers]  # their weights are in the fused projections
+        self.norms = [
+            (_rms(layer.input_layernorm, scaled=False), _rms(layer.post_attention_layernorm, scaled=False))
+            for layer in self.base.layers
+        ]  # their weights are in the fused projections
         self.final_norm = _rms(self.base.norm)
         self.acts = [_activation(layer.mlp, model.config) for layer in self.base.layers]
         a = self.base.layers[0].self_attn
-        self.qk_norm = [(_rms(layer.self_attn.q_norm), _rms(layer.self_attn.k_norm)) for layer in self.base.layers] \
-            if hasattr(a, "q_norm") else None
+        self.qk_norm = (
+            [(_rms(layer.self_attn.q_norm), _rms(layer.self_attn.k_norm)) for layer in self.base.layers]
+            if hasattr(a, "q_norm")
+            else None
+        )
         # cos / sin of every position a row can reach, computed once (the model's rotary module)
         x = torch.zeros(1, 1, dtype=p.dtype, device=p.device)
         self.cos, self.sin = self.base.rotary_emb(x, torch.arange(prompt_len + max_new, device=p.device)[None])
@@ -195,13 +222,13 @@ class StaticDecoder:
         b, q_len, _ = x.shape
         h, kv, d = self.heads, self.kv_heads, self.head_dim
         qkv = self._linear(x, ("qkv", i), w, bias)
-        v = qkv[..., (h + kv) * d:].view(b, q_len, kv, d).transpose(1, 2)
+        v = qkv[..., (h + kv) * d :].view(b, q_len, kv, d).transpose(1, 2)
         if self.qk_norm is None:  # rotate q and k in one go
-            qk = _rotate(qkv[..., :(h + kv) * d].view(b, q_len, h + kv, d).transpose(1, 2), c, s)
+            qk = _rotate(qkv[..., : (h + kv) * d].view(b, q_len, h + kv, d).transpose(1, 2), c, s)
             q, k = qk[:, :h], qk[:, h:]
         else:
-            q = self.qk_norm[i][0](qkv[..., :h * d].view(b, q_len, h, d)).transpose(1, 2)
-            k = self.qk_norm[i][1](qkv[..., h * d:(h + kv) * d].view(b, q_len, kv, d)).transpose(1, 2)
+            q = self.qk_norm[i][0](qkv[..., : h * d].view(b, q_len, h, d)).transpose(1, 2)
+            k = self.qk_norm[i][1](qkv[..., h * d : (h + kv) * d].view(b, q_len, kv, d)).transpose(1, 2)
             q, k = _rotate(q, c, s), _rotate(k, c, s)
         if mask is not None:  # prefill: the prompt part of the cache
             self.kp[i].copy_(k)
@@ -213,9 +240,9 @@ class StaticDecoder:
             self.vg[i].index_copy_(2, self._col, v)
             kg, vg = self.kg[i], self.vg[i]
         else:
-            self.kg[i][:, :, self.t:self.t + 1] = k
-            self.vg[i][:, :, self.t:self.t + 1] = v
-            kg, vg = self.kg[i][:, :, :self.t + 1], self.vg[i][:, :, :self.t + 1]
+            self.kg[i][:, :, self.t : self.t + 1] = k
+            self.vg[i][:, :, self.t : self.t + 1] = v
+            kg, vg = self.kg[i][:, :, : self.t + 1], self.vg[i][:, :, : self.t + 1]
         # The heads that share a KV head attend as one [group, d] block: the cache is read once per
         # KV head, never expanded. The scale goes on q (a few numbers), not on the scores.
         q = (q if scale == 1.0 else q * scale).reshape(b, kv, h // kv, d)
@@ -225,8 +252,8 @@ class StaticDecoder:
         if self.bias_g is not None:
             sg.add_(self.bias_g[:, None, None, :])
         probs = torch.softmax(torch.cat([sp, sg], dim=-1), dim=-1)
-        out = torch.matmul(probs[..., self.P:], vg)
-        out += self._from_grid(torch.matmul(self._to_grid(probs[..., :self.P]), self.vp[i]))
+        out = torch.matmul(probs[..., self.P :], vg)
+        out += self._from_grid(torch.matmul(self._to_grid(probs[..., : self.P]), self.vp[i]))
         return self._proj(a.o_proj, out.reshape(b, 1, h * d), ("o", i))
 
     def _to_grid(self, x: torch.Tensor) -> torch.Tensor:
@@ -237,14 +264,20 @@ class StaticDecoder:
             grid[self.slot] = x
             x = grid
         n, kv, g, m = x.shape
-        return x.view(n // self.width, self.width, kv, g, m).transpose(1, 2).reshape(n // self.width, kv,
-                                                                                       self.width * g, m)
+        return (
+            x.view(n // self.width, self.width, kv, g, m)
+            .transpose(1, 2)
+            .reshape(n // self.width, kv, self.width * g, m)
+        )
 
     def _from_grid(self, y: torch.Tensor) -> torch.Tensor:
         """[prompts, kv, width * g, m] -> [rows, kv, g, m], the inverse of ``_to_grid``."""
         prompts, kv, wg, m = y.shape
-        y = y.view(prompts, kv, self.width, wg // self.width, m).transpose(1, 2).reshape(
-            prompts * self.width, kv, wg // self.width, m)
+        y = (
+            y.view(prompts, kv, self.width, wg // self.width, m)
+            .transpose(1, 2)
+            .reshape(prompts * self.width, kv, wg // self.width, m)
+        )
         return y if self.slot is None else y[self.slot]
 
     def _run(self, ids, pos, mask) -> torch.Tensor:
@@ -381,8 +414,9 @@ class StaticDecoder:
             self.kg = [c.index_select(0, keep) for c in self.kg]
             self.vg = [c.index_select(0, keep) for c in self.vg]
         self.next_pos = self.next_pos.index_select(0, keep)
-        alive, group, counts = torch.unique_consecutive(self.group.index_select(0, keep), return_inverse=True,
-                                                        return_counts=True)
+        alive, group, counts = torch.unique_consecutive(
+            self.group.index_select(0, keep), return_inverse=True, return_counts=True
+        )
         if alive.numel() < self.kp[0].shape[0]:
             self.kp = [c.index_select(0, alive) for c in self.kp]
             self.vp = [c.index_select(0, alive) for c in self.vp]

@@ -26,22 +26,24 @@ forward pass does not reproduce: they are for serving (``fastcrit serve``), not 
 
 What seeding does and does not cover: with ``params.seed`` set, sample ``k = i * n + j`` of a call
 (prompt i, its j-th sample) draws its random numbers from ``seed + k`` alone (counter-based,
-``uniforms``), as SGLang's ``sampling_seed = seed + k`` does. So the same prompt with the same
+``sampling.uniforms``), as SGLang's ``sampling_seed = seed + k`` does. So the same prompt with the same
 weights, dtype and device gives the same sample whatever else shares its batch, under any
 ``max_batch``, and split over calls or ranks with the seed moved by the offset (the trainer gives
 each rank ``seed + first global sample index``). Batched forward passes of different shapes can
 differ in the last float bits, which flips a token only when its draw falls that close to a
 boundary of the distribution. Without a seed, one is drawn from torch's global generator.
 """
+
 from __future__ import annotations
 
 import inspect
 import os
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
 from fastcrit.rollout.decode import StaticDecoder, fuse_weights, unsupported
+from fastcrit.rollout.sampling import sample, uniforms
 from fastcrit.types import Rollout, SamplingParams, is_greedy, scoring_temperature
 
 
@@ -60,10 +62,20 @@ class NativeEngine:
     ``enable_weights_cpu_backup``), for a frozen model no trainer reloads (CTRL's proxy).
     """
 
-    def __init__(self, model, tokenizer=None, *, dtype: str | torch.dtype | None = None,
-                 device: str | torch.device = "cpu", max_batch: int = 256,
-                 attn_implementation: str | None = None, compact_fraction: float = 0.25,
-                 static_decode: bool = True, cuda_graph: bool = False, cpu_backup: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        *,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device = "cpu",
+        max_batch: int = 256,
+        attn_implementation: str | None = None,
+        compact_fraction: float = 0.25,
+        static_decode: bool = True,
+        cuda_graph: bool = False,
+        cpu_backup: bool = False,
+    ):
         from fastcrit.models.hf import eos_token_ids, load_model, load_tokenizer, parse_dtype
 
         if max_batch < 1:
@@ -74,8 +86,9 @@ class NativeEngine:
         if isinstance(model, (str, os.PathLike)):
             if tokenizer is None:
                 tokenizer = load_tokenizer(model)
-            model = load_model(model, dtype=dtype or "float32", device=self.device,
-                               attn_implementation=attn_implementation)
+            model = load_model(
+                model, dtype=dtype or "float32", device=self.device, attn_implementation=attn_implementation
+            )
         else:
             model = model.to(device=self.device) if dtype is None else model.to(self.device, parse_dtype(dtype))
         self.model = model.eval()  # generate() runs under inference_mode, so no autograd state is kept
@@ -92,16 +105,17 @@ class NativeEngine:
         if cuda_graph and self.device.type != "cuda":
             raise ValueError(f"NativeEngine: cuda_graph=True needs a CUDA device, not {self.device}")
         if cuda_graph and self.static_decode_off:
-            raise ValueError(f"NativeEngine: cuda_graph=True needs the static decoder, which is off: "
-                             f"{self.static_decode_off}")
+            raise ValueError(
+                f"NativeEngine: cuda_graph=True needs the static decoder, which is off: {self.static_decode_off}"
+            )
         self.cuda_graph = cuda_graph
 
         # The same stop set as the SGLang engine: tokenizer, model config and generation config.
-        self.eos_token_ids = eos_token_ids(tokenizer, self.model.config,
-                                           getattr(self.model, "generation_config", None))
+        self.eos_token_ids = eos_token_ids(tokenizer, self.model.config, getattr(self.model, "generation_config", None))
         if not self.eos_token_ids:
-            raise ValueError("NativeEngine: neither the tokenizer nor the model's config or generation config "
-                             "names an EOS token")
+            raise ValueError(
+                "NativeEngine: neither the tokenizer nor the model's config or generation config names an EOS token"
+            )
         pad = tokenizer.pad_token_id if tokenizer is not None else None
         if pad is None:
             pad = getattr(self.model.config, "pad_token_id", None)
@@ -115,8 +129,13 @@ class NativeEngine:
 
     # ------------------------------------------------------------------ Engine protocol
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
-                 on_step: Callable[[list[int], list[int]], None] | None = None) -> list[Rollout]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        *,
+        on_step: Callable[[list[int], list[int]], None] | None = None,
+    ) -> list[Rollout]:
         """The Engine protocol's generate. ``on_step`` (this engine only; ``fastcrit serve`` streams
         with it): after every decoding step, called with the sample indices ``k = i * n + j`` of
         the samples that drew a token in it and those tokens (a sample's stop token included), from
@@ -125,8 +144,11 @@ class NativeEngine:
         self._validate(prompts, params)
         if not prompts:
             return []
-        stop_ids = torch.tensor(sorted(set(self.eos_token_ids) | {int(t) for t in params.stop_token_ids}),
-                                dtype=torch.long, device=self.device)
+        stop_ids = torch.tensor(
+            sorted(set(self.eos_token_ids) | {int(t) for t in params.stop_token_ids}),
+            dtype=torch.long,
+            device=self.device,
+        )
         # Sample k = i * n + j (prompt i of this call, its j-th sample) draws from seed + k alone.
         seed = params.seed
         if seed is None and not is_greedy(params.temperature):  # greedy draws nothing: leaves torch's RNG be
@@ -137,9 +159,10 @@ class NativeEngine:
         by_prompt: list[list[Rollout] | None] = [None] * len(prompts)
         with torch.inference_mode():
             for start in range(0, len(order), per_chunk):
-                idx = order[start:start + per_chunk]
-                for i, rollouts in zip(idx, self._generate_chunk(idx, [prompts[i] for i in idx], params,
-                                                                 stop_ids, seed, on_step)):
+                idx = order[start : start + per_chunk]
+                for i, rollouts in zip(
+                    idx, self._generate_chunk(idx, [prompts[i] for i in idx], params, stop_ids, seed, on_step)
+                ):
                     by_prompt[i] = rollouts
         return [r for group in by_prompt for r in group]
 
@@ -214,12 +237,15 @@ class NativeEngine:
                     raise KeyError(f"load_weights: the model has no weight named {name!r}")
                 dst = targets[key]
                 if hasattr(tensor, "full_tensor"):  # a DTensor, told apart without torch.distributed
-                    raise TypeError(f"load_weights: {name!r} is a sharded DTensor; the engine takes full "
-                                    "tensors (gather them in train/, e.g. with "
-                                    "fastcrit.train.policy.full_named_tensors, on every rank)")
+                    raise TypeError(
+                        f"load_weights: {name!r} is a sharded DTensor; the engine takes full "
+                        "tensors (gather them in train/, e.g. with "
+                        "fastcrit.train.policy.full_named_tensors, on every rank)"
+                    )
                 if tuple(tensor.shape) != tuple(dst.shape):
-                    raise ValueError(f"load_weights: {name!r} has shape {tuple(tensor.shape)}, "
-                                     f"the model expects {tuple(dst.shape)}")
+                    raise ValueError(
+                        f"load_weights: {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(dst.shape)}"
+                    )
                 dst.data.copy_(tensor.detach().to(device=dst.device, dtype=dst.dtype))
                 self._unloaded.discard(id(dst))
 
@@ -240,8 +266,10 @@ class NativeEngine:
             raise RuntimeError(f"NativeEngine.{what}: the engine is asleep; call wake() first")
         if self._unloaded:
             names = [n for n, p in self.model.named_parameters() if id(p) in self._unloaded]
-            raise RuntimeError(f"NativeEngine.{what}: wake() gave the weights' memory back without their values; "
-                               f"load every weight first (load_weights), {len(names)} missing, e.g. {names[:3]}")
+            raise RuntimeError(
+                f"NativeEngine.{what}: wake() gave the weights' memory back without their values; "
+                f"load every weight first (load_weights), {len(names)} missing, e.g. {names[:3]}"
+            )
 
     def _validate(self, prompts: list[list[int]], params: SamplingParams) -> None:
         if params.n < 1:
@@ -273,29 +301,40 @@ class NativeEngine:
                 raise ValueError(f"prompt {i} is empty; a prompt needs at least one token")
             lo, hi = min(p), max(p)
             if lo < 0 or hi >= self.vocab_size:
-                raise ValueError(f"prompt {i} holds token id {lo if lo < 0 else hi}, outside the vocabulary "
-                                 f"[0, {self.vocab_size})")
+                raise ValueError(
+                    f"prompt {i} holds token id {lo if lo < 0 else hi}, outside the vocabulary [0, {self.vocab_size})"
+                )
             if self.max_positions and len(p) + params.max_new_tokens > self.max_positions:
-                raise ValueError(f"prompt {i}: {len(p)} tokens + max_new_tokens={params.max_new_tokens} exceed "
-                                 f"the model's max_position_embeddings={self.max_positions}")
+                raise ValueError(
+                    f"prompt {i}: {len(p)} tokens + max_new_tokens={params.max_new_tokens} exceed "
+                    f"the model's max_position_embeddings={self.max_positions}"
+                )
 
-    def _generate_chunk(self, indices: list[int], prompts: list[list[int]], params: SamplingParams,
-                        stop_ids: torch.Tensor, seed: int | None, on_step=None) -> list[list[Rollout]]:
+    def _generate_chunk(
+        self,
+        indices: list[int],
+        prompts: list[list[int]],
+        params: SamplingParams,
+        stop_ids: torch.Tensor,
+        seed: int | None,
+        on_step=None,
+    ) -> list[list[Rollout]]:
         dev, n, max_new = self.device, params.n, params.max_new_tokens
         num, plen = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((num, plen), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((num, plen), dtype=torch.long)
         for r, p in enumerate(prompts):
-            ids[r, plen - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[r, plen - len(p):] = 1
+            ids[r, plen - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[r, plen - len(p) :] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         if self.static_decode_off:
             dec = _HFDecoder(self.model)
         else:
             if self._fused is None:
                 self._fused = fuse_weights(self.model)
-            dec = StaticDecoder(self.model, num, plen, max_new, self._fused, fixed=self.cuda_graph,
-                                graph=self.cuda_graph)
+            dec = StaticDecoder(
+                self.model, num, plen, max_new, self._fused, fixed=self.cuda_graph, graph=self.cuda_graph
+            )
         logits = dec.prefill(ids, mask)  # [num, V]: one prefill per distinct prompt
         if n > 1:
             dec.repeat_interleave(n)
@@ -364,16 +403,25 @@ class NativeEngine:
         lengths, stops = out_len.tolist(), stopped.tolist()
         tops = None
         if k_top:
-            tops = [[list(zip(i_row, l_row)) for i_row, l_row in zip(i_s, l_s)]
-                    for i_s, l_s in zip(top_ids.tolist(), top_lps.tolist())]
+            tops = [
+                [list(zip(i_row, l_row)) for i_row, l_row in zip(i_s, l_s)]
+                for i_s, l_s in zip(top_ids.tolist(), top_lps.tolist())
+            ]
         result = []
         for r, (i, p) in enumerate(zip(indices, prompts)):
             group = []
             for s in range(r * n, r * n + n):
                 k = lengths[s]
-                group.append(Rollout(prompt_index=i, prompt_ids=list(p), output_ids=tokens[s][:k],
-                                     logprobs=logps[s][:k], finish_reason="stop" if stops[s] else "length",
-                                     top_logprobs=None if tops is None else tops[s][:k]))
+                group.append(
+                    Rollout(
+                        prompt_index=i,
+                        prompt_ids=list(p),
+                        output_ids=tokens[s][:k],
+                        logprobs=logps[s][:k],
+                        finish_reason="stop" if stops[s] else "length",
+                        top_logprobs=None if tops is None else tops[s][:k],
+                    )
+                )
             result.append(group)
         return result
 
@@ -440,7 +488,7 @@ class _StopStrings:
         """[live rows] bool: the sample of each live row (``rows`` into ``out_tokens`` [total, max_new])
         holds a stop string in its text up to ``step``; rows already ``done`` are False."""
         lo = max(0, step + 1 - self.window)
-        windows = out_tokens[rows, lo:step + 1].tolist()
+        windows = out_tokens[rows, lo : step + 1].tolist()
         out = []
         for ids, finished in zip(windows, done.tolist()):
             text = "" if finished else self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -459,8 +507,14 @@ class _HFDecoder:
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def _forward(self, ids, mask, pos) -> torch.Tensor:
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                         **{self.cache_arg: self.cache})
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self.cache_arg: self.cache},
+        )
         return out.logits[:, -1, :].float()
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -480,82 +534,6 @@ class _HFDecoder:
     def select(self, keep: torch.Tensor) -> None:
         self.cache.batch_select_indices(keep)
         self.mask, self.next_pos = self.mask[keep], self.next_pos[keep]
-
-
-def sample(logits: torch.Tensor, params: SamplingParams,
-           u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row of ``logits`` [b, V] (fp32) with the uniform numbers ``u`` [b] in
-    [0, 1) (unused when greedy); return (tokens [b], log-probs [b]).
-
-    The log-prob is log_softmax(logits / T) at the token before any top-k / top-p filtering
-    (T = 1 when greedy, see fastcrit.types.is_greedy).
-    """
-    if is_greedy(params.temperature):
-        tok = logits.argmax(dim=-1)
-        return tok, torch.log_softmax(logits, dim=-1).gather(1, tok[:, None]).squeeze(1)
-    logp_all = torch.log_softmax(logits if params.temperature == 1.0 else logits / params.temperature, dim=-1)
-    vocab = logits.shape[-1]
-    if params.top_p >= 1.0 and (params.top_k < 0 or params.top_k >= vocab):
-        tok = draw(logp_all.exp(), u)
-    else:
-        probs_sorted, order = logp_all.exp().sort(dim=-1, descending=True)
-        if params.top_p < 1.0:
-            cum = probs_sorted.cumsum(dim=-1)
-            probs_sorted = probs_sorted.masked_fill(cum - probs_sorted > params.top_p, 0.0)
-        if 0 < params.top_k < vocab:
-            probs_sorted[:, params.top_k:] = 0.0
-        tok = order.gather(1, draw(probs_sorted, u)[:, None]).squeeze(1)
-    return tok, logp_all.gather(1, tok[:, None]).squeeze(1)
-
-
-def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """One index per row of ``probs`` [b, V] (unnormalised, >= 0), with probability proportional
-    to its entry, from one uniform number per row ``u`` [b] in [0, 1): inverse-CDF sampling
-    (``torch.multinomial`` draws one per entry and was a fifth of a tiny model's decode time). A
-    zero entry is never drawn."""
-    cdf = probs.cumsum(dim=-1)
-    total = cdf[:, -1:]
-    # u * total < total always picks an index whose cdf rises there (a positive entry); rounding
-    # can make it reach total, which would pick past the end: the largest float under total picks
-    # the last positive entry instead (a clamp of two numbers a row, not a pass over the vocabulary)
-    under = torch.nextafter(total, torch.zeros_like(total))
-    x = torch.minimum(u.to(device=probs.device, dtype=cdf.dtype)[:, None] * total, under)
-    return torch.searchsorted(cdf, x, right=True).squeeze(1)
-
-
-_M32 = 0xFFFFFFFF
-
-
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """``x * c mod 2**32`` for int64 ``x`` in [0, 2**32): in 16-bit halves of ``c``, so no
-    product leaves int64's range."""
-    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash with full avalanche (Wellons' "lowbias32" constants)."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def uniforms(seed: int, ks: torch.Tensor, steps: int) -> torch.Tensor:
-    """[len(ks), steps] float64 uniform numbers in [0, 1): row r depends only on ``seed + ks[r]``
-    (mod 2**64) and the column, so a sample draws the same numbers whatever else is in its batch,
-    in what order, on which rank or in how many calls (counter-based, like Philox; 53 random bits
-    from two 32-bit hashes of a 64-bit key)."""
-    base = int(seed) % 2**64
-    lo = (base & _M32) + ks
-    hi = ((base >> 32) + (lo >> 32)) & _M32
-    lo = lo & _M32
-    k1 = _mix32(lo ^ _mix32(hi ^ 0x9E3779B9))
-    k2 = _mix32(hi ^ _mix32(lo ^ 0x85EBCA6B))
-    t = torch.arange(steps, dtype=torch.long, device=ks.device)
-    a = _mix32(k1[:, None] ^ _mix32(2 * t + 1)[None, :])
-    b = _mix32(k2[:, None] ^ _mix32(2 * t + 2)[None, :] ^ a)
-    return ((a << 21) + (b >> 11)).double() / 2.0**53
 
 
 def _strip_wrappers(name: str) -> str:

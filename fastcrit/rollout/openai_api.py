@@ -17,6 +17,7 @@ texts of ``content`` join to the message. Special tokens (the EOS that ended a s
 in ``usage.completion_tokens`` but not listed. A stop string is cut from the text with everything
 after it; the tokens listed are those that begin before the cut.
 """
+
 from __future__ import annotations
 
 import time
@@ -34,8 +35,14 @@ MAX_STOPS = 16  # OpenAI allows 4; lm-eval may send more, and each costs one sub
 class RequestError(Exception):
     """A request the server refuses; becomes an OpenAI-style error JSON with ``status``."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
@@ -62,15 +69,33 @@ class ApiRequest:
 
 # Fields whose non-neutral values ask for something this server does not do: a 400 naming the field
 # instead of silently other behaviour.
-_REFUSED = {"tools": (None, []), "functions": (None, []), "function_call": (None, "none"),
-            "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
-            "response_format": (None, {"type": "text"}), "audio": (None,), "modalities": (None, ["text"]),
-            "prediction": (None,), "suffix": (None, ""), "echo": (None, False), "min_p": (None, 0, 0.0),
-            "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,)}
-_REASON = {"tools": "tool / function calling is not supported", "functions": "function calling is not supported",
-           "function_call": "function calling is not supported", "tool_choice": "tool calling is not supported",
-           "response_format": "only response_format {'type': 'text'} is supported (no JSON mode or json_schema)",
-           "echo": "echo=true is not supported (no prompt log-probs)", "suffix": "suffix (insertion) is not supported"}
+_REFUSED = {
+    "tools": (None, []),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "tool_choice": (None, "none", "auto"),
+    "parallel_tool_calls": (None, True, False),
+    "response_format": (None, {"type": "text"}),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "suffix": (None, ""),
+    "echo": (None, False),
+    "min_p": (None, 0, 0.0),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+}
+_REASON = {
+    "tools": "tool / function calling is not supported",
+    "functions": "function calling is not supported",
+    "function_call": "function calling is not supported",
+    "tool_choice": "tool calling is not supported",
+    "response_format": "only response_format {'type': 'text'} is supported (no JSON mode or json_schema)",
+    "echo": "echo=true is not supported (no prompt log-probs)",
+    "suffix": "suffix (insertion) is not supported",
+}
 
 
 def _number(body: dict, name: str, default, lo: float, hi: float, *, lo_open: bool = False) -> float:
@@ -181,22 +206,39 @@ def parse_request(body, kind: str) -> ApiRequest:
     if top_k == 0:
         top_k = -1  # vLLM reads 0 as off too
     params = SamplingParams(
-        n=n, max_new_tokens=max_tokens or 1, temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True), top_k=top_k, seed=seed, stop=_stops(body),
+        n=n,
+        max_new_tokens=max_tokens or 1,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        top_k=top_k,
+        seed=seed,
+        stop=_stops(body),
         presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 2.0, lo_open=True),
-        logit_bias=_logit_bias(body), top_logprobs=logprobs or 0)
+        logit_bias=_logit_bias(body),
+        top_logprobs=logprobs or 0,
+    )
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError(400, f"model must be a string, got {type(model).__name__}", "model")
-    return ApiRequest(kind=kind, params=params, max_tokens=max_tokens, max_tokens_field=name,
-                      messages=body.get("messages") if kind == "chat" else None, prompts=prompts, stream=stream,
-                      include_usage=include_usage, logprobs=logprobs, model=model)
+    return ApiRequest(
+        kind=kind,
+        params=params,
+        max_tokens=max_tokens,
+        max_tokens_field=name,
+        messages=body.get("messages") if kind == "chat" else None,
+        prompts=prompts,
+        stream=stream,
+        include_usage=include_usage,
+        logprobs=logprobs,
+        model=model,
+    )
 
 
 def _prompts(prompt) -> list:
     """Completions' ``prompt``: a string, a list of strings, a list of token ids or a list of such lists."""
+
     def ids(x) -> bool:
         return isinstance(x, list) and len(x) > 0 and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
 
@@ -207,8 +249,11 @@ def _prompts(prompt) -> list:
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or ids(p) for p in prompt):
         out = list(prompt)
     else:
-        raise RequestError(400, "prompt must be a string, a list of strings, a list of token ids or a list of "
-                           "such lists (none empty)", "prompt")
+        raise RequestError(
+            400,
+            "prompt must be a string, a list of strings, a list of token ids or a list of such lists (none empty)",
+            "prompt",
+        )
     if any(p == "" for p in out):
         raise RequestError(400, "prompt must not be empty", "prompt")
     return out
@@ -243,14 +288,14 @@ def make_choice(tokenizer, rollout: Rollout, stop: list[str], *, pieces: bool) -
     if pieces:
         emitted, offset = 0, 0
         for k, t in enumerate(ids):
-            cur = tokenizer.decode(ids[:k + 1], skip_special_tokens=True)
+            cur = tokenizer.decode(ids[: k + 1], skip_special_tokens=True)
             piece = "" if cur.endswith("\ufffd") and k + 1 < len(ids) else cur[emitted:]
             emitted += len(piece)
             if cut >= 0 and offset >= len(text):
                 break
             if t not in special:
                 top = rollout.top_logprobs[k] if rollout.top_logprobs is not None else []
-                toks.append((t, piece[:max(0, len(text) - offset)], rollout.logprobs[k], top))
+                toks.append((t, piece[: max(0, len(text) - offset)], rollout.logprobs[k], top))
             offset += len(piece)
     return Choice(text, finish, len(ids), toks)
 
@@ -264,8 +309,10 @@ def _chat_logprobs(tokenizer, tokens) -> dict:
         s = _token_text(tokenizer, t)
         return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
 
-    return {"content": [{**entry(t, lp), "top_logprobs": [entry(i, v) for i, v in top]}
-                        for t, _, lp, top in tokens], "refusal": None}
+    return {
+        "content": [{**entry(t, lp), "top_logprobs": [entry(i, v) for i, v in top]} for t, _, lp, top in tokens],
+        "refusal": None,
+    }
 
 
 def _text_logprobs(tokenizer, tokens, start: int = 0) -> dict:
@@ -278,8 +325,12 @@ def _text_logprobs(tokenizer, tokens, start: int = 0) -> dict:
         d = {_token_text(tokenizer, i): v for i, v in top}
         d.setdefault(_token_text(tokenizer, t), lp)  # the chosen token always, as vLLM lists it
         tops.append(d)
-    return {"tokens": [_token_text(tokenizer, t) for t, _, _, _ in tokens],
-            "token_logprobs": [lp for _, _, lp, _ in tokens], "top_logprobs": tops, "text_offset": offsets}
+    return {
+        "tokens": [_token_text(tokenizer, t) for t, _, _, _ in tokens],
+        "token_logprobs": [lp for _, _, lp, _ in tokens],
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
 
 
 def _usage(prompt_tokens: int, choices: list[Choice]) -> dict:
@@ -291,16 +342,40 @@ def response(req: ApiRequest, tokenizer, model: str, prompt_tokens: int, choices
     """The whole (non-streamed) response: ``choices[i]`` is prompt ``i // n``'s sample ``i % n``."""
     created = int(time.time())
     if req.kind == "chat":
-        out = [{"index": i, "message": {"role": "assistant", "content": ch.text},
+        out = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": ch.text},
                 "logprobs": _chat_logprobs(tokenizer, ch.tokens) if req.logprobs is not None else None,
-                "finish_reason": ch.finish_reason} for i, ch in enumerate(choices)]
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": created,
-                "model": model, "choices": out, "usage": _usage(prompt_tokens, choices)}
-    out = [{"index": i, "text": ch.text,
+                "finish_reason": ch.finish_reason,
+            }
+            for i, ch in enumerate(choices)
+        ]
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": out,
+            "usage": _usage(prompt_tokens, choices),
+        }
+    out = [
+        {
+            "index": i,
+            "text": ch.text,
             "logprobs": _text_logprobs(tokenizer, ch.tokens) if req.logprobs is not None else None,
-            "finish_reason": ch.finish_reason} for i, ch in enumerate(choices)]
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": created, "model": model,
-            "choices": out, "usage": _usage(prompt_tokens, choices)}
+            "finish_reason": ch.finish_reason,
+        }
+        for i, ch in enumerate(choices)
+    ]
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": out,
+        "usage": _usage(prompt_tokens, choices),
+    }
 
 
 class Chunks:
@@ -310,9 +385,12 @@ class Chunks:
 
     def __init__(self, req: ApiRequest, tokenizer, model: str):
         self.req, self.tokenizer, self.chat = req, tokenizer, req.kind == "chat"
-        self.base = {"id": f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}",
-                     "object": "chat.completion.chunk" if self.chat else "text_completion",
-                     "created": int(time.time()), "model": model}
+        self.base = {
+            "id": f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+        }
         if req.include_usage:
             self.base["usage"] = None
 
@@ -321,20 +399,31 @@ class Chunks:
 
     def role(self, i: int) -> dict:
         """Chat only: choice ``i``'s first chunk."""
-        return self._one({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None})
+        return self._one(
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        )
 
     def piece(self, i: int, text: str, tokens: list | None = None, offset: int = 0) -> dict:
         """Text of choice ``i`` (and the log-probs of ``tokens`` when asked; ``offset``: where the
         piece starts in the choice's text)."""
         ask = tokens is not None and self.req.logprobs is not None
         if self.chat:
-            return self._one({"index": i, "delta": {"content": text},
-                              "logprobs": _chat_logprobs(self.tokenizer, tokens) if ask else None,
-                              "finish_reason": None})
-        return self._one({"index": i, "text": text,
-                          "logprobs": _text_logprobs(self.tokenizer, tokens, offset) if ask else None,
-                          "finish_reason": None})
+            return self._one(
+                {
+                    "index": i,
+                    "delta": {"content": text},
+                    "logprobs": _chat_logprobs(self.tokenizer, tokens) if ask else None,
+                    "finish_reason": None,
+                }
+            )
+        return self._one(
+            {
+                "index": i,
+                "text": text,
+                "logprobs": _text_logprobs(self.tokenizer, tokens, offset) if ask else None,
+                "finish_reason": None,
+            }
+        )
 
     def finish(self, i: int, reason: str) -> dict:
         if self.chat:

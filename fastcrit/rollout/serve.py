@@ -31,31 +31,32 @@ With an API key (``api_key=`` / ``--api-key`` / ``FASTCRIT_API_KEY``) every rout
 ``Authorization: Bearer KEY``. Not covered: no TLS, and no bound on queued requests beyond the
 threads the HTTP server starts.
 """
+
 from __future__ import annotations
 
-import hmac
 import inspect
 import ipaddress
-import json
 import os
 import queue
 import sys
 import threading
 import time
-import urllib.parse
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from fastcrit.rollout.chat import ConversationError, render_conversation
-from fastcrit.rollout.openai_api import (ApiRequest, Chunks, RequestError, make_choice, parse_request, response,
-                                         stream_chunks)
+from fastcrit.rollout.openai_api import (
+    ApiRequest,
+    Chunks,
+    RequestError,
+    make_choice,
+    parse_request,
+    response,
+    stream_chunks,
+)
+from fastcrit.rollout.serve_http import _Handler, _HTTPServer
 from fastcrit.types import SamplingParams
 
-MAX_BODY_BYTES = 16 * 1024 * 1024
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
-# path -> the methods it answers; any other method on a known path gets 405
-_ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/v1/chat/completions": ("POST",),
-           "/v1/completions": ("POST",)}
 _LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 
 
@@ -81,9 +82,21 @@ class ChatServer:
     ``Authorization: Bearer <api_key>``.
     """
 
-    def __init__(self, engine, tokenizer, *, model_name: str, host: str, port: int, max_batch: int,
-                 batch_window_s: float, max_prompt_len: int | None, default_max_tokens: int,
-                 log_requests: bool = False, api_key: str | None = None):
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        *,
+        model_name: str,
+        host: str,
+        port: int,
+        max_batch: int,
+        batch_window_s: float,
+        max_prompt_len: int | None,
+        default_max_tokens: int,
+        log_requests: bool = False,
+        api_key: str | None = None,
+    ):
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -106,8 +119,9 @@ class ChatServer:
         h, p = self._httpd.server_address[:2]
         self.url = f"http://{h}:{p}"
         self._batcher = threading.Thread(target=self._batch_loop, name="fastcrit-serve-batcher", daemon=True)
-        self._http_thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                             name="fastcrit-serve-http", daemon=True)
+        self._http_thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="fastcrit-serve-http", daemon=True
+        )
         self._batcher.start()
         self._http_thread.start()
 
@@ -142,7 +156,7 @@ class ChatServer:
         finally:
             self.close()
 
-    def __enter__(self) -> "ChatServer":
+    def __enter__(self) -> ChatServer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -158,8 +172,12 @@ class ChatServer:
 
         req = parse_request(body, kind)
         if req.model is not None and req.model != self.model_name:
-            raise RequestError(404, f"the model {req.model!r} does not exist; this server serves {self.model_name!r}",
-                               "model", "model_not_found")
+            raise RequestError(
+                404,
+                f"the model {req.model!r} does not exist; this server serves {self.model_name!r}",
+                "model",
+                "model_not_found",
+            )
         where = "messages" if kind == "chat" else "prompt"
         try:
             with self._tok_lock:
@@ -177,17 +195,25 @@ class ChatServer:
                 raise RequestError(400, "the prompt encodes to no tokens", where)
         longest = max(len(p) for p in prompts)
         if self.max_prompt_len is not None and longest > self.max_prompt_len:
-            raise RequestError(400, f"the prompt has {longest} tokens, more than the server's "
-                               f"max_prompt_len={self.max_prompt_len}", where, "context_length_exceeded")
+            raise RequestError(
+                400,
+                f"the prompt has {longest} tokens, more than the server's max_prompt_len={self.max_prompt_len}",
+                where,
+                "context_length_exceeded",
+            )
         max_tokens = req.max_tokens
         if max_tokens is None:
             max_tokens = self.default_max_tokens if kind == "chat" else COMPLETIONS_DEFAULT_MAX_TOKENS
             if self.max_positions:  # a default never overflows: it takes the room that is left
                 max_tokens = max(1, min(max_tokens, self.max_positions - longest))
         if self.max_positions and longest + max_tokens > self.max_positions:
-            raise RequestError(400, f"this model's maximum context length is {self.max_positions} tokens; the "
-                               f"prompt has {longest} and {req.max_tokens_field}={max_tokens}", where,
-                               "context_length_exceeded")
+            raise RequestError(
+                400,
+                f"this model's maximum context length is {self.max_positions} tokens; the "
+                f"prompt has {longest} and {req.max_tokens_field}={max_tokens}",
+                where,
+                "context_length_exceeded",
+            )
         params = req.params
         params.max_new_tokens = max_tokens
         if is_greedy(params.temperature):
@@ -250,7 +276,7 @@ class ChatServer:
                 at = text.find(x)
                 safe = min(safe, at) if at >= 0 else safe
             if safe > sent[i]:
-                yield make.piece(i, text[sent[i]:safe])
+                yield make.piece(i, text[sent[i] : safe])
                 sent[i] = safe
         failed = next((it.error for it in items if it.error is not None), None)
         if failed is not None:
@@ -260,14 +286,19 @@ class ChatServer:
             choices = [make_choice(self.tokenizer, r, stops, pieces=False) for it in items for r in it.output]
         for i, ch in enumerate(choices):
             if len(ch.text) > sent[i]:
-                yield make.piece(i, ch.text[sent[i]:])
+                yield make.piece(i, ch.text[sent[i] :])
             yield make.finish(i, ch.finish_reason)
         if req.include_usage:
             yield make.usage(prompt_tokens, choices)
 
     def model_card(self) -> dict:
-        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "fastcrit",
-                "max_model_len": self.max_positions}
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "fastcrit",
+            "max_model_len": self.max_positions,
+        }
 
     def models(self) -> dict:
         return {"object": "list", "data": [self.model_card()]}
@@ -305,13 +336,13 @@ class ChatServer:
             n = params.n
             try:
                 if params.seed is None:
-                    rollouts = self.engine.generate([it.ids for it in items], params,
-                                                    **self._on_step(items, n))
+                    rollouts = self.engine.generate([it.ids for it in items], params, **self._on_step(items, n))
                 else:  # sample k of a call draws from seed + k: alone, each prompt's answers are the seed's
-                    rollouts = [r for it in items for r in self.engine.generate([it.ids], params,
-                                                                                **self._on_step([it], n))]
+                    rollouts = [
+                        r for it in items for r in self.engine.generate([it.ids], params, **self._on_step([it], n))
+                    ]
                 for k, it in enumerate(items):
-                    it.output = rollouts[k * n:(k + 1) * n]
+                    it.output = rollouts[k * n : (k + 1) * n]
                 self.stats["requests"] += len(items)
             except Exception as e:  # one bad group must not take the server down; its requests get a 500
                 for it in items:
@@ -336,168 +367,21 @@ class ChatServer:
         return {"on_step": on_step}
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 256  # many clients connect at once (HTTPChat's concurrency); 5 would drop SYNs
-    app: ChatServer
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _HTTPServer
-    protocol_version = "HTTP/1.1"
-    error_content_type = "application/json"
-
-    def log_message(self, format, *args) -> None:  # noqa: A002 (the base class's signature)
-        if self.server.app.log_requests:
-            sys.stderr.write(f"fastcrit serve: {self.address_string()} {format % args}\n")
-
-    def _send(self, status: int, obj: dict, headers: dict | None = None) -> None:
-        data = json.dumps(obj).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-
-    def _error(self, err: RequestError, headers: dict | None = None) -> None:
-        self._send(err.status, err.body(), headers)
-
-    def send_error(self, code, message=None, explain=None) -> None:
-        """What the base class answers itself (a bad request line, an unknown method, a header
-        too long): OpenAI's JSON error shape instead of an HTML page."""
-        self.close_connection = True
-        try:
-            text = message or self.responses.get(code, ("error",))[0]
-            self._error(RequestError(code, f"{text}{': ' + explain if explain else ''}",
-                                     kind="invalid_request_error" if code < 500 else "server_error"))
-        except Exception:  # the connection is gone; nothing to tell
-            pass
-
-    def _sse(self, chunks) -> None:
-        """Server-sent events: ``data: {...}`` per chunk as it comes, then ``data: [DONE]``; the
-        connection closes after (no Content-Length), as a streamed OpenAI response does. A failure
-        after the headers went out is sent as an ``{"error": ...}`` event, as vLLM does."""
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.close_connection = True
-        try:
-            try:
-                for c in chunks:
-                    self.wfile.write(b"data: " + json.dumps(c).encode("utf-8") + b"\n\n")
-                    self.wfile.flush()
-            except (BrokenPipeError, ConnectionResetError):
-                raise
-            except Exception as e:
-                err = RequestError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
-                self.wfile.write(b"data: " + json.dumps(err.body()).encode("utf-8") + b"\n\n")
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):  # the client left; the engine finishes anyway
-            pass
-
-    def _read_body(self) -> bytes:
-        """The body by Content-Length or chunked transfer coding; RequestError 411 / 413 / 400."""
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            parts, total = [], 0
-            while True:
-                line = self.rfile.readline(1024)
-                try:
-                    size = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError:
-                    raise RequestError(400, "a malformed chunk size in the chunked body") from None
-                if size == 0:
-                    while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):  # trailers
-                        pass
-                    return b"".join(parts)
-                total += size
-                if total > MAX_BODY_BYTES:
-                    raise RequestError(413, f"the body has more than {MAX_BODY_BYTES} bytes")
-                parts.append(self.rfile.read(size))
-                self.rfile.readline(1024)  # the CRLF after the chunk
-        length_header = self.headers.get("Content-Length")
-        if length_header is None:
-            if self.command in ("POST", "PUT", "PATCH"):
-                raise RequestError(411, "a Content-Length header or Transfer-Encoding: chunked is required")
-            return b""
-        try:
-            length = int(length_header)
-        except ValueError:
-            length = -1
-        if length < 0:
-            raise RequestError(400, f"Content-Length {length_header!r} is not a byte count")
-        if length > MAX_BODY_BYTES:
-            raise RequestError(413, f"the body has {length} bytes, more than {MAX_BODY_BYTES}")
-        return self.rfile.read(length)
-
-    def _route(self) -> None:
-        app = self.server.app
-        path = urllib.parse.urlsplit(self.path).path.rstrip("/") or "/"
-        try:
-            raw = self._read_body()
-        except RequestError as e:
-            self.close_connection = True  # what is left of the body cannot be told from the next request
-            return self._error(e)
-        if path != "/health" and app.api_key is not None:
-            auth = self.headers.get("Authorization", "")
-            if not (auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip().encode(),
-                                                                       app.api_key.encode())):
-                return self._error(RequestError(401, "a valid API key is required: send 'Authorization: Bearer "
-                                                "<key>'", code="invalid_api_key"),
-                                   {"WWW-Authenticate": "Bearer"})
-        model_id = None
-        if path.startswith("/v1/models/"):
-            model_id = urllib.parse.unquote(path[len("/v1/models/"):])
-            allowed = ("GET",)
-        elif path in _ROUTES:
-            allowed = _ROUTES[path]
-        else:
-            return self._error(RequestError(404, f"no route {self.command} {path}", kind="not_found_error",
-                                            code="not_found"))
-        if self.command not in allowed:
-            return self._error(RequestError(405, f"{path} answers {', '.join(allowed)}, not {self.command}",
-                                            code="method_not_allowed"), {"Allow": ", ".join(allowed)})
-        if path == "/health":
-            return self._send(200, {"status": "ok"})
-        if path == "/v1/models":
-            return self._send(200, app.models())
-        if model_id is not None:
-            if model_id != app.model_name:
-                return self._error(RequestError(404, f"the model {model_id!r} does not exist; this server serves "
-                                                f"{app.model_name!r}", "model", "model_not_found"))
-            return self._send(200, app.model_card())
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            return self._error(RequestError(400, f"the body is not valid JSON: {e}"))
-        try:
-            req, out = app.complete(body, "chat" if path == "/v1/chat/completions" else "text")
-        except RequestError as e:
-            return self._error(e)
-        except Exception as e:  # answer rather than drop the connection (a client would retry a drop)
-            return self._error(RequestError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
-        if req.stream:
-            self._sse(out)
-        else:
-            self._send(200, out)
-
-    def __getattr__(self, name: str):
-        # every method (GET, POST, DELETE, OPTIONS, any other word) goes through _route, which
-        # answers 404 / 405 in JSON, where the base class would send a 501 page
-        if name.startswith("do_"):
-            return self._route
-        raise AttributeError(name)
-
-
-def serve(model: str, host: str = "127.0.0.1", port: int = 8000, *, max_batch: int = 64,
-          dtype: str = "float32", device: str = "cpu", max_prompt_len: int | None = None,
-          default_max_tokens: int = 512, batch_window_s: float = 0.01, served_model_name: str | None = None,
-          log_requests: bool = False, api_key: str | None = None) -> ChatServer:
+def serve(
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    max_batch: int = 64,
+    dtype: str = "float32",
+    device: str = "cpu",
+    max_prompt_len: int | None = None,
+    default_max_tokens: int = 512,
+    batch_window_s: float = 0.01,
+    served_model_name: str | None = None,
+    log_requests: bool = False,
+    api_key: str | None = None,
+) -> ChatServer:
     """Load ``model`` (a Hugging Face directory or model spec such as ``tiny``) into a NativeEngine and
     start serving it in background threads; port 0 picks a free port (see ``.url``).
 
@@ -522,15 +406,29 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, *, max_batch: i
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"serve: the tokenizer at {path!r} has no chat template; a chat server needs one")
     if not api_key and not _is_loopback(host):
-        print(f"fastcrit serve: WARNING: listening on {host} without an API key: anyone who can reach this "
-              "port can use the model (set --api-key or FASTCRIT_API_KEY)", file=sys.stderr, flush=True)
+        print(
+            f"fastcrit serve: WARNING: listening on {host} without an API key: anyone who can reach this "
+            "port can use the model (set --api-key or FASTCRIT_API_KEY)",
+            file=sys.stderr,
+            flush=True,
+        )
     # The engine decodes for stop strings in the batcher thread while request threads render
     # prompts: a tokenizer of its own, since a fast tokenizer refuses use from two threads at once.
     engine = NativeEngine(path, load_tokenizer(path), dtype=dtype, device=device, max_batch=max_batch)
     try:
-        return ChatServer(engine, tokenizer, model_name=served_model_name or str(model), host=host, port=port,
-                          max_batch=max_batch, batch_window_s=batch_window_s, max_prompt_len=max_prompt_len,
-                          default_max_tokens=default_max_tokens, log_requests=log_requests, api_key=api_key)
+        return ChatServer(
+            engine,
+            tokenizer,
+            model_name=served_model_name or str(model),
+            host=host,
+            port=port,
+            max_batch=max_batch,
+            batch_window_s=batch_window_s,
+            max_prompt_len=max_prompt_len,
+            default_max_tokens=default_max_tokens,
+            log_requests=log_requests,
+            api_key=api_key,
+        )
     except OSError:
         engine.close()
         raise
@@ -546,10 +444,19 @@ def _is_loopback(host: str) -> bool:
 
 
 def cmd_serve(args) -> int:
-    server = serve(args.model, args.host, args.port, max_batch=args.max_batch, dtype=args.dtype,
-                   device=args.device, max_prompt_len=args.max_prompt_len,
-                   default_max_tokens=args.default_max_tokens, served_model_name=args.served_model_name,
-                   log_requests=True, api_key=args.api_key or os.environ.get("FASTCRIT_API_KEY") or None)
+    server = serve(
+        args.model,
+        args.host,
+        args.port,
+        max_batch=args.max_batch,
+        dtype=args.dtype,
+        device=args.device,
+        max_prompt_len=args.max_prompt_len,
+        default_max_tokens=args.default_max_tokens,
+        served_model_name=args.served_model_name,
+        log_requests=True,
+        api_key=args.api_key or os.environ.get("FASTCRIT_API_KEY") or None,
+    )
     print(f"fastcrit serve: {server.model_name!r} at {server.url}/v1 (Ctrl-C stops)", file=sys.stderr, flush=True)
     server.wait()
     return 0
@@ -564,11 +471,22 @@ def register(subparsers) -> None:
     p.add_argument("--max-batch", type=int, default=64, help="most requests in one engine batch")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
-    p.add_argument("--max-prompt-len", type=int, default=None,
-                   help="refuse longer prompts with context_length_exceeded (default: the model's positions)")
-    p.add_argument("--default-max-tokens", type=int, default=512,
-                   help="max_tokens when a chat request gives none (completions: 16, as OpenAI)")
-    p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on every route but /health (default: $FASTCRIT_API_KEY)")
+    p.add_argument(
+        "--max-prompt-len",
+        type=int,
+        default=None,
+        help="refuse longer prompts with context_length_exceeded (default: the model's positions)",
+    )
+    p.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=512,
+        help="max_tokens when a chat request gives none (completions: 16, as OpenAI)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every route but /health (default: $FASTCRIT_API_KEY)",
+    )
     p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' (default: MODEL)")
     p.set_defaults(func=cmd_serve)

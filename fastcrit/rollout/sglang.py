@@ -44,6 +44,7 @@ would start overlapping engines; the config refuses it), ``logit_bias`` and ``to
 bit-for-bit agreement with the native engine (different kernels; the GPU test compares within a
 tolerance).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,7 +52,8 @@ import os
 import signal
 import threading
 import warnings
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -61,8 +63,11 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 
 # sglang.Engine arguments the engine sets itself; rollout.engine_args may not override them.
 _OWN_ARGS = {
-    "model_path": "model.path", "dtype": "model.dtype", "tp_size": "rollout.tp_size",
-    "base_gpu_id": "the trainer's device", "mem_fraction_static": "rollout.mem_fraction_static",
+    "model_path": "model.path",
+    "dtype": "model.dtype",
+    "tp_size": "rollout.tp_size",
+    "base_gpu_id": "the trainer's device",
+    "mem_fraction_static": "rollout.mem_fraction_static",
     "skip_tokenizer_init": "nothing (the engine sends and reads token ids only)",
     "enable_memory_saver": "nothing (sleep / wake need it)",
 }
@@ -71,8 +76,9 @@ _OWN_ARGS = {
 # ---------------------------------------------------------------------------------------- pure pieces
 
 
-def request_params(params: SamplingParams, count: int, stop_ids: Iterable[int],
-                   deterministic: bool) -> dict | list[dict]:
+def request_params(
+    params: SamplingParams, count: int, stop_ids: Iterable[int], deterministic: bool
+) -> dict | list[dict]:
     """SGLang ``sampling_params`` for ``count`` requests of one sample each (``n=1``).
 
     ``stop_token_ids`` = ``stop_ids`` (the model's EOS set) | ``params.stop_token_ids``. A seed
@@ -81,8 +87,11 @@ def request_params(params: SamplingParams, count: int, stop_ids: Iterable[int],
     The temperature is sent as it is: SGLang applies the same greedy rule as fastcrit.types.is_greedy.
     """
     base: dict[str, Any] = {
-        "n": 1, "max_new_tokens": int(params.max_new_tokens), "temperature": float(params.temperature),
-        "top_p": float(params.top_p), "top_k": int(params.top_k),
+        "n": 1,
+        "max_new_tokens": int(params.max_new_tokens),
+        "temperature": float(params.temperature),
+        "top_p": float(params.top_p),
+        "top_k": int(params.top_k),
         "stop_token_ids": sorted({int(t) for t in stop_ids} | {int(t) for t in params.stop_token_ids}),
     }
     # SGLang's own keys for stop strings and penalties (sampling/sampling_params.py), sent only when
@@ -93,16 +102,20 @@ def request_params(params: SamplingParams, count: int, stop_ids: Iterable[int],
         if getattr(params, name) != off:
             base[name] = float(getattr(params, name))
     if params.logit_bias or params.top_logprobs:
-        raise ValueError("SamplingParams.logit_bias and top_logprobs are not forwarded to SGLang by this engine; "
-                         "the native engine implements them")
+        raise ValueError(
+            "SamplingParams.logit_bias and top_logprobs are not forwarded to SGLang by this engine; "
+            "the native engine implements them"
+        )
     if params.seed is None or not deterministic:
         return base
     seed = int(params.seed)
     if not (0 <= seed and seed + count - 1 < 2**63):
         # SGLang refuses a sampling_seed outside int64 (0.5.23 sampling/sampling_params.py:302-312)
         # and would fail the whole batch; say which seed did it instead.
-        raise ValueError(f"seed {seed} + request index (up to {count - 1}) must stay in [0, 2**63): "
-                         "SGLang holds sampling_seed in an int64")
+        raise ValueError(
+            f"seed {seed} + request index (up to {count - 1}) must stay in [0, 2**63): "
+            "SGLang holds sampling_seed in an int64"
+        )
     return [{**base, "sampling_seed": seed + k} for k in range(count)]
 
 
@@ -129,10 +142,17 @@ def to_rollout(prompt_index: int, prompt_ids: list[int], out: dict) -> Rollout:
     triples = meta["output_token_logprobs"]
     ids = [int(t[1]) for t in triples]
     if "output_ids" in out and list(out["output_ids"]) != ids:
-        raise RuntimeError(f"SGLang output for prompt {prompt_index}: output_ids ({len(out['output_ids'])} "
-                           f"tokens) and output_token_logprobs ({len(ids)} tokens) disagree")
-    return Rollout(prompt_index=prompt_index, prompt_ids=list(prompt_ids), output_ids=ids,
-                   logprobs=[float(t[0]) for t in triples], finish_reason=finish_reason(meta))
+        raise RuntimeError(
+            f"SGLang output for prompt {prompt_index}: output_ids ({len(out['output_ids'])} "
+            f"tokens) and output_token_logprobs ({len(ids)} tokens) disagree"
+        )
+    return Rollout(
+        prompt_index=prompt_index,
+        prompt_ids=list(prompt_ids),
+        output_ids=ids,
+        logprobs=[float(t[0]) for t in triples],
+        finish_reason=finish_reason(meta),
+    )
 
 
 def check_success(result: Any, what: str) -> str:
@@ -147,8 +167,10 @@ def check_success(result: Any, what: str) -> str:
     elif hasattr(result, "success"):
         ok, msg = result.success, getattr(result, "message", "")
     else:
-        raise TypeError(f"SGLang {what}: expected a (success, message) pair or an object with .success, "
-                        f"got {type(result).__name__} {result!r}")
+        raise TypeError(
+            f"SGLang {what}: expected a (success, message) pair or an object with .success, "
+            f"got {type(result).__name__} {result!r}"
+        )
     if not isinstance(ok, bool):
         raise TypeError(f"SGLang {what}: success flag {ok!r} is not a bool")
     if not ok:
@@ -156,8 +178,7 @@ def check_success(result: Any, what: str) -> str:
     return str(msg)
 
 
-def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-            ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Group tensors into lists of about ``bucket_bytes`` (a tensor larger than that is a bucket of
     its own; each tensor in exactly one bucket, order kept). Lazy: a bucket is built only when the
     previous one has been consumed."""
@@ -195,7 +216,8 @@ def sglang_mem_fraction(share_of_device: float, free_bytes: int, total_bytes: in
             f"rollout.mem_fraction_static={share_of_device} asks for {want / gib:.1f} GiB of the device's "
             f"{total_bytes / gib:.1f} GiB, but only {free / gib:.1f} GiB is free (the trainer or another "
             "engine holds the rest): lower rollout.mem_fraction_static, or shard the trainer over more "
-            "processes")
+            "processes"
+        )
     return want / free
 
 
@@ -261,9 +283,11 @@ def nccl_env(engine_args: dict, environ: dict) -> dict[str, str]:
     for key, value in wanted.items():
         if key in environ and environ[key] != value:
             flags = "enable_symm_mem" if key == "NCCL_CUMEM_ENABLE" else "enable_nccl_nvls / enable_symm_mem"
-            raise ValueError(f"the environment has {key}={environ[key]}, but SGLang sets {key}={value} with "
-                             f"engine_args {flags} (0.5.23 entrypoints/engine.py:1897-1914); unset it or "
-                             "drop that engine argument")
+            raise ValueError(
+                f"the environment has {key}={environ[key]}, but SGLang sets {key}={value} with "
+                f"engine_args {flags} (0.5.23 entrypoints/engine.py:1897-1914); unset it or "
+                "drop that engine argument"
+            )
     return {k: v for k, v in wanted.items() if k not in environ}
 
 
@@ -279,9 +303,11 @@ def engine_tensor(name: str, t: torch.Tensor, device: torch.device) -> torch.Ten
     """A full tensor on ``device`` for SGLang (CUDA IPC hands it over without a copy); a sharded
     DTensor is refused: gathering is a collective, which stays in train/."""
     if hasattr(t, "full_tensor"):  # a DTensor, told apart without torch.distributed
-        raise TypeError(f"SGLangEngine.load_weights: {name!r} is a sharded DTensor; the engine takes full "
-                        "tensors (gather them in train/, e.g. with "
-                        "fastcrit.train.policy.full_named_tensors, on every rank)")
+        raise TypeError(
+            f"SGLangEngine.load_weights: {name!r} is a sharded DTensor; the engine takes full "
+            "tensors (gather them in train/, e.g. with "
+            "fastcrit.train.policy.full_named_tensors, on every rank)"
+        )
     t = t.detach()
     return t if t.device == device else t.to(device, non_blocking=True)
 
@@ -295,9 +321,19 @@ class SGLangEngine:
     their ServerArgs names, e.g. ``enable_deterministic_inference``); ``engine_kwargs`` are added on
     top of ``rollout.engine_args``."""
 
-    def __init__(self, model_path: str, rollout=None, *, dtype: str | torch.dtype = "bfloat16",
-                 device: str | torch.device = "cuda", seed: int = 0, load_format: str = "auto",
-                 attention_backend: str | None = None, disable_cuda_graph: bool = False, **engine_kwargs):
+    def __init__(
+        self,
+        model_path: str,
+        rollout=None,
+        *,
+        dtype: str | torch.dtype = "bfloat16",
+        device: str | torch.device = "cuda",
+        seed: int = 0,
+        load_format: str = "auto",
+        attention_backend: str | None = None,
+        disable_cuda_graph: bool = False,
+        **engine_kwargs,
+    ):
         from fastcrit.config import RolloutConfig
         from fastcrit.models.hf import model_eos_token_ids, parse_dtype, resolve_model_path
 
@@ -309,11 +345,14 @@ class SGLangEngine:
         try:
             import sglang
         except ImportError as exc:
-            raise ImportError("rollout.engine=sglang needs the sglang package (pip install 'fastcrit[gpu]'); "
-                              "on a machine without a GPU use rollout.engine=native") from exc
+            raise ImportError(
+                "rollout.engine=sglang needs the sglang package (pip install 'fastcrit[gpu]'); "
+                "on a machine without a GPU use rollout.engine=native"
+            ) from exc
         if not torch.cuda.is_available():
-            raise RuntimeError("rollout.engine=sglang needs a CUDA GPU; this machine has none "
-                               "(use rollout.engine=native)")
+            raise RuntimeError(
+                "rollout.engine=sglang needs a CUDA GPU; this machine has none (use rollout.engine=native)"
+            )
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"SGLangEngine: device must be a CUDA device, got {device}")
@@ -322,12 +361,17 @@ class SGLangEngine:
         if rollout.weight_bucket_mb < 1:
             raise ValueError(f"SGLangEngine: weight_bucket_mb={rollout.weight_bucket_mb} must be >= 1")
         if device.index + rollout.tp_size > torch.cuda.device_count():
-            raise ValueError(f"rollout.tp_size={rollout.tp_size} from GPU {device.index} needs GPUs "
-                             f"{device.index}..{device.index + rollout.tp_size - 1}; this machine has "
-                             f"{torch.cuda.device_count()}")
+            raise ValueError(
+                f"rollout.tp_size={rollout.tp_size} from GPU {device.index} needs GPUs "
+                f"{device.index}..{device.index + rollout.tp_size - 1}; this machine has "
+                f"{torch.cuda.device_count()}"
+            )
         if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
-            warnings.warn("PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True, which interferes with "
-                          "SGLang's memory saver (sleep / wake); unset it for colocated training")
+            warnings.warn(
+                "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True, which interferes with "
+                "SGLang's memory saver (sleep / wake); unset it for colocated training",
+                stacklevel=1,
+            )
         path = resolve_model_path(model_path)
         self._stop_ids = model_eos_token_ids(path)
         # Blocks this process caches but no longer uses count as used in SGLang's processes.
@@ -393,7 +437,8 @@ class SGLangEngine:
                 "SGLangEngine.generate: the weights were released by sleep() and wake() gave back their memory "
                 "without their values (SGLang keeps no CPU copy unless rollout.engine_args has "
                 "enable_weights_cpu_backup: true); load the full set with load_weights first"
-                + (f" (not loaded since: {missing[:5]}{' ...' if len(missing) > 5 else ''})" if missing else ""))
+                + (f" (not loaded since: {missing[:5]}{' ...' if len(missing) > 5 else ''})" if missing else "")
+            )
         if self._kv_released:
             # the weight sync's buckets are cached blocks of this process's allocator now, which
             # the scheduler process (where SGLang resumes) cannot use
@@ -404,9 +449,12 @@ class SGLangEngine:
             check_success(self._engine.flush_cache(), "flush_cache")
             self._needs_flush = False
         if params.seed is not None and not self._deterministic and not self._warned_seed:
-            warnings.warn("SamplingParams.seed is ignored: SGLang reads sampling_seed only with "
-                          "enable_deterministic_inference (set rollout.engine_args.enable_deterministic_inference"
-                          "=true, slower); this run's samples are not reproducible")
+            warnings.warn(
+                "SamplingParams.seed is ignored: SGLang reads sampling_seed only with "
+                "enable_deterministic_inference (set rollout.engine_args.enable_deterministic_inference"
+                "=true, slower); this run's samples are not reproducible",
+                stacklevel=1,
+            )
             self._warned_seed = True
         ids = [list(p) for p in prompts for _ in range(params.n)]
         sampling = request_params(params, len(ids), self._stop_ids, self._deterministic)
@@ -446,8 +494,9 @@ class SGLangEngine:
             on_device = (engine_tensor(n, t, self.device) for n, t in named_tensors)
             for bucket in buckets(on_device, self._bucket_bytes):
                 torch.cuda.synchronize(self.device)  # the copies must land before another process reads them
-                check_success(self._engine.update_weights_from_tensor(bucket, flush_cache=False),
-                              "update_weights_from_tensor")
+                check_success(
+                    self._engine.update_weights_from_tensor(bucket, flush_cache=False), "update_weights_from_tensor"
+                )
                 names.update(n for n, _ in bucket)
         except BaseException:
             self._ledger.failed()

@@ -6,18 +6,36 @@ Names are imported lazily: the warm workers import ``fastcrit.sandbox.workers`` 
 (every page they hold is copied or mapped again at each fork), so they never load the pool's
 asyncio/uvloop, sqlite or HTTP machinery.
 """
+
 from __future__ import annotations
 
 import importlib
 
 _EXPORTS = {
-    "SandboxPool": "pool", "SyncSandboxPool": "pool", "run_jobs": "pool",
+    "SandboxPool": "pool",
+    "SyncSandboxPool": "pool",
+    "run_jobs": "pool",
     "RemoteSandbox": "remote",
-    "ResultCache": "cache", "job_key": "cache", "sandbox_version": "cache",
-    "IsolationUnavailable": "jail", "Probe": "jail", "probe": "jail",
-    "Job": "types", "JobError": "types", "Result": "types", "SandboxConfig": "types", "TestResult": "types",
-    "KINDS": "types", "STATUSES": "types", "PASSED": "types", "FAILED": "types", "ERROR": "types",
-    "TIMEOUT": "types", "MEMORY": "types", "OUTPUT_LIMIT": "types", "SKIPPED": "types",
+    "ResultCache": "cache",
+    "job_key": "cache",
+    "sandbox_version": "cache",
+    "IsolationUnavailable": "jail",
+    "Probe": "jail",
+    "probe": "jail",
+    "Job": "types",
+    "JobError": "types",
+    "Result": "types",
+    "SandboxConfig": "types",
+    "TestResult": "types",
+    "KINDS": "types",
+    "STATUSES": "types",
+    "PASSED": "types",
+    "FAILED": "types",
+    "ERROR": "types",
+    "TIMEOUT": "types",
+    "MEMORY": "types",
+    "OUTPUT_LIMIT": "types",
+    "SKIPPED": "types",
 }
 
 
@@ -36,8 +54,8 @@ def __dir__():
 
 def make_pool(config=None):
     """The backend the config selects: the local pool or a SandboxFusion server (same async API)."""
-    from .remote import RemoteSandbox
     from .pool import SandboxPool
+    from .remote import RemoteSandbox
     from .types import SandboxConfig
 
     config = config or SandboxConfig()

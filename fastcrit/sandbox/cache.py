@@ -23,6 +23,7 @@ without tests. A hit returns the verdicts and the stdout/stderr tails of the fir
 The sqlite file and its WAL and shared-memory files (which sqlite creates with the main file's
 mode) are readable and writable by their owner only.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,11 +42,21 @@ from .types import FAULT_PREFIX, PASSED, TIMEOUT, Job, Result, SandboxConfig
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # Settings that change how fast or how many jobs run, never a result: left out of the key. The
 # config's timeout_s/memory_mb are only defaults for jobs given as dicts; a Job holds its own.
-_NOT_IN_KEY = frozenset({"workers", "max_concurrency", "cache_path", "timeout_s", "memory_mb",
-                         "remote_concurrency", "remote_retries", "remote_timeout_s"})
+_NOT_IN_KEY = frozenset(
+    {
+        "workers",
+        "max_concurrency",
+        "cache_path",
+        "timeout_s",
+        "memory_mb",
+        "remote_concurrency",
+        "remote_retries",
+        "remote_timeout_s",
+    }
+)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sandbox_version() -> str:
     """Digest of the code that reaches verdicts: this package's sources, the jail binary and the
     Python version (see the module docstring)."""
@@ -66,8 +77,19 @@ def job_key(job: Job, config: SandboxConfig) -> str:
     """The cache key of ``job`` run by a pool with ``config`` (see the module docstring)."""
     settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in _NOT_IN_KEY}
     payload = json.dumps(
-        [sandbox_version(), settings, job.code, job.kind, job.tests, job.entry_point, job.timeout_s,
-         job.memory_mb, job.run_all_cases], separators=(",", ":"))
+        [
+            sandbox_version(),
+            settings,
+            job.code,
+            job.kind,
+            job.tests,
+            job.entry_point,
+            job.timeout_s,
+            job.memory_mb,
+            job.run_all_cases,
+        ],
+        separators=(",", ":"),
+    )
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -75,8 +97,9 @@ def cacheable(result: Result) -> bool:
     """True when every verdict of ``result`` was decided by the program's own behaviour."""
     if result.message or not result.tests:
         return False
-    return not any(t.status == TIMEOUT or (t.status != PASSED and t.message.startswith(FAULT_PREFIX))
-                   for t in result.tests)
+    return not any(
+        t.status == TIMEOUT or (t.status != PASSED and t.message.startswith(FAULT_PREFIX)) for t in result.tests
+    )
 
 
 def _make_private(path: str) -> None:
@@ -105,8 +128,9 @@ class ResultCache:
         self._db = sqlite3.connect(path, check_same_thread=False, timeout=30)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, result TEXT NOT NULL, "
-                         "created REAL NOT NULL)")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, result TEXT NOT NULL, created REAL NOT NULL)"
+        )
         self._db.commit()
         self.hits = 0
         self.misses = 0

@@ -16,6 +16,7 @@ made. The execution stops at the first call that raises; calls after a wrong val
 the test's time limit, and the job's next test then starts in a fresh execution, so no later test
 sees a program state they left.
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,9 +26,28 @@ _BUILTIN_NAMES = frozenset(dir(builtins))
 # Statements whose order of evaluation is plain. Anything else ends the plan.
 _STATEMENTS = (ast.Assert, ast.Assign, ast.Expr, ast.Import, ast.ImportFrom, ast.Pass, ast.FunctionDef)
 # Expressions evaluated left to right, every part of them, each exactly once.
-_EAGER = (ast.Constant, ast.Name, ast.Load, ast.Call, ast.Attribute, ast.Subscript, ast.Slice, ast.BinOp,
-          ast.UnaryOp, ast.Compare, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.keyword, ast.JoinedStr,
-          ast.FormattedValue, ast.operator, ast.unaryop, ast.cmpop)
+_EAGER = (
+    ast.Constant,
+    ast.Name,
+    ast.Load,
+    ast.Call,
+    ast.Attribute,
+    ast.Subscript,
+    ast.Slice,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.Compare,
+    ast.List,
+    ast.Tuple,
+    ast.Set,
+    ast.Dict,
+    ast.keyword,
+    ast.JoinedStr,
+    ast.FormattedValue,
+    ast.operator,
+    ast.unaryop,
+    ast.cmpop,
+)
 
 
 class _Stop(Exception):
@@ -93,8 +113,13 @@ class _Planner:
                 raise _Stop
             if isinstance(st, ast.FunctionDef):
                 a = st.args
-                if st.decorator_list or a.defaults or a.kw_defaults or st.returns or any(
-                        x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs):
+                if (
+                    st.decorator_list
+                    or a.defaults
+                    or a.kw_defaults
+                    or st.returns
+                    or any(x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs)
+                ):
                     raise _Stop
                 self.defs[st.name] = st
                 continue
@@ -116,9 +141,15 @@ class _Planner:
     def _descend(self, call, callees: dict) -> bool:
         """HumanEval's ``check(entry_point)``: plan the check function's body with its parameter
         standing for the program's function."""
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in self.defs
-                and not call.keywords and len(call.args) == 1 and isinstance(call.args[0], ast.Name)
-                and call.args[0].id in callees):
+        if not (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id in self.defs
+            and not call.keywords
+            and len(call.args) == 1
+            and isinstance(call.args[0], ast.Name)
+            and call.args[0].id in callees
+        ):
             return False
         fn = self.defs.pop(call.func.id)  # planned once: a second call would repeat its calls
         a = fn.args

@@ -1,6 +1,7 @@
 """The worker's channels: length-prefixed JSON frames with the pool (jobs in, results out), the
 signed records an execution writes to its result pipe (checked here as they arrive; written by
 ``harness.Reporter``, whose field layout ``_decode`` reads), and the capped output tails."""
+
 from __future__ import annotations
 
 import json
@@ -82,7 +83,7 @@ class Tail:
             del self.tail[: len(self.tail) - self.tail_max]
 
     def tail_text(self) -> str:
-        return bytes(self.tail[-self.tail_max:]).decode("utf-8", "replace")
+        return bytes(self.tail[-self.tail_max :]).decode("utf-8", "replace")
 
 
 def _decode(body: bytes) -> dict:
@@ -123,7 +124,7 @@ class RecordReader:
             lines = bytes(self._partial).split(b"\n")
         else:
             lines = data[:end].split(b"\n")
-        self._partial = bytearray(data[end + 1:])
+        self._partial = bytearray(data[end + 1 :])
         out = []
         for line in lines:
             body, sep, sig = line.rpartition(b"\t")

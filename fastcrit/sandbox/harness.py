@@ -11,6 +11,7 @@ does to this process can forge one.
 - ``serve`` (``assert``): the code, then answers to the judge's requests (call this, iterate over
   that) on fds 3 and 4, values crossing as data (wire.py).
 """
+
 from __future__ import annotations
 
 import builtins
@@ -18,6 +19,7 @@ import json
 import os
 import sys
 import types
+from time import monotonic as _monotonic
 
 from . import wire
 
@@ -33,7 +35,7 @@ _OSError = OSError
 _EFBIG, _ENOSPC = 27, 28
 _type, _len, _isinstance, _str, _repr = type, len, isinstance, str, repr
 _os_write, _os_exit = os.write, os._exit
-from time import monotonic as _monotonic
+
 _json_dumps = json.dumps
 try:  # the built-in BLAKE2 module: hashlib would map OpenSSL into every warm worker (4 MB per fork)
     from _blake2 import blake2b as _blake2b
@@ -106,9 +108,16 @@ class Reporter:
         v = payload.get("v", _NO_VALUE)
         m = _str(payload.get("m", "")).replace("\x1f", " ").replace("\n", " ").replace("\t", " ")
         t = payload.get("t")
-        body = "\x1f".join((payload["k"], _str(payload.get("i", -1)), payload.get("s", ""),
-                             _repr(_monotonic() if t is None else t),
-                             "" if v is _NO_VALUE else _json_dumps(v), m)).encode("utf-8", "replace")
+        body = "\x1f".join(
+            (
+                payload["k"],
+                _str(payload.get("i", -1)),
+                payload.get("s", ""),
+                _repr(_monotonic() if t is None else t),
+                "" if v is _NO_VALUE else _json_dumps(v),
+                m,
+            )
+        ).encode("utf-8", "replace")
         mac = _blake2b(b"%d:" % self._seq + body, key=self._key, digest_size=16).hexdigest().encode()
         self._seq += 1
         return body + b"\t" + mac + b"\n"

@@ -6,6 +6,7 @@ checks, from inside, that sockets are refused, that the root filesystem is read-
 interpreter's site-packages hold only the allowed packages. The pool
 refuses untrusted code when this fails, unless the user asked for ``isolation: none``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,9 +38,25 @@ def jail_path() -> str | None:
 # What a program needs besides the interpreter: system library directories (shared libraries of
 # the interpreter, its extension modules and the allowed packages; they hold no data of ours), the
 # time-zone database, the dynamic linker's cache, the local time zone and the harmless devices.
-SYSTEM_PATHS = ("/lib", "/lib32", "/lib64", "/libx32", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32",
-                "/usr/local/lib", "/usr/share/zoneinfo", "/etc/ld.so.cache", "/etc/localtime",
-                "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+SYSTEM_PATHS = (
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/usr/lib",
+    "/usr/lib32",
+    "/usr/lib64",
+    "/usr/libx32",
+    "/usr/local/lib",
+    "/usr/share/zoneinfo",
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+)
 # Copied as links only (they point into the jail's own /proc).
 PROC_LINKS = ("/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr")
 SITE_DIR_NAMES = ("site-packages", "dist-packages")
@@ -109,6 +126,7 @@ def _package_paths(name: str) -> list[str] | None:
 class View:
     """The new root of a jailed worker: ``args`` for the jail (``--ro``/``--hide`` in order),
     the allowed packages found and those that are not installed."""
+
     args: tuple
     packages: tuple
     missing: tuple
@@ -143,9 +161,14 @@ def read_view(packages: tuple) -> View:
         want(os.path.join(sys.prefix, "bin"))
         want(os.path.join(sys.prefix, "pyvenv.cfg"))
     paths = sysconfig.get_paths()
-    for p in (paths["stdlib"], paths["platstdlib"], sysconfig.get_config_var("LIBDIR"),
-              sysconfig.get_config_var("DESTSHARED"), *[p for p in sys.path if p.endswith("lib-dynload")],
-              os.path.join(sys.base_prefix, "lib", f"python{sys.version_info[0]}{sys.version_info[1]}.zip")):
+    for p in (
+        paths["stdlib"],
+        paths["platstdlib"],
+        sysconfig.get_config_var("LIBDIR"),
+        sysconfig.get_config_var("DESTSHARED"),
+        *[p for p in sys.path if p.endswith("lib-dynload")],
+        os.path.join(sys.base_prefix, "lib", f"python{sys.version_info[0]}{sys.version_info[1]}.zip"),
+    ):
         want(p)
     for p in SYSTEM_PATHS:
         want(p)
@@ -198,8 +221,9 @@ def worker_argv(cfg_json: str) -> list[str]:
     return [sys.executable, "-I", "-c", boot, cfg_json]
 
 
-def jailed_argv(jail: str, uid: int, scratch: str, scratch_mb: int, inner: list[str],
-                packages: tuple | None = None) -> list[str]:
+def jailed_argv(
+    jail: str, uid: int, scratch: str, scratch_mb: int, inner: list[str], packages: tuple | None = None
+) -> list[str]:
     """The jail's command line for one worker; ``packages``: the third-party packages programs may
     import (``sandbox.packages``; None: its default)."""
     view = read_view(_packages(packages))
@@ -225,7 +249,8 @@ class Probe:
         on = [k for k, v in self.features.items() if v is True or v == 1]
         off = [k for k, v in self.features.items() if v is False or v == 0]
         return f"on: {', '.join(on) or '-'}; off: {', '.join(off) or '-'}" + (
-            f"; problems: {'; '.join(self.problems)}" if self.problems else "")
+            f"; problems: {'; '.join(self.problems)}" if self.problems else ""
+        )
 
 
 _CHECK = r"""
@@ -240,7 +265,8 @@ try:
 except OSError:
     r["rootfs_readonly"] = True
 import site  # the site-packages directories the interpreter looks in: only allowed packages
-r["site_packages"] = sorted({n for d in site.getsitepackages() if os.path.isdir(d) for n in os.listdir(d)} - {"__pycache__"})
+dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+r["site_packages"] = sorted({n for d in dirs for n in os.listdir(d)} - {"__pycache__"})
 try:  # /proc is the jail's own, so this lists the interfaces of the jail's network namespace
     r["net_devices"] = sorted(l.split(":")[0].strip() for l in open("/proc/self/net/dev").read().splitlines()[2:])
 except OSError:
@@ -256,8 +282,13 @@ def probe(uid: int = 60999, scratch_mb: int = 16, timeout_s: float = 30.0, packa
     (``packages_missing``; not a problem: programs just cannot import them)."""
     jail = jail_path()
     if jail is None:
-        return Probe(False, problems=["the native jail is not built (reinstall with cmake and a C compiler: "
-                                      "pip install -e . builds CMakeLists.txt)"])
+        return Probe(
+            False,
+            problems=[
+                "the native jail is not built (reinstall with cmake and a C compiler: "
+                "pip install -e . builds CMakeLists.txt)"
+            ],
+        )
     scratch = tempfile.mkdtemp(prefix="fastcrit-probe-")
     try:
         packages = _packages(packages)
@@ -273,8 +304,7 @@ def probe(uid: int = 60999, scratch_mb: int = 16, timeout_s: float = 30.0, packa
         feats = json.loads(p.stdout.strip().splitlines()[-1])
         argv.remove("--probe")
         try:
-            q = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
-                               env={"PATH": "/usr/bin:/bin"})
+            q = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env={"PATH": "/usr/bin:/bin"})
         except (OSError, subprocess.TimeoutExpired) as exc:
             return Probe(False, feats, [f"starting Python in the jail failed: {exc}"], jail)
         if q.returncode != 0:
@@ -282,9 +312,14 @@ def probe(uid: int = 60999, scratch_mb: int = 16, timeout_s: float = 30.0, packa
         inside = json.loads(q.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    feats.update(socket_refused=inside["socket_refused"], rootfs_readonly=inside["rootfs_readonly"],
-                 unprivileged=inside["uid"] != 0, net_devices=inside["net_devices"],
-                 packages=list(view.packages), packages_missing=list(view.missing))
+    feats.update(
+        socket_refused=inside["socket_refused"],
+        rootfs_readonly=inside["rootfs_readonly"],
+        unprivileged=inside["uid"] != 0,
+        net_devices=inside["net_devices"],
+        packages=list(view.packages),
+        packages_missing=list(view.missing),
+    )
     problems = [f"{k} unavailable" for k in REQUIRED if not feats.get(k)]
     if not feats["socket_refused"]:
         problems.append("socket() is not refused inside the jail")

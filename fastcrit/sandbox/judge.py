@@ -23,6 +23,7 @@ load: every remaining test gets this status), ``loaded``, ``test`` (a verdict), 
 execution is gone or cannot go on: the worker gives the running test its end reason and starts a
 fresh execution for the rest) and ``end``.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -35,6 +36,7 @@ import time
 
 from . import wire
 from .harness import Reporter
+from .judge_messages import _assert_message, _describe
 
 _BUILTINS = dict(builtins.__dict__)  # the worker never runs program code: these are the originals
 _BUILTIN_NAMES = frozenset(_BUILTINS)
@@ -108,13 +110,13 @@ class Records:
         self.lines = []
         self.sent_t = self.last_t
         while view:
-            view = view[os.write(self.fd, view):]
+            view = view[os.write(self.fd, view) :]
 
 
 class Channel:
     """The judge's end of one execution: requests out, answers (and callbacks) in."""
 
-    def __init__(self, wr: int, rd: int, budget: int, records: "Records"):
+    def __init__(self, wr: int, rd: int, budget: int, records: Records):
         self.wr, self.rd, self.budget = wr, wire.Reader(rd), budget
         self.records = records
         self.mine: dict = {}  # the judge's objects the program may call back
@@ -155,7 +157,7 @@ class Channel:
         if self.names_phase and (name in sys.modules or (top in sys.stdlib_module_names and top not in _NO_IMPORT)):
             try:
                 return importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - not importable here: the program's own
+            except Exception:  # not importable here: the program's own
                 pass
         return Remote(self, h, "module")
 
@@ -244,7 +246,7 @@ class Channel:
             raise
         except wire.WireError as exc:
             raise ProgramLost(f"the program broke the protocol: {exc}", "error") from None
-        except Exception as exc:  # noqa: BLE001 - the test's function raised: the program sees it
+        except Exception as exc:  # the test's function raised: the program sees it
             reply = {"exc": [type(exc).__name__, str(exc)[:300]]}
         try:
             wire.send(self.wr, reply)
@@ -272,8 +274,10 @@ class Channel:
     def post_plan(self, plan: list) -> list:
         """Ask the execution to make the test's planned calls now, in one request; returns what
         ``take_plan`` needs once the answer is in."""
-        calls = [[name, [self.enc(x) for x in args], [[k, self.enc(v)] for k, v in kwargs.items()]]
-                 for name, args, kwargs in plan]
+        calls = [
+            [name, [self.enc(x) for x in args], [[k, self.enc(v)] for k, v in kwargs.items()]]
+            for name, args, kwargs in plan
+        ]
         self.post({"op": "plan", "calls": calls})
         return calls
 
@@ -283,7 +287,7 @@ class Channel:
         if type(replies) is not list or len(replies) > len(calls):
             raise ProgramLost("the program broke the protocol", "error")
         made = []
-        for (name, a, k), reply in zip(calls, replies):
+        for (_name, a, k), reply in zip(calls, replies):
             if type(reply) is not dict or "missing" in reply:
                 break  # not the program's: the test will find out when it looks the name up
             made.append((reply.get("id"), repr([a, k]), reply))
@@ -366,8 +370,10 @@ class Remote:
         return any(x is item or x == item for x in self)
 
     def _compare(self, other):
-        self._c.refuse(f"the test compared a {self._n} object of the program: only built-in values are "
-                       "compared (return data: numbers, strings, lists, tuples, dicts, sets ...)")
+        self._c.refuse(
+            f"the test compared a {self._n} object of the program: only built-in values are "
+            "compared (return data: numbers, strings, lists, tuples, dicts, sets ...)"
+        )
 
     __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _compare
     __hash__ = object.__hash__
@@ -408,44 +414,9 @@ def _names(code) -> set:
     return out
 
 
-def _short(value, width=80) -> str:
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - an int too long to print, a value nested too deep
-        return f"<{type(value).__name__}>"
-    return text if len(text) <= width else text[:width - 3] + "..."
-
-
-def _assert_message(exc, source: str, chan: Channel) -> str:
-    line, tb = None, exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename.startswith("<test "):
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    text = str(exc)
-    if not text and line is not None:
-        lines = source.splitlines()
-        text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
-    # The values of the calls made by the failing statement, its last pass only (a loop repeats it).
-    got, last = [], None
-    for ln, off, v in reversed(chan.calls):
-        if ln != line or (last is not None and off >= last):
-            break
-        got.append(_short(v))
-        last = off
-    msg = f"AssertionError: {text}" + (f" (returned {', '.join(reversed(got))})" if got else "")
-    return msg[:500]
-
-
-def _describe(exc) -> str:
-    try:
-        return f"{type(exc).__name__}: {exc}"[:500]
-    except Exception:  # noqa: BLE001
-        return type(exc).__name__
-
-
-def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: bool, seal_key: bytes,
-                plain: bool = False) -> None:
+def run_segment(
+    rep: Records, chan: Channel, tests: list, start: int, run_all: bool, seal_key: bytes, plain: bool = False
+) -> None:
     compiled = [_compiled(t) for t in tests]
     wanted = set().union(*(c[1] for c in compiled[start:])) - _BUILTIN_NAMES
     # The first test's plan goes out with the request for the names: the execution reads both at
@@ -496,7 +467,7 @@ def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: b
                 chan.take_plan(first_calls)
             elif compiled[i][2] and not plain:
                 chan.take_plan(chan.post_plan(compiled[i][2]))
-            exec(compiled[i][0], g)  # noqa: S102 - the test's own source, run by the judge
+            exec(compiled[i][0], g)  # the test's own source, run by the judge
         except Diverged:
             rep.send({"k": "fresh", "s": "plain"})  # this test again, in a fresh execution, no plan
             return
@@ -513,7 +484,7 @@ def run_segment(rep: Records, chan: Channel, tests: list, start: int, run_all: b
             status, msg = "memory", f"the test's own evaluation ran out of memory: {_describe(exc)}"
         except (Refused, _TestBroken) as exc:
             status, msg = "error", str(exc)
-        except BaseException as exc:  # noqa: BLE001 - the test raised (as the program made it)
+        except BaseException as exc:  # the test raised (as the program made it)
             status, msg = "error", _describe(exc)
         if chan.refusal is not None:  # refused even if the test caught it
             status, msg = "error", chan.refusal[:500]
@@ -564,8 +535,9 @@ def main(sock_fd: int) -> None:
         rep = Records(Reporter(sock_fd, bytes.fromhex(hdr["key"])), sock_fd)
         chan = Channel(fds[0], fds[1], int(hdr["budget"]), rep)
         try:
-            run_segment(rep, chan, tests, int(hdr["start"]), bool(hdr["run_all_cases"]), seal_key,
-                        bool(hdr.get("plain")))
+            run_segment(
+                rep, chan, tests, int(hdr["start"]), bool(hdr["run_all_cases"]), seal_key, bool(hdr.get("plain"))
+            )
             # The records first: the worker reads them once the execution is gone, which closing
             # the channel brings about, so they are there when it wakes.
             rep.flush()

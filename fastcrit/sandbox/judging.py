@@ -13,6 +13,7 @@ and says ``stop``; a judge still busy after ``JUDGE_GRACE_S`` (its own evaluatio
 ``'apple' in range(10**18)`` on a program's return value) is killed and replaced, and the job's
 tests after that one are not run (the tests left with it): they are ``error``.
 """
+
 from __future__ import annotations
 
 import json
@@ -123,12 +124,22 @@ class JudgedRuns:
             if self.judge_pid is None:
                 if self.secret_left == 0:  # the judge holding this job's tests was stopped
                     for i in range(start, n):
-                        statuses[i] = ("error", "not run: the judge was stopped at an earlier test that "
-                                                "ran out of time in the judge's own evaluation")
+                        statuses[i] = (
+                            "error",
+                            "not run: the judge was stopped at an earlier test that "
+                            "ran out of time in the judge's own evaluation",
+                        )
                     break
                 self.start_judge()
-            parsed = {"next": start, "code": None, "loaded": False, "end": False, "stop": None, "bad": False,
-                      "fresh": None}
+            parsed = {
+                "next": start,
+                "code": None,
+                "loaded": False,
+                "end": False,
+                "stop": None,
+                "bad": False,
+                "fresh": None,
+            }
             key = os.urandom(32)
 
             def on_records(new, parsed=parsed):
@@ -143,8 +154,11 @@ class JudgedRuns:
                     elif k == "test" and r.get("i") == parsed["next"] < n:
                         st = r.get("s")
                         # Sealed by the judge for the pool (wire.seal): passed on as it is.
-                        statuses[parsed["next"]] = (st, str(r.get("m", ""))[:4096]) if st in _VERDICTS else (
-                            "error", "sandbox judge sent a bad record")
+                        statuses[parsed["next"]] = (
+                            (st, str(r.get("m", ""))[:4096])
+                            if st in _VERDICTS
+                            else ("error", "sandbox judge sent a bad record")
+                        )
                         parsed["next"] += 1
                         ext = min(r["t"], time.monotonic()) + timeout
                     elif k == "stop":
@@ -159,9 +173,17 @@ class JudgedRuns:
 
             req_r, req_w = os.pipe()
             rep_r, rep_w = os.pipe()
-            hdr = json.dumps({"start": start, "key": key.hex(), "budget": budget, "memory_mb": job["memory_mb"],
-                              "run_all_cases": bool(job["run_all_cases"]), "secret": self.secret_left,
-                              "plain": plain}).encode()
+            hdr = json.dumps(
+                {
+                    "start": start,
+                    "key": key.hex(),
+                    "budget": budget,
+                    "memory_mb": job["memory_mb"],
+                    "run_all_cases": bool(job["run_all_cases"]),
+                    "secret": self.secret_left,
+                    "plain": plain,
+                }
+            ).encode()
             try:
                 try:
                     socket.send_fds(self.judge_sock, [len(hdr).to_bytes(4, "big") + hdr], [req_w, rep_r])
@@ -177,8 +199,9 @@ class JudgedRuns:
                 os.close(rep_r)
             reader = RecordReader(key)
             cpu_s = timeout * (n - start + 1) + 1
-            pid, _, fds = self._spawn(job, None, cpu_s, lambda rep: harness.serve(prep, 3, 4), False,
-                                      pass_fds=(req_r, rep_w))
+            pid, _, fds = self._spawn(
+                job, None, cpu_s, lambda rep: harness.serve(prep, 3, 4), False, pass_fds=(req_r, rep_w)
+            )
             os.close(req_r)
             os.close(rep_w)
             try:
@@ -208,8 +231,12 @@ class JudgedRuns:
                 end = ("error", "sandbox judge stopped (killed from outside)")
             elif reason is not None:
                 end = self._end_reason(reason, status, stderr.tail_text())
-            elif status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 \
-                    and "MemoryError" not in stderr.tail_text():
+            elif (
+                status is not None
+                and os.WIFEXITED(status)
+                and os.WEXITSTATUS(status) == 0
+                and "MemoryError" not in stderr.tail_text()
+            ):
                 end = ("error", "the program exited before the test finished")
             elif status is not None:
                 end = self._end_reason(None, status, stderr.tail_text())
@@ -219,8 +246,9 @@ class JudgedRuns:
             if start is None:
                 break
         self.drop_tests()
-        tests = [{"status": "skipped", "message": ""} if s is None else {"status": s[0], "message": s[1]}
-                 for s in statuses]
+        tests = [
+            {"status": "skipped", "message": ""} if s is None else {"status": s[0], "message": s[1]} for s in statuses
+        ]
         return {"tests": tests, "stdout": stdout.tail_text(), "stderr": stderr.tail_text()}
 
     def _watch_judged(self, pid, fds, stdout: Tail, stderr: Tail, reader, on_records, parsed, timeout_s):

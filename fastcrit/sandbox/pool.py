@@ -14,6 +14,7 @@ a worker that dies or stops answering is replaced and its job reported as an err
 A worker that a job left in a state it cannot restore answers that job (scored 0) and retires; it
 is replaced the same way, and the jobs queued behind it run again, never charged for it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,12 +27,11 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
 
 from . import jail as jail_mod
 from .cache import ResultCache, job_key
 from .compare import judge
-from .wire import unseal
 from .streaming import run_all, stream_results
 from .types import (
     ERROR,
@@ -42,6 +42,7 @@ from .types import (
     error_result,
     summarise,
 )
+from .wire import unseal
 
 _HDR = struct.Struct(">I")
 _POOLS_STARTED = 0
@@ -98,15 +99,22 @@ class _WorkerProc:
         self.stderr_tail = b""
         self.pending = collections.deque()
         self.proc = await asyncio.create_subprocess_exec(
-            *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=self.env, limit=1 << 26)
+            *self.argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self.env,
+            limit=1 << 26,
+        )
         self._stderr_task = asyncio.ensure_future(self._drain_stderr(self.proc))
         try:
             self.hello = await asyncio.wait_for(self._read(self.proc), timeout_s)
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
             await self.kill()
-            raise RuntimeError(f"sandbox worker {self.index} did not start: {exc!r}; "
-                               f"stderr: {self.stderr_tail.decode(errors='replace')[-800:]}") from None
+            raise RuntimeError(
+                f"sandbox worker {self.index} did not start: {exc!r}; "
+                f"stderr: {self.stderr_tail.decode(errors='replace')[-800:]}"
+            ) from None
         self.generation += 1
         self._reader = asyncio.ensure_future(self._read_loop(self.proc, self.pending))
 
@@ -227,9 +235,15 @@ class SandboxPool:
     scrubbed environment only) after a loud warning: only for trusted code.
     """
 
-    def __init__(self, config: SandboxConfig | None = None, *, workers: int | None = None,
-                 isolation: str | None = None, cache_path: str | None | bool = False,
-                 max_concurrency: int | None = None):
+    def __init__(
+        self,
+        config: SandboxConfig | None = None,
+        *,
+        workers: int | None = None,
+        isolation: str | None = None,
+        cache_path: str | None | bool = False,
+        max_concurrency: int | None = None,
+    ):
         cfg = config or SandboxConfig()
         over = {}
         if workers is not None:
@@ -254,20 +268,25 @@ class SandboxPool:
 
     # -- life cycle ----------------------------------------------------------------------------
 
-    async def start(self) -> "SandboxPool":
+    async def start(self) -> SandboxPool:
         if self._started:
             return self
         cfg = self.cfg
         if cfg.isolation == "jail":
-            self.probe = await asyncio.get_running_loop().run_in_executor(None, lambda: jail_mod.probe(packages=cfg.packages))
+            self.probe = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: jail_mod.probe(packages=cfg.packages)
+            )
             if not self.probe.ok:
                 raise jail_mod.IsolationUnavailable(
                     "fastcrit sandbox: ISOLATION UNAVAILABLE on this machine, refusing to run untrusted code. "
                     f"{self.probe.describe()}. Set sandbox.isolation: none (SandboxPool(isolation='none')) "
-                    "only if you trust the code.")
+                    "only if you trust the code."
+                )
         else:
-            msg = ("fastcrit sandbox: isolation is OFF (isolation='none'): programs run with rlimits only, "
-                   "with network access and this user's file permissions. Use only for trusted code.")
+            msg = (
+                "fastcrit sandbox: isolation is OFF (isolation='none'): programs run with rlimits only, "
+                "with network access and this user's file permissions. Use only for trusted code."
+            )
             warnings.warn(msg, RuntimeWarning, stacklevel=2)
             print(msg, file=sys.stderr)
         self._root = tempfile.mkdtemp(prefix="fastcrit-sandbox-")
@@ -278,10 +297,16 @@ class SandboxPool:
         global _POOLS_STARTED
         _POOLS_STARTED += 1
         uid_base = 200000 + ((os.getpid() * 8 + _POOLS_STARTED) % 200000) * 1024
-        wcfg = {"max_output_bytes": cfg.max_output_bytes, "tail_bytes": cfg.tail_bytes,
-                "max_processes": cfg.max_processes, "max_open_files": cfg.max_open_files,
-                "max_file_mb": cfg.max_file_mb, "max_result_bytes": cfg.max_result_bytes,
-                "preimport": list(cfg.preimport), "jailed": cfg.isolation == "jail"}
+        wcfg = {
+            "max_output_bytes": cfg.max_output_bytes,
+            "tail_bytes": cfg.tail_bytes,
+            "max_processes": cfg.max_processes,
+            "max_open_files": cfg.max_open_files,
+            "max_file_mb": cfg.max_file_mb,
+            "max_result_bytes": cfg.max_result_bytes,
+            "preimport": list(cfg.preimport),
+            "jailed": cfg.isolation == "jail",
+        }
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
         for i in range(n):
             scratch = os.path.join(self._root, f"w{i}")
@@ -289,7 +314,9 @@ class SandboxPool:
             wc = dict(wcfg, scratch=scratch)
             inner = jail_mod.worker_argv(json.dumps(wc))
             if cfg.isolation == "jail":
-                argv = jail_mod.jailed_argv(self.probe.jail, uid_base + i % 1024, scratch, cfg.scratch_mb, inner, cfg.packages)
+                argv = jail_mod.jailed_argv(
+                    self.probe.jail, uid_base + i % 1024, scratch, cfg.scratch_mb, inner, cfg.packages
+                )
             else:
                 argv = inner
             self._workers.append(_WorkerProc(i, argv, scratch, env))
@@ -378,8 +405,12 @@ class SandboxPool:
         return out
 
     def stats(self) -> dict:
-        d = {"workers": len(self._workers), "executed": self.executed, "isolation": self.cfg.isolation,
-             "worker_peak_rss_mb": self.worker_peak_rss_mb()}
+        d = {
+            "workers": len(self._workers),
+            "executed": self.executed,
+            "isolation": self.cfg.isolation,
+            "worker_peak_rss_mb": self.worker_peak_rss_mb(),
+        }
         if self.probe is not None:
             d["jail"] = self.probe.features
         if self.cache is not None:
@@ -421,8 +452,12 @@ class SandboxPool:
                 if result is not None:
                     break
             else:
-                result = error_result(job.id, len(job.tests), f"sandbox: the job was sent again {_MAX_REQUEUES} "
-                                      "times and never ran (its workers kept being replaced)")
+                result = error_result(
+                    job.id,
+                    len(job.tests),
+                    f"sandbox: the job was sent again {_MAX_REQUEUES} "
+                    "times and never ran (its workers kept being replaced)",
+                )
         result.elapsed_s = time.perf_counter() - t0
         self.executed += 1
         if self.cache is not None:
@@ -437,8 +472,14 @@ class SandboxPool:
         as the worker could be replaced. When replacing failed, that counts as one of the job's
         three tries. A job the worker reports as having damaged it (``damage``: the program
         changed or broke the worker's state) is an error Result, all tests failed."""
-        payload = {"kind": job.kind, "code": job.code, "entry_point": job.entry_point,
-                   "timeout_s": job.timeout_s, "memory_mb": job.memory_mb, "run_all_cases": job.run_all_cases}
+        payload = {
+            "kind": job.kind,
+            "code": job.code,
+            "entry_point": job.entry_point,
+            "timeout_s": job.timeout_s,
+            "memory_mb": job.memory_mb,
+            "run_all_cases": job.run_all_cases,
+        }
         secret = b""
         seal_key = b""
         if job.kind == "assert":  # the tests go to the judge only (judge.py), with the key of its messages
@@ -497,8 +538,13 @@ class SandboxPool:
         if not isinstance(out, dict):
             return out
         tests = judge(job, out["tests"])
-        return summarise(job.id, tests, stdout=out.get("stdout", ""), stderr=out.get("stderr", ""),
-                         judged_in="judge" if job.kind == "assert" else "pool")
+        return summarise(
+            job.id,
+            tests,
+            stdout=out.get("stdout", ""),
+            stderr=out.get("stderr", ""),
+            judged_in="judge" if job.kind == "assert" else "pool",
+        )
 
     def stream(self, jobs: Iterable) -> AsyncIterator[tuple[int, Result]]:
         """Yield (index, result) as jobs finish (see streaming.stream_results)."""

@@ -16,6 +16,7 @@ What this backend does NOT give you: the local pool's isolation and its harness 
 remote ``assert`` pass is only as hard to fake as the server's process exit (a program that reads
 its own source can print the marker); ``call`` and ``stdio`` verdicts still need the right output.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,8 +25,8 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator, Iterable
 
 from .compare import values_equal
 from .streaming import run_all, stream_results
@@ -49,8 +50,14 @@ class RemoteError(RuntimeError):
 
 
 class RemoteSandbox:
-    def __init__(self, config: SandboxConfig | None = None, *, url: str | None = None,
-                 concurrency: int | None = None, retries: int | None = None):
+    def __init__(
+        self,
+        config: SandboxConfig | None = None,
+        *,
+        url: str | None = None,
+        concurrency: int | None = None,
+        retries: int | None = None,
+    ):
         self.cfg = config or SandboxConfig(backend="remote")
         self.url = (url or self.cfg.remote_url).rstrip("/")
         self.concurrency = concurrency or self.cfg.remote_concurrency or 1
@@ -79,14 +86,23 @@ class RemoteSandbox:
         await self.close()
 
     def stats(self) -> dict:
-        return {"backend": "remote", "url": self.url, "requests": self.requests, "retried": self.retried,
-                "max_in_flight": self.max_in_flight}
+        return {
+            "backend": "remote",
+            "url": self.url,
+            "requests": self.requests,
+            "retried": self.retried,
+            "max_in_flight": self.max_in_flight,
+        }
 
     # -- HTTP ----------------------------------------------------------------------------------
 
     def _post_blocking(self, path: str, payload: dict, timeout_s: float) -> dict:
-        req = urllib.request.Request(self.url + path, data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+        req = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return json.loads(resp.read())
 
@@ -101,7 +117,8 @@ class RemoteSandbox:
                 self.requests += 1
                 try:
                     out = await loop.run_in_executor(
-                        self._executor, self._post_blocking, path, payload, run_timeout_s + self.cfg.remote_timeout_s)
+                        self._executor, self._post_blocking, path, payload, run_timeout_s + self.cfg.remote_timeout_s
+                    )
                     if out.get("status") == "SandboxError":
                         raise RemoteError(f"SandboxError: {out.get('message', '')}")
                     return out
@@ -109,8 +126,14 @@ class RemoteSandbox:
                     last = exc
                     if exc.code != 429 and exc.code < 500:
                         raise RemoteError(f"{path}: HTTP {exc.code} {exc.reason}") from None
-                except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, RemoteError,
-                        json.JSONDecodeError) as exc:
+                except (
+                    urllib.error.URLError,
+                    ConnectionError,
+                    TimeoutError,
+                    OSError,
+                    RemoteError,
+                    json.JSONDecodeError,
+                ) as exc:
                     last = exc
                 finally:
                     self.in_flight -= 1
@@ -140,13 +163,19 @@ class RemoteSandbox:
         return r
 
     def _run_code_payload(self, job: Job, code: str) -> dict:
-        return {"code": code, "language": "python", "run_timeout": job.timeout_s,
-                "memory_limit_MB": job.memory_mb, "stdin": "", "files": {}}
+        return {
+            "code": code,
+            "language": "python",
+            "run_timeout": job.timeout_s,
+            "memory_limit_MB": job.memory_mb,
+            "stdin": "",
+            "files": {},
+        }
 
     async def _run_each(self, job: Job) -> Result:
         tests: list[TestResult] = []
         stdout = stderr = ""
-        for i, t in enumerate(job.tests):
+        for t in job.tests:
             if tests and tests[-1].status != PASSED and not job.run_all_cases:
                 tests.append(TestResult(SKIPPED))
                 continue
@@ -154,11 +183,13 @@ class RemoteSandbox:
             if job.kind == "assert":
                 code = f"{job.code}\n\n{t}\n\nprint({marker!r})\n"
             else:
-                code = (f"{job.code}\n\nimport json as _j\n_f = globals().get({job.entry_point!r})\n"
-                        f"if _f is None and 'Solution' in globals():\n    _f = getattr(Solution(), {job.entry_point!r})\n"
-                        f"_r = _f(*_j.loads({json.dumps(json.dumps(t['args']))}), "
-                        f"**_j.loads({json.dumps(json.dumps(t['kwargs']))}))\n"
-                        f"print({marker!r} + _j.dumps(_r) + {marker!r})\n")
+                code = (
+                    f"{job.code}\n\nimport json as _j\n_f = globals().get({job.entry_point!r})\n"
+                    f"if _f is None and 'Solution' in globals():\n    _f = getattr(Solution(), {job.entry_point!r})\n"
+                    f"_r = _f(*_j.loads({json.dumps(json.dumps(t['args']))}), "
+                    f"**_j.loads({json.dumps(json.dumps(t['kwargs']))}))\n"
+                    f"print({marker!r} + _j.dumps(_r) + {marker!r})\n"
+                )
             out = await self._post("/run_code", self._run_code_payload(job, code), job.timeout_s)
             rr = out.get("run_result") or {}
             stdout, stderr = rr.get("stdout") or "", rr.get("stderr") or ""
@@ -184,16 +215,22 @@ class RemoteSandbox:
                     tests.append(TestResult(PASSED) if ok else TestResult(FAILED, f"returned {parts[1][:200]}"))
                 else:
                     tests.append(TestResult(ERROR, (stderr.strip().splitlines() or [str(rs)])[-1][:500]))
-        return summarise(job.id, tests, stdout=stdout[-self.cfg.tail_bytes:], stderr=stderr[-self.cfg.tail_bytes:])
+        return summarise(job.id, tests, stdout=stdout[-self.cfg.tail_bytes :], stderr=stderr[-self.cfg.tail_bytes :])
 
     async def _run_stdio(self, job: Job) -> Result:
         payload = {
-            "dataset": "fastcrit", "id": str(job.id), "completion": f"```python\n{job.code}\n```",
+            "dataset": "fastcrit",
+            "id": str(job.id),
+            "completion": f"```python\n{job.code}\n```",
             "config": {
-                "dataset_type": "CommonOJDataset", "language": "python", "run_timeout": job.timeout_s,
-                "provided_data": {"id": str(job.id), "content": "",
-                                  "test": [{"input": {"stdin": t["input"]}, "output": {"stdout": t["output"]}}
-                                           for t in job.tests]},
+                "dataset_type": "CommonOJDataset",
+                "language": "python",
+                "run_timeout": job.timeout_s,
+                "provided_data": {
+                    "id": str(job.id),
+                    "content": "",
+                    "test": [{"input": {"stdin": t["input"]}, "output": {"stdout": t["output"]}} for t in job.tests],
+                },
                 "extra": {"run_all_cases": job.run_all_cases},
             },
         }

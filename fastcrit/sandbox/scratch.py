@@ -1,5 +1,6 @@
 """The worker's scratch directory: made once, reset after every execution whatever the program
 left, and checked, so that nothing of one execution reaches the next."""
+
 from __future__ import annotations
 
 import os
@@ -143,8 +144,10 @@ class Scratch:
             # Times a program set (os.utime) would carry a few bytes to the next execution.
             os.utime(self.fd, ns=(self.time_ns, self.time_ns))
         if self._free() != self.free:
-            raise Unrestorable(f"its scratch space stays in use after cleanup (free blocks and inodes "
-                               f"{self._free()}, expected {self.free})")
+            raise Unrestorable(
+                f"its scratch space stays in use after cleanup (free blocks and inodes "
+                f"{self._free()}, expected {self.free})"
+            )
         if self._root_signature() != self.root_stat:
             raise Unrestorable("the directory holding its scratch directory was changed")
         return notes

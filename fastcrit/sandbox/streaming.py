@@ -1,14 +1,14 @@
 """Running many jobs through one backend's ``run`` (local pool or remote), shared by both."""
+
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 from .types import JobError, Result, error_result
 
 
-async def stream_results(run: Callable[..., Awaitable[Result]],
-                         jobs: Iterable) -> AsyncIterator[tuple[int, Result]]:
+async def stream_results(run: Callable[..., Awaitable[Result]], jobs: Iterable) -> AsyncIterator[tuple[int, Result]]:
     """Yield (index, result) as jobs finish. The backend's ``run`` bounds the concurrency; a job
     that is not valid yields an error result naming the problem, and so does a job whose run
     failed inside the sandbox's own code (never a pass, and never a stream that waits forever)."""
@@ -21,8 +21,11 @@ async def stream_results(run: Callable[..., Awaitable[Result]],
             r = error_result(_job_id(job), 0, f"invalid job: {exc}")
         except Exception as exc:  # a bug of ours must not hang the caller or pass the job
             tests = getattr(job, "tests", None) or (job.get("tests") if isinstance(job, dict) else None)
-            r = error_result(_job_id(job), len(tests) if isinstance(tests, list) else 0,
-                             f"sandbox internal error: {type(exc).__name__}: {exc}")
+            r = error_result(
+                _job_id(job),
+                len(tests) if isinstance(tests, list) else 0,
+                f"sandbox internal error: {type(exc).__name__}: {exc}",
+            )
         await queue.put((i, r))
 
     tasks = [asyncio.ensure_future(one(i, job)) for i, job in enumerate(jobs)]

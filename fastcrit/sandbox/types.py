@@ -2,6 +2,7 @@
 
 Everything here is plain Python (no torch): the sandbox is a service any trainer can use.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,7 +70,7 @@ class Job:
         validate_job(self)
 
     @classmethod
-    def from_dict(cls, d: dict, *, defaults: dict | None = None) -> "Job":
+    def from_dict(cls, d: dict, *, defaults: dict | None = None) -> Job:
         if not isinstance(d, dict):
             raise JobError(f"a job must be a JSON object, got {type(d).__name__}")
         known = {"id", "code", "kind", "tests", "entry_point", "timeout_s", "memory_mb", "run_all_cases"}
@@ -121,8 +122,7 @@ def json_data_problem(value) -> str | None:
                 v = v.values()
             stack.extend((x, depth + 1) for x in v if type(x) not in _LEAVES)
             continue
-        return (f"a value of type {t.__name__} is not JSON data (None, bool, int, float, str, list, "
-                "dict with str keys)")
+        return f"a value of type {t.__name__} is not JSON data (None, bool, int, float, str, list, dict with str keys)"
     return None
 
 
@@ -236,7 +236,7 @@ class Result:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Result":
+    def from_dict(cls, d: dict) -> Result:
         return cls(
             id=d.get("id"),
             status=d["status"],
@@ -254,8 +254,7 @@ class Result:
 
 def summarise(job_id, tests: list[TestResult], **kw) -> Result:
     passed = sum(t.status == PASSED for t in tests)
-    status = PASSED if tests and passed == len(tests) else next(
-        (t.status for t in tests if t.status != PASSED), ERROR)
+    status = PASSED if tests and passed == len(tests) else next((t.status for t in tests if t.status != PASSED), ERROR)
     return Result(id=job_id, status=status, passed=passed, total=len(tests), tests=tests, **kw)
 
 
@@ -293,8 +292,21 @@ class SandboxConfig:
     # at every fork whether used or not: `threading` and `random` run at-fork handlers (~0.3-0.6 ms
     # each here), so they are left for the code that needs them to import.
     preimport: tuple = (
-        "math", "cmath", "re", "string", "itertools", "functools", "operator", "collections",
-        "heapq", "bisect", "typing", "json", "copy", "time", "numbers",
+        "math",
+        "cmath",
+        "re",
+        "string",
+        "itertools",
+        "functools",
+        "operator",
+        "collections",
+        "heapq",
+        "bisect",
+        "typing",
+        "json",
+        "copy",
+        "time",
+        "numbers",
     )
     # Third-party packages programs may import (top-level module names). The jail's new root holds
     # no site-packages but these: each package's directory (and its ``<name>.libs`` sibling, where
@@ -312,15 +324,26 @@ class SandboxConfig:
             raise ValueError(f"sandbox.backend must be 'local' or 'remote', got {self.backend!r}")
         if self.isolation not in ("jail", "none"):
             raise ValueError(f"sandbox.isolation must be 'jail' or 'none', got {self.isolation!r}")
-        for name in ("workers", "max_concurrency", "max_output_bytes", "max_result_bytes", "tail_bytes",
-                     "max_processes", "max_open_files", "max_file_mb", "scratch_mb", "remote_concurrency",
-                     "remote_retries"):
+        for name in (
+            "workers",
+            "max_concurrency",
+            "max_output_bytes",
+            "max_result_bytes",
+            "tail_bytes",
+            "max_processes",
+            "max_open_files",
+            "max_file_mb",
+            "scratch_mb",
+            "remote_concurrency",
+            "remote_retries",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"sandbox.{name} must be a non-negative integer, got {v!r}")
         self.preimport = tuple(self.preimport)
         if not isinstance(self.packages, (list, tuple)) or not all(
-                isinstance(n, str) and n.isidentifier() for n in self.packages):
+            isinstance(n, str) and n.isidentifier() for n in self.packages
+        ):
             raise ValueError(f"sandbox.packages must be a list of top-level module names, got {self.packages!r}")
         self.packages = tuple(self.packages)
 

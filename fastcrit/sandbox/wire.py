@@ -19,6 +19,7 @@ a dict subclass) are sent as their built-in base, read through the base type. An
 handle: the judge may call it, read its attributes, iterate over it, take its length or an item,
 but never compare it (judge.Remote).
 """
+
 from __future__ import annotations
 
 import json
@@ -61,7 +62,7 @@ def send(fd: int, obj) -> None:
 def send_body(fd: int, body: bytes) -> None:
     view = memoryview(_HDR.pack(_len(body)) + body)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 class Reader:
@@ -84,8 +85,8 @@ class Reader:
         while _len(buf) < 4 + n:
             if not self._more():
                 return None, 0
-        body = bytes(buf[4:4 + n])
-        del buf[:4 + n]
+        body = bytes(buf[4 : 4 + n])
+        del buf[: 4 + n]
         try:
             return _loads(body), n + 4
         except (ValueError, RecursionError) as exc:
@@ -167,8 +168,9 @@ _NAMED[("collections", "deque")] = lambda v, enc, d: {"q": [enc(x, d + 1) for x 
 _NAMED[("collections", "OrderedDict")] = lambda v, enc, d: {"od": _pairs(dict.items(v), enc, d)}
 _NAMED[("collections", "Counter")] = lambda v, enc, d: {"cn": _pairs(dict.items(v), enc, d)}
 _NAMED[("collections", "defaultdict")] = lambda v, enc, d: {"d": _pairs(dict.items(v), enc, d)}
-_NAMED[("fractions", "Fraction")] = lambda v, enc, d: {"fr": [enc(int(v.numerator), d + 1),
-                                                                enc(int(v.denominator), d + 1)]}
+_NAMED[("fractions", "Fraction")] = lambda v, enc, d: {
+    "fr": [enc(int(v.numerator), d + 1), enc(int(v.denominator), d + 1)]
+}
 _NAMED[("decimal", "Decimal")] = lambda v, enc, d: {"dec": str(v)}
 
 
@@ -199,7 +201,7 @@ def decoder(remote, own, module=None):
             return remote(h, str(o.get("n", "object"))[:100])
         if _len(o) != 1:
             raise WireError("malformed tagged value")
-        (tag, body), = o.items()
+        ((tag, body),) = o.items()
         try:
             return _TAGS[tag](body, dec, depth, own)
         except KeyError:
@@ -304,7 +306,7 @@ def unseal(key: bytes, index: int, text: str) -> str:
     if not text.startswith(SEALED):
         return text
     try:
-        data = bytes.fromhex(text[_len(SEALED):])
+        data = bytes.fromhex(text[_len(SEALED) :])
     except ValueError:
         return "(a message the sandbox could not read)"
     ks = _keystream(key, index, _len(data))

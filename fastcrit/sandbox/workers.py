@@ -19,6 +19,7 @@ than its contents) has its job scored 0; a state the worker cannot restore (proc
 die, space that stays used, file descriptors of its own that changed) scores the job 0 too, and
 the worker answers it with ``retire`` and exits, so that the pool replaces it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -34,15 +35,13 @@ import sys
 import time
 
 from . import harness
-from .judging import JudgedRuns
 from .channels import RecordReader, Tail, drain_tails, read_frame, write_frame
+from .judging import JudgedRuns
+from .reaping import REAP_S, Reaping
 from .scratch import Scratch, Unrestorable
 
 _GOOD = ("passed", "returned")  # statuses that do not stop a run_all_cases=False job here
 _SIGNAMES = {getattr(signal, n): n for n in dir(signal) if n.startswith("SIG") and not n.startswith("SIG_")}
-# How long processes left by an execution may take to die once killed (a process tearing down
-# gigabytes takes a while) before the worker gives up on them and asks to be replaced.
-REAP_S = 10.0
 # The result pipe is read as records arrive only once an execution has run this long. Most
 # executions end sooner, their records waiting in the pipe (64 KiB) until the exit: a wake-up per
 # record would run Python here while the child still shares this process's pages, and every page
@@ -50,7 +49,7 @@ REAP_S = 10.0
 RESULTS_AFTER_S = 0.02
 
 
-class Worker(JudgedRuns):
+class Worker(JudgedRuns, Reaping):
     def __init__(self, cfg: dict):
         self.cfg = cfg
         self.is_init = os.getpid() == 1
@@ -62,8 +61,13 @@ class Worker(JudgedRuns):
         self.damage: list[str] = []
         self.broken: str | None = None
         self.fd_count = None  # set by main once the worker's own descriptors are all open
-        self.env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-                    "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+        self.env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "PYTHONHASHSEED": "0",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
         if not self.is_init:
             # Without the jail's PID namespace, orphans of an execution are re-parented here so
             # that the sweep after each execution can find and kill them.
@@ -144,8 +148,18 @@ class Worker(JudgedRuns):
                 os.close(fd)
         return pid, key, (out_r, err_r, res_r)
 
-    def _execute(self, job, stdin_fd, cpu_s, target, stdout: Tail, stderr: Tail, timeout_s: float,
-                 on_records=None, result_budget: int = 0):
+    def _execute(
+        self,
+        job,
+        stdin_fd,
+        cpu_s,
+        target,
+        stdout: Tail,
+        stderr: Tail,
+        timeout_s: float,
+        on_records=None,
+        result_budget: int = 0,
+    ):
         """One execution, start to finish: fork it, watch it, kill and reap everything it left and
         reset the scratch directory. ``on_records`` (assert/call) takes each batch of verified
         records as they arrive and returns the time by which the running test must end.
@@ -169,8 +183,9 @@ class Worker(JudgedRuns):
         except OSError as exc:
             self.broken = f"cleaning its scratch directory failed: {exc}"
 
-    def _watch(self, pid, fds, stdout: Tail, stderr: Tail, reader, on_records, timeout_s: float,
-               result_budget: int) -> tuple[str | None, int]:
+    def _watch(
+        self, pid, fds, stdout: Tail, stderr: Tail, reader, on_records, timeout_s: float, result_budget: int
+    ) -> tuple[str | None, int]:
         """Wait until the execution exits, its wall clock runs out or it writes too much.
 
         The child's exit and its stdout/stderr wake the worker, and its result pipe too once it
@@ -279,65 +294,6 @@ class Worker(JudgedRuns):
             if not take(b):
                 return False
 
-    def _kill_group(self, pid):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def _sweep(self, pid) -> bool:
-        """Kill and reap everything the execution left behind; False if something is still there
-        after REAP_S. Until a process is reaped it counts against the uid's RLIMIT_NPROC, so the
-        next execution could not start its full share of processes: wait for every one.
-
-        Every process an execution leaves ends up a child of the worker (orphans are re-parented
-        to PID 1 of the namespace, or to the worker as subreaper without the jail), so no child
-        left but the judge means nothing left. Each round kills the worker's children other than
-        the judge, whose own children then become the worker's."""
-        if pid is not None:
-            self._kill_group(pid)
-        if not self._reap_all():
-            return True
-        deadline = time.monotonic() + REAP_S
-        while True:
-            for k in self._children():
-                if k == self.judge_pid:
-                    continue
-                for f in (os.killpg, os.kill):
-                    try:
-                        f(k, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-            if not self._reap_all():
-                return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.0005)
-
-    def _children(self):
-        # The worker has one thread (its own pid), so one file lists every child.
-        try:
-            with open(self._children_path, "rb", buffering=0) as f:
-                return [int(x) for x in f.read().split()]
-        except OSError:
-            return []
-
-    def _reap_all(self) -> bool:
-        """Reap exited children (the judge too, if it died); True while children other than the
-        judge remain."""
-        while True:
-            try:
-                p, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return False
-            if p == 0:
-                break
-            if p == self.judge_pid:
-                self._judge_gone()
-        if self.judge_pid is None:
-            return True
-        return any(k != self.judge_pid for k in self._children())
-
     def _fd_count(self) -> int:
         return len(os.listdir("/proc/self/fd"))
 
@@ -351,11 +307,21 @@ class Worker(JudgedRuns):
         self.damage, self.broken = [], None
         try:
             kind = job["kind"]
-            out = (self._run_stdio(job) if kind == "stdio" else self.run_assert(job) if kind == "assert"
-                   else self._run_in_process(job))
+            out = (
+                self._run_stdio(job)
+                if kind == "stdio"
+                else self.run_assert(job)
+                if kind == "assert"
+                else self._run_in_process(job)
+            )
         except Exception as exc:  # a harness bug must not look like a pass: report it
-            out = {"tests": [{"status": "error", "message": f"sandbox worker error: {exc!r}"[:500]}
-                             for _ in range(_n_tests(job))], "stdout": "", "stderr": ""}
+            out = {
+                "tests": [
+                    {"status": "error", "message": f"sandbox worker error: {exc!r}"[:500]} for _ in range(_n_tests(job))
+                ],
+                "stdout": "",
+                "stderr": "",
+            }
             self.drop_tests()
             # It may have stopped anywhere: kill what might be left and reset the scratch.
             if not self._sweep(None):
@@ -367,15 +333,23 @@ class Worker(JudgedRuns):
         if problem is None and self.fd_count is not None and self._fd_count() != self.fd_count:
             problem = "the worker's own file descriptors changed"
         if problem is not None:
-            msg = (f"the program left its sandbox worker in a state it could not restore ({problem}); "
-                   f"the worker was replaced and the job scores 0")
+            msg = (
+                f"the program left its sandbox worker in a state it could not restore ({problem}); "
+                f"the worker was replaced and the job scores 0"
+            )
         elif self.damage:
-            msg = (f"the program changed its scratch directory, which later jobs on this sandbox worker use "
-                   f"({'; '.join(dict.fromkeys(self.damage))}); the worker restored it and the job scores 0")
+            msg = (
+                f"the program changed its scratch directory, which later jobs on this sandbox worker use "
+                f"({'; '.join(dict.fromkeys(self.damage))}); the worker restored it and the job scores 0"
+            )
         else:
             return out
-        out = {"tests": [{"status": "error", "message": msg} for _ in range(_n_tests(job))], "damage": msg,
-               "stdout": out.get("stdout", ""), "stderr": out.get("stderr", "")}
+        out = {
+            "tests": [{"status": "error", "message": msg} for _ in range(_n_tests(job))],
+            "damage": msg,
+            "stdout": out.get("stdout", ""),
+            "stderr": out.get("stderr", ""),
+        }
         if problem is not None:
             out["retire"] = True
         return out
@@ -409,8 +383,12 @@ class Worker(JudgedRuns):
         in its own memory either)."""
         n = len(job["tests"])
         timeout = float(job["timeout_s"])
-        view = {"code": job["code"], "entry_point": job.get("entry_point"), "run_all_cases": job["run_all_cases"],
-                "tests": [{"args": t["args"], "kwargs": t["kwargs"]} for t in job["tests"]]}
+        view = {
+            "code": job["code"],
+            "entry_point": job.get("entry_point"),
+            "run_all_cases": job["run_all_cases"],
+            "tests": [{"args": t["args"], "kwargs": t["kwargs"]} for t in job["tests"]],
+        }
         statuses = [None] * n
         stdout = Tail(0, self.cfg["tail_bytes"])
         stderr = Tail(0, self.cfg["tail_bytes"])
@@ -454,8 +432,9 @@ class Worker(JudgedRuns):
 
             # CPU budget: loading the code plus every remaining test.
             cpu_s = timeout * (n - start + 1) + 1
-            reason, status, reader = self._execute(job, None, cpu_s, target, stdout, stderr, timeout,
-                                                   on_records, result_budget)
+            reason, status, reader = self._execute(
+                job, None, cpu_s, target, stdout, stderr, timeout, on_records, result_budget
+            )
             result_budget -= reader.total
             nxt = parsed["next"]
             if parsed["tampered"] or reader.tampered:
@@ -468,8 +447,7 @@ class Worker(JudgedRuns):
                 for i in range(nxt, n):
                     statuses[i] = (c.get("s", "error"), str(c.get("m", ""))[:500])
                 break
-            stopped = not job["run_all_cases"] and any(
-                s is not None and s[0] not in _GOOD for s in statuses)
+            stopped = not job["run_all_cases"] and any(s is not None and s[0] not in _GOOD for s in statuses)
             if nxt >= n or stopped:
                 break
             if reason is None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
@@ -506,20 +484,27 @@ class Worker(JudgedRuns):
             try:
                 data = memoryview(t["input"].encode("utf-8", "surrogatepass"))
                 while data:
-                    data = data[os.write(stdin_fd, data):]
+                    data = data[os.write(stdin_fd, data) :]
                 os.lseek(stdin_fd, 0, os.SEEK_SET)
                 stdout = Tail(cap, self.cfg["tail_bytes"])
                 stderr = Tail(0, self.cfg["tail_bytes"])
                 prep = harness.Prepared({"code": job["code"]})
-                reason, status, _ = self._execute(job, stdin_fd, float(job["timeout_s"]) + 1,
-                                                  lambda reporter, prep=prep: harness.run_program(prep),
-                                                  stdout, stderr, float(job["timeout_s"]))
+                reason, status, _ = self._execute(
+                    job,
+                    stdin_fd,
+                    float(job["timeout_s"]) + 1,
+                    lambda reporter, prep=prep: harness.run_program(prep),
+                    stdout,
+                    stderr,
+                    float(job["timeout_s"]),
+                )
             finally:
                 os.close(stdin_fd)
             if reason is None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
                 # Judged by the pool, which alone holds the expected output.
-                tests.append({"status": "returned", "message": "",
-                              "value": bytes(stdout.head).decode("utf-8", "replace")})
+                tests.append(
+                    {"status": "returned", "message": "", "value": bytes(stdout.head).decode("utf-8", "replace")}
+                )
                 last_out, last_err = stdout.tail_text(), stderr.tail_text()
                 continue
             elif reason is None and os.WIFEXITED(status):
@@ -529,8 +514,11 @@ class Worker(JudgedRuns):
                     failed = True
                     last_out, last_err = stdout.tail_text(), tail
                     continue
-                st = ("memory", "MemoryError") if "MemoryError" in tail else (
-                    "error", (tail.strip().splitlines() or [f"exit status {os.WEXITSTATUS(status)}"])[-1][:500])
+                st = (
+                    ("memory", "MemoryError")
+                    if "MemoryError" in tail
+                    else ("error", (tail.strip().splitlines() or [f"exit status {os.WEXITSTATUS(status)}"])[-1][:500])
+                )
             else:
                 st = self._end_reason(reason, status, stderr.tail_text())
             tests.append({"status": st[0], "message": st[1]})
@@ -565,8 +553,17 @@ def main(argv=None) -> int:
     worker.fd_in = fd_in
     worker.start_judge()
     worker.fd_count = worker._fd_count()
-    write_frame(fd_out, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "init": worker.is_init,
-                         "preimport_failed": failed, "package": os.path.dirname(harness.__file__)})
+    write_frame(
+        fd_out,
+        {
+            "ready": True,
+            "pid": os.getpid(),
+            "uid": os.getuid(),
+            "init": worker.is_init,
+            "preimport_failed": failed,
+            "package": os.path.dirname(harness.__file__),
+        },
+    )
     # The loop makes little cyclic garbage; automatic collections would walk (and, after each
     # fork, copy) pages for nothing. Collect explicitly now and then instead.
     gc.disable()

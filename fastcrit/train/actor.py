@@ -8,6 +8,7 @@ gradients over ranks. This is current verl's ``batch_num_tokens`` / ``global_bat
 ``* dp_size``; ranks with different numbers of response tokens no longer weigh their tokens
 differently (the mean over ranks of per-rank token-means did).
 """
+
 from __future__ import annotations
 
 import math
@@ -54,9 +55,19 @@ def lr_factor(optim: OptimConfig, total_updates: int):
     return factor
 
 
-def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size: int,
-                optim: OptimConfig | None = None, total_updates: int = 0, liger: bool = False,
-                packed: bool = False, share_prompts: bool = False, checkpointing: bool = False) -> Actor:
+def build_actor(
+    model_path: str,
+    *,
+    dtype: str,
+    device: torch.device,
+    world_size: int,
+    optim: OptimConfig | None = None,
+    total_updates: int = 0,
+    liger: bool = False,
+    packed: bool = False,
+    share_prompts: bool = False,
+    checkpointing: bool = False,
+) -> Actor:
     """The FSDP2 policy with AdamW by ``optim``, or a frozen model (a reference) when it is None.
     ``total_updates`` (optimizer steps in the whole run) is where a cosine schedule ends.
 
@@ -75,13 +86,25 @@ def build_actor(model_path: str, *, dtype: str, device: torch.device, world_size
         if problem is not None:
             raise RuntimeError(f"trainer.pack_sequences on CUDA runs on flash-attn 2's varlen path: {problem}")
         attn = "flash_attention_2"
-    lm = load_model(model_path, dtype=torch.float32 if trainable else parse_dtype(dtype), device="cpu",
-                    attn_implementation=attn, meta=not reads_weights(world_size))
+    lm = load_model(
+        model_path,
+        dtype=torch.float32 if trainable else parse_dtype(dtype),
+        device="cpu",
+        attn_implementation=attn,
+        meta=not reads_weights(world_size),
+    )
     lm.config.use_cache = False
     if liger and device.type == "cuda":
         apply_liger(lm)
-    actor = wrap_trainable(CausalLMLogprobs(lm), dtype=dtype, device=device, world_size=world_size,
-                           optim=optim, total_updates=total_updates, checkpointing=checkpointing)
+    actor = wrap_trainable(
+        CausalLMLogprobs(lm),
+        dtype=dtype,
+        device=device,
+        world_size=world_size,
+        optim=optim,
+        total_updates=total_updates,
+        checkpointing=checkpointing,
+    )
     actor.share_prompts = share_prompts
     return actor
 
@@ -94,8 +117,16 @@ def reads_weights(world_size: int) -> bool:
     return world_size == 1 or not dist.is_initialized() or dist.get_rank() == 0
 
 
-def wrap_trainable(module: torch.nn.Module, *, dtype: str, device: torch.device, world_size: int,
-                   optim: OptimConfig | None, total_updates: int, checkpointing: bool = False) -> Actor:
+def wrap_trainable(
+    module: torch.nn.Module,
+    *,
+    dtype: str,
+    device: torch.device,
+    world_size: int,
+    optim: OptimConfig | None,
+    total_updates: int,
+    checkpointing: bool = False,
+) -> Actor:
     """Shard ``module`` (loaded in fp32 when trainable, else in ``dtype``, on CPU) with FSDP2 onto
     ``device`` (mixed precision in ``dtype`` when trainable) and give it AdamW and the lr schedule by
     ``optim``; frozen (no gradients, no optimizer) when ``optim`` is None. ``checkpointing`` (a
@@ -140,8 +171,14 @@ def wrap_trainable(module: torch.nn.Module, *, dtype: str, device: torch.device,
     # element-wise ops per parameter with temporaries as large (about 4x slower on CPU; the
     # figures: docs/LOG.md), the same weights to rounding. FSDP2's sharded (DTensor) parameters
     # take it too (it steps each rank's local shard).
-    opt = torch.optim.AdamW(module.parameters(), lr=optim.lr, betas=(optim.beta1, optim.beta2),
-                            eps=optim.eps, weight_decay=optim.weight_decay, fused=True)
+    opt = torch.optim.AdamW(
+        module.parameters(),
+        lr=optim.lr,
+        betas=(optim.beta1, optim.beta2),
+        eps=optim.eps,
+        weight_decay=optim.weight_decay,
+        fused=True,
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(optim, total_updates))
     return Actor(module, opt, sched, device)
 
@@ -189,9 +226,16 @@ def _forward(actor: Actor, mb: RolloutBatch, temperature: float, entropy: bool, 
     d = actor.device
     if packed:
         return _forward_packed(actor, mb, temperature, entropy)
-    return actor.module(mb.input_ids.to(d), mb.attention_mask.to(d), mb.position_ids.to(d),
-                        mb.responses.to(d), mb.response_mask.to(d), temperature=temperature,
-                        return_entropy=entropy, share_prompts=actor.share_prompts)
+    return actor.module(
+        mb.input_ids.to(d),
+        mb.attention_mask.to(d),
+        mb.position_ids.to(d),
+        mb.responses.to(d),
+        mb.response_mask.to(d),
+        temperature=temperature,
+        return_entropy=entropy,
+        share_prompts=actor.share_prompts,
+    )
 
 
 def _forward_packed(actor: Actor, mb: RolloutBatch, temperature: float, entropy: bool):
@@ -211,12 +255,24 @@ def _forward_packed(actor: Actor, mb: RolloutBatch, temperature: float, entropy:
         offset += p + r
     index, rows, cols = torch.cat(index), torch.cat(rows), torch.cat(cols)
     if len(index) == 0:  # no response token at all: still run the forward (collectives), score nothing
-        index, rows, cols = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+        index, rows, cols = (
+            torch.zeros(1, dtype=torch.long),
+            torch.zeros(1, dtype=torch.long),
+            torch.zeros(1, dtype=torch.long),
+        )
         mask = torch.zeros(1)
     else:
         mask = mb.response_mask[rows, cols]
-    out = actor.module(torch.cat(ids)[None].to(d), None, torch.cat(pos)[None].to(d), mb.responses[rows, cols].to(d),
-                       mask.to(d), temperature=temperature, return_entropy=entropy, packed_index=index.to(d))
+    out = actor.module(
+        torch.cat(ids)[None].to(d),
+        None,
+        torch.cat(pos)[None].to(d),
+        mb.responses[rows, cols].to(d),
+        mask.to(d),
+        temperature=temperature,
+        return_entropy=entropy,
+        packed_index=index.to(d),
+    )
     shape, at = mb.responses.shape, (rows.to(d), cols.to(d))
 
     def back(v):
@@ -226,8 +282,14 @@ def _forward_packed(actor: Actor, mb: RolloutBatch, temperature: float, entropy:
 
 
 @torch.no_grad()
-def compute_logprobs(actor: Actor, batch: RolloutBatch, temperature: float,
-                     micro_batch_size: int, max_tokens: int = 0, packed: bool = False) -> torch.Tensor:
+def compute_logprobs(
+    actor: Actor,
+    batch: RolloutBatch,
+    temperature: float,
+    micro_batch_size: int,
+    max_tokens: int = 0,
+    packed: bool = False,
+) -> torch.Tensor:
     """[B, R] fp32 log-probs of the responses under ``actor`` (0 on padding), on CPU. With
     ``max_tokens`` > 0, micro-batches by that token budget (see ``micro_plan``), ``packed`` or not."""
     out = torch.zeros(batch.responses.shape, dtype=torch.float32)
@@ -236,13 +298,14 @@ def compute_logprobs(actor: Actor, batch: RolloutBatch, temperature: float,
         mb = mb.trimmed() if max_tokens > 0 else mb
         logp = _forward(actor, mb, temperature, False, packed).float().cpu()
         if len(idx):
-            out[idx, :logp.shape[1]] = logp
+            out[idx, : logp.shape[1]] = logp
     reshard(actor)
     return out * batch.response_mask
 
 
-def micro_plan(batch: RolloutBatch, micro_batch_size: int, max_tokens: int,
-               whole_groups: bool, packed: bool = False) -> list[torch.Tensor]:
+def micro_plan(
+    batch: RolloutBatch, micro_batch_size: int, max_tokens: int, whole_groups: bool, packed: bool = False
+) -> list[torch.Tensor]:
     """Row indices of the micro-batches of ``batch``: ``micro_batch_size`` rows each (whole groups
     together when ``whole_groups``), or, with ``max_tokens`` > 0, by that token budget: rows x
     longest row <= max_tokens, longest rows first, each micro-batch then cut to its own longest
@@ -271,8 +334,10 @@ def balance_ranks(batch: RolloutBatch, whole_groups: bool) -> tuple[RolloutBatch
     tokens = float(batch.attention_mask.sum())
     total, cells = all_reduce([tokens, float(batch.attention_mask.numel())])
     most = all_reduce([tokens], "max")[0]
-    before = {"batch/imbalance_before": most * world / total if total > 0 else 1.0,
-              "batch/pad_frac_padded": 1.0 - total / max(cells, 1.0)}
+    before = {
+        "batch/imbalance_before": most * world / total if total > 0 else 1.0,
+        "batch/pad_frac_padded": 1.0 - total / max(cells, 1.0),
+    }
     if world == 1:
         return batch, before
     parts: list = [None] * world
@@ -293,8 +358,7 @@ def balance_ranks(batch: RolloutBatch, whole_groups: bool) -> tuple[RolloutBatch
     return whole.select(torch.tensor(mine, dtype=torch.long)).trimmed(), before
 
 
-def padding_stats(batch: RolloutBatch, plan: list[torch.Tensor], trim: bool,
-                  packed: bool = False) -> dict[str, float]:
+def padding_stats(batch: RolloutBatch, plan: list[torch.Tensor], trim: bool, packed: bool = False) -> dict[str, float]:
     """``batch/pad_frac_padded``: the share of padding in the rank's batch padded as one block;
     ``batch/pad_frac``: in the micro-batches actually run; ``batch/imbalance``: max / mean real
     tokens per rank. Over all ranks (collectives)."""
@@ -308,9 +372,11 @@ def padding_stats(batch: RolloutBatch, plan: list[torch.Tensor], trim: bool,
     world = world_size()
     real_all, whole_all, run_all = all_reduce([real, float(batch.attention_mask.numel()), run])
     (most,) = all_reduce([real], "max")
-    return {"batch/pad_frac_padded": 1.0 - real_all / max(whole_all, 1.0),
-            "batch/pad_frac": 1.0 - real_all / max(run_all, 1.0),
-            "batch/imbalance": most * world / real_all if real_all > 0 else 1.0}
+    return {
+        "batch/pad_frac_padded": 1.0 - real_all / max(whole_all, 1.0),
+        "batch/pad_frac": 1.0 - real_all / max(run_all, 1.0),
+        "batch/imbalance": most * world / real_all if real_all > 0 else 1.0,
+    }
 
 
 def _agg_count(mask: torch.Tensor, agg: str) -> float:
@@ -365,8 +431,9 @@ class GapMeter:
         return {"logprob/gap_mean": total / max(count, 1.0), "logprob/gap_max": biggest}
 
 
-def _mini_batches(batch: RolloutBatch, n: int, whole_groups: bool,
-                  generator: torch.Generator | None) -> list[torch.Tensor]:
+def _mini_batches(
+    batch: RolloutBatch, n: int, whole_groups: bool, generator: torch.Generator | None
+) -> list[torch.Tensor]:
     """Row indices of up to ``n`` mini-batches (those empty on every rank left out). Units (whole
     groups, or rows keyed by group and place in the group) are dealt out stratified: each aligned
     block of ``n`` consecutive unit keys goes to the ``n`` mini-batches in a random order, from one
@@ -410,10 +477,20 @@ def _micro_batches(mini: RolloutBatch, micro: int, whole_groups: bool) -> list[t
     return [torch.tensor(r, dtype=torch.long) for r in out]
 
 
-def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, temperature: float,
-                  micro_batch_size: int, grad_clip: float, generator: torch.Generator | None = None,
-                  objective: Objective | None = None, measure_gap: bool = False,
-                  max_tokens: int = 0, packed: bool = False) -> dict[str, float]:
+def update_policy(
+    actor: Actor,
+    batch: RolloutBatch,
+    algo: AlgorithmConfig,
+    *,
+    temperature: float,
+    micro_batch_size: int,
+    grad_clip: float,
+    generator: torch.Generator | None = None,
+    objective: Objective | None = None,
+    measure_gap: bool = False,
+    max_tokens: int = 0,
+    packed: bool = False,
+) -> dict[str, float]:
     """Optimizer steps on ``batch`` minimising ``objective`` (default: PPO's clipped objective on
     ``batch.advantages`` by ``algo``: clip range, dual clip, loss aggregation, KL and entropy terms).
 
@@ -467,8 +544,15 @@ def update_policy(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, *, t
     return {**out, **gap.result()} if gap is not None else out
 
 
-def sft_step(actor: Actor, batch: RolloutBatch, *, micro_batch_size: int, grad_clip: float,
-             max_tokens: int = 0, packed: bool = False) -> dict[str, float]:
+def sft_step(
+    actor: Actor,
+    batch: RolloutBatch,
+    *,
+    micro_batch_size: int,
+    grad_clip: float,
+    max_tokens: int = 0,
+    packed: bool = False,
+) -> dict[str, float]:
     """One optimizer step of token-mean negative log-likelihood on ``batch.responses``, the mean
     over the tokens of all ranks' batches (FSDP averages the ranks' gradients, so each rank's sum
     is scaled by world size / global token count); ``sft/nll`` is this rank's part of it x world

@@ -12,6 +12,7 @@ same partition, slower).
 within a token budget, longest rows first, so that rows of like length share a micro-batch and
 padding is small.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,15 +79,15 @@ def _kk(weights: np.ndarray, k: int) -> np.ndarray:
             heap[0] = heap[size]
             j = 0
             while True:
-                l, r, best = 2 * j + 1, 2 * j + 2, j
-                if l < size:
-                    a, b = heap[l], heap[best]
+                left, right, best = 2 * j + 1, 2 * j + 2, j
+                if left < size:
+                    a, b = heap[left], heap[best]
                     if key[a] > key[b] or (key[a] == key[b] and a < b):
-                        best = l
-                if r < size:
-                    a, b = heap[r], heap[best]
+                        best = left
+                if right < size:
+                    a, b = heap[right], heap[best]
                     if key[a] > key[b] or (key[a] == key[b] and a < b):
-                        best = r
+                        best = right
                 if best == j:
                     break
                 heap[j], heap[best] = heap[best], heap[j]
@@ -192,6 +193,7 @@ def split_to(micro: list[list[int]], count: int, groups=None) -> list[list[int]]
     run as many forward passes as the others: FSDP gathers weights in each). With ``groups`` (a
     group id per row) a split never divides a group. A micro-batch that cannot split (one row, or
     one group) stays; then an empty one is added, which the caller runs with weight 0."""
+
     def units(m):
         if groups is None:
             return [[i] for i in m]

@@ -21,6 +21,7 @@ Every file gets the mode of a normally created one (0o666 less the umask), the w
 What this does NOT cover: a file system that loses renames or fsynced data (some network file
 systems), or two runs writing one output directory at once.
 """
+
 from __future__ import annotations
 
 import copy
@@ -35,8 +36,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from fastcrit.models.hf import parse_dtype, save_pretrained_safetensors, share_files
-from fastcrit.train.dist import DistContext, barrier
 from fastcrit.train.actor import Actor
+from fastcrit.train.dist import DistContext, barrier
 from fastcrit.train.policy import gathered_buckets
 from fastcrit.train.shards import fsync_path
 
@@ -85,12 +86,15 @@ def resume_output_dir(path: str) -> str:
         if os.path.normpath(newest) != path:
             # Continuing from an older step would leave the newer checkpoints, of another history,
             # for the next automatic resume to pick up.
-            raise ValueError(f"--resume {path}: the run's newest checkpoint is {newest}; a run "
-                             f"resumes from its newest only")
+            raise ValueError(
+                f"--resume {path}: the run's newest checkpoint is {newest}; a run resumes from its newest only"
+            )
         return out
     if latest_checkpoint(path) is None:
-        raise ValueError(f"--resume {path}: no complete checkpoint in {os.path.join(path, 'checkpoints')} "
-                         f"(give a previous run's trainer.output_dir)")
+        raise ValueError(
+            f"--resume {path}: no complete checkpoint in {os.path.join(path, 'checkpoints')} "
+            f"(give a previous run's trainer.output_dir)"
+        )
     return path
 
 
@@ -138,7 +142,7 @@ def prune_checkpoints(output_dir: str, keep_last: int | None, step: int) -> list
     if not keep_last:
         return []
     done = [(s, p) for s, p in complete_checkpoints(output_dir) if s < step]
-    old = done[:max(0, len(done) - (keep_last - 1))]
+    old = done[: max(0, len(done) - (keep_last - 1))]
     for _, path in old:
         _discard(path)
     return [p for _, p in old]
@@ -156,8 +160,14 @@ def _fsync_tree(root: str) -> None:
 SAVE_BUCKET_BYTES = 256 << 20
 
 
-def save_hf(actor: Actor, tokenizer, directory: str, ctx: DistContext, dtype: str | torch.dtype | None = None,
-            bucket_bytes: int = SAVE_BUCKET_BYTES) -> None:
+def save_hf(
+    actor: Actor,
+    tokenizer,
+    directory: str,
+    ctx: DistContext,
+    dtype: str | torch.dtype | None = None,
+    bucket_bytes: int = SAVE_BUCKET_BYTES,
+) -> None:
     """Write the Hugging Face directory of ``actor``'s model (a collective; rank 0 writes): the
     weights are gathered a bucket at a time (``gathered_buckets``, in ``dtype``: the model's own,
     e.g. bf16 for a bf16 run, whose fp32 master weights stay in the sharded state; None keeps
@@ -177,14 +187,23 @@ def save_hf(actor: Actor, tokenizer, directory: str, ctx: DistContext, dtype: st
         if dt is not None:  # the file's dtype, as Hugging Face records it
             config = copy.deepcopy(config)
             config.dtype = dt
-        save_pretrained_safetensors(state, tokenizer, directory, config=config,
-                                    generation_config=getattr(lm, "generation_config", None))
+        save_pretrained_safetensors(
+            state, tokenizer, directory, config=config, generation_config=getattr(lm, "generation_config", None)
+        )
 
 
-def save_checkpoint(actor: Actor, tokenizer, ctx: DistContext, output_dir: str, step: int,
-                    trainer_state: dict, extra_files: dict | None = None,
-                    others: dict[str, Actor] | None = None, keep_last: int | None = None,
-                    dtype: str | None = None) -> str:
+def save_checkpoint(
+    actor: Actor,
+    tokenizer,
+    ctx: DistContext,
+    output_dir: str,
+    step: int,
+    trainer_state: dict,
+    extra_files: dict | None = None,
+    others: dict[str, Actor] | None = None,
+    keep_last: int | None = None,
+    dtype: str | None = None,
+) -> str:
     """Write ``checkpoints/step_<step>`` (atomically: see the module docstring), then prune to
     ``keep_last``; return its path. ``extra_files``: {file name: object} this rank saves with
     torch.save (e.g. a recipe's own state, such as a replay buffer); ``others``: {name: trainable
@@ -206,13 +225,13 @@ def save_checkpoint(actor: Actor, tokenizer, ctx: DistContext, output_dir: str, 
         if ctx.is_main:
             with open(os.path.join(path, name, "scheduler.json"), "w") as f:
                 json.dump(other.scheduler.state_dict(), f)
-    torch.save({"python": random.getstate(), "torch": torch.get_rng_state()},
-               os.path.join(path, f"rng_rank{ctx.rank}.pt"))
+    torch.save(
+        {"python": random.getstate(), "torch": torch.get_rng_state()}, os.path.join(path, f"rng_rank{ctx.rank}.pt")
+    )
     for name, obj in (extra_files or {}).items():
         torch.save(obj, os.path.join(path, name))
     if ctx.is_main:
-        state = dict(trainer_state, step=step, world_size=ctx.world_size,
-                     scheduler=actor.scheduler.state_dict())
+        state = dict(trainer_state, step=step, world_size=ctx.world_size, scheduler=actor.scheduler.state_dict())
         with open(os.path.join(path, "trainer_state.json"), "w") as f:
             json.dump(state, f, indent=1)
     barrier()  # every rank's files are written
@@ -238,19 +257,19 @@ def _load_state(actor: Actor, path: str) -> None:
     msd, osd = get_state_dict(actor.module, actor.optimizer)
     sd = {"model": msd, "optim": osd}
     dcp.load(sd, checkpoint_id=os.path.join(path, "dcp"))
-    set_state_dict(actor.module, actor.optimizer, model_state_dict=sd["model"],
-                   optim_state_dict=sd["optim"])
+    set_state_dict(actor.module, actor.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
 
 
-def load_checkpoint(actor: Actor, ctx: DistContext, path: str,
-                    others: dict[str, Actor] | None = None) -> dict:
+def load_checkpoint(actor: Actor, ctx: DistContext, path: str, others: dict[str, Actor] | None = None) -> dict:
     """Restore model, optimizer, scheduler and RNG from ``path`` (and each of ``others`` from its
     subdirectory); return the trainer state."""
     with open(os.path.join(path, "trainer_state.json")) as f:
         state = json.load(f)
     if state.get("world_size") != ctx.world_size:
-        raise RuntimeError(f"{path}: saved with {state.get('world_size')} processes, resuming with "
-                           f"{ctx.world_size}; set trainer.nproc to match (or trainer.resume=false)")
+        raise RuntimeError(
+            f"{path}: saved with {state.get('world_size')} processes, resuming with "
+            f"{ctx.world_size}; set trainer.nproc to match (or trainer.resume=false)"
+        )
     _load_state(actor, path)
     actor.scheduler.load_state_dict(state["scheduler"])
     for name, other in (others or {}).items():

@@ -1,4 +1,5 @@
 """Time slicing between the rollout engine and the trainer on the same devices."""
+
 from __future__ import annotations
 
 from fastcrit.models.hf import parse_dtype

@@ -4,6 +4,7 @@ The policy is always wrapped with FSDP2, so even a single CPU process joins a (w
 group. N processes are spawned here with torch.multiprocessing, or started by torchrun (detected
 from RANK / WORLD_SIZE in the environment).
 """
+
 from __future__ import annotations
 
 import gc
@@ -12,9 +13,9 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -22,7 +23,6 @@ import torch.multiprocessing as mp
 
 from fastcrit.train import preempt
 from fastcrit.train.preempt import Stopped
-
 
 # How long a rank waits for the others (joining the group, and in every collective) before the
 # process group gives up, unless trainer.dist_timeout_s says otherwise. PyTorch's defaults are 10
@@ -96,9 +96,11 @@ def _worker(rank: int, world_size: int, device_kind: str, fn: Callable, args: tu
     try:
         ctx = init(rank, world_size, device_kind, timeout_s)
     except Exception as e:  # a peer that never joins: the store wait times out
-        raise DistError(f"{where(rank, world_size)}: joining the process group failed within "
-                        f"{timeout_s:g} s (trainer.dist_timeout_s): {type(e).__name__}: {_first_line(e)}. "
-                        "Every node must start with the same --nnodes and rendezvous endpoint") from e
+        raise DistError(
+            f"{where(rank, world_size)}: joining the process group failed within "
+            f"{timeout_s:g} s (trainer.dist_timeout_s): {type(e).__name__}: {_first_line(e)}. "
+            "Every node must start with the same --nnodes and rendezvous endpoint"
+        ) from e
     try:
         try:
             fn(ctx, *args)
@@ -110,13 +112,18 @@ def _worker(rank: int, world_size: int, device_kind: str, fn: Callable, args: tu
             dist.barrier()
     except Exception as e:
         if world_size > 1 and _is_dist_failure(e):
-            raise DistError(f"{where(rank, world_size)}: a collective failed: {type(e).__name__}: "
-                            f"{_first_line(e)}. Another rank most likely stopped first (its own "
-                            "message says why) or did not answer within trainer.dist_timeout_s "
-                            f"({timeout_s:g} s)") from e
+            raise DistError(
+                f"{where(rank, world_size)}: a collective failed: {type(e).__name__}: "
+                f"{_first_line(e)}. Another rank most likely stopped first (its own "
+                "message says why) or did not answer within trainer.dist_timeout_s "
+                f"({timeout_s:g} s)"
+            ) from e
         if world_size > 1:
-            print(f"fastcrit: {where(rank, world_size)} failed: {type(e).__name__}: {_first_line(e)}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"fastcrit: {where(rank, world_size)} failed: {type(e).__name__}: {_first_line(e)}",
+                file=sys.stderr,
+                flush=True,
+            )
         raise
     finally:
         # The rank's models are garbage by now, held only in reference cycles (FSDP2's hooks): free
@@ -127,8 +134,9 @@ def _worker(rank: int, world_size: int, device_kind: str, fn: Callable, args: tu
         shutdown()
 
 
-def _spawned(index: int, nproc: int, parent_pid: int, shared, device_kind: str, fn: Callable, args: tuple,
-             timeout_s: float) -> None:
+def _spawned(
+    index: int, nproc: int, parent_pid: int, shared, device_kind: str, fn: Callable, args: tuple, timeout_s: float
+) -> None:
     """A rank started by ``launch``: out of the launcher's session, its stop signals coming from the
     launcher alone (fastcrit.train.preempt); how it stopped goes back through ``shared``."""
     preempt.leave_launcher(parent_pid)
@@ -146,8 +154,12 @@ def _run_spawned(nproc: int, device_kind: str, fn: Callable, args: tuple, timeou
     ctx = mp.get_context("spawn")
     with preempt.Forwarder(nproc, ctx) as fwd:
         try:
-            procs = mp.start_processes(_spawned, args=(nproc, os.getpid(), fwd.shared, device_kind, fn, args,
-                                                       timeout_s), nprocs=nproc, join=False)
+            procs = mp.start_processes(
+                _spawned,
+                args=(nproc, os.getpid(), fwd.shared, device_kind, fn, args, timeout_s),
+                nprocs=nproc,
+                join=False,
+            )
         finally:
             fwd.started()
         deadline = None
@@ -165,10 +177,13 @@ def _run_spawned(nproc: int, device_kind: str, fn: Callable, args: tuple, timeou
                 raise Stopped(signal.SIGINT, None, at_once=True) from None
             if isinstance(e, mp.ProcessExitedException):  # killed, or exited without a Python error
                 how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
-                raise DistError(f"rank {e.error_index} of {nproc} (host {socket.gethostname()}) ended with {how}; "
-                                "the other ranks were stopped") from None
-            raise DistError(f"rank {e.error_index} of {nproc} failed; the other ranks were stopped. "
-                            f"Its error:\n{e}") from None
+                raise DistError(
+                    f"rank {e.error_index} of {nproc} (host {socket.gethostname()}) ended with {how}; "
+                    "the other ranks were stopped"
+                ) from None
+            raise DistError(
+                f"rank {e.error_index} of {nproc} failed; the other ranks were stopped. Its error:\n{e}"
+            ) from None
         if fwd.at_once:  # the ranks' KeyboardInterrupt ends them quietly (torch's spawn wrapper)
             raise Stopped(signal.SIGINT, None, at_once=True)
         stopped = fwd.outcome()
@@ -189,16 +204,29 @@ def _is_dist_failure(e: BaseException) -> bool:
     """Whether ``e`` came out of the process group (a peer gone, a timeout) rather than our code:
     torch's distributed error types, or a RuntimeError raised by the gloo / NCCL backends (their
     messages name them; a generic "connection refused" from, say, a proxy endpoint does not count)."""
-    dist_errors = tuple(t for t in (getattr(dist, "DistError", None), getattr(dist, "DistNetworkError", None),
-                                    getattr(dist, "DistStoreError", None)) if t is not None)
+    dist_errors = tuple(
+        t
+        for t in (
+            getattr(dist, "DistError", None),
+            getattr(dist, "DistNetworkError", None),
+            getattr(dist, "DistStoreError", None),
+        )
+        if t is not None
+    )
     if dist_errors and isinstance(e, dist_errors):
         return True
     return isinstance(e, RuntimeError) and any(m in str(e) for m in ("gloo", "NCCL", "c10d", "ProcessGroup"))
 
 
-def launch(fn: Callable, args: tuple, nproc: int, device_kind: str,
-           timeout_s: float = DEFAULT_TIMEOUT_S, env: dict[str, str] | None = None,
-           separate: bool = False) -> None:
+def launch(
+    fn: Callable,
+    args: tuple,
+    nproc: int,
+    device_kind: str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    env: dict[str, str] | None = None,
+    separate: bool = False,
+) -> None:
     """Run ``fn(ctx, *args)`` on ``nproc`` processes (or in this one when nproc == 1 / torchrun).
 
     ``env``: environment variables every rank has before it joins the process group (e.g. NCCL

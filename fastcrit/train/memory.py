@@ -14,6 +14,7 @@ reward pool's threads included) and not child processes (sandbox workers, SGLang
 (an outer phase's peak includes its inner ones); a phase entered twice in a step reports the larger
 peak and the last current value. Each measure reads ``/proc`` or the allocator's counters: cheap.
 """
+
 from __future__ import annotations
 
 import gc

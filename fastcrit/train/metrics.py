@@ -1,5 +1,6 @@
 """metrics.jsonl (one JSON object per step), the trackers ``trainer.loggers`` names (TensorBoard, W&B:
 fastcrit.train.trackers) and the progress bar; rank 0 writes, others no-op."""
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,18 @@ class RunLog:
     row ``log`` writes and the summary ``summary`` gets. Use it as a context manager, or call
     ``close``: the trackers must be closed on every way out (W&B then records the exit code)."""
 
-    def __init__(self, output_dir: str, *, enabled: bool, total: int, start: int | None,
-                 progress: bool, desc: str = "train", show: dict[str, str] | None = None,
-                 trackers: TrackerSettings | None = None):
+    def __init__(
+        self,
+        output_dir: str,
+        *,
+        enabled: bool,
+        total: int,
+        start: int | None,
+        progress: bool,
+        desc: str = "train",
+        show: dict[str, str] | None = None,
+        trackers: TrackerSettings | None = None,
+    ):
         self.enabled = enabled
         self.output_dir = output_dir
         self.settings = trackers if enabled else None
@@ -80,8 +90,11 @@ class RunLog:
             t.log(row["step"], row)
         if self.bar is not None:
             self.bar.update(1)
-            post = {label: f"{row[key]:.3f}" if abs(row[key]) < 100 else f"{row[key]:.0f}"
-                    for label, key in self.show.items() if isinstance(row.get(key), float)}
+            post = {
+                label: f"{row[key]:.3f}" if abs(row[key]) < 100 else f"{row[key]:.0f}"
+                for label, key in self.show.items()
+                if isinstance(row.get(key), float)
+            }
             self.bar.set_postfix(post, refresh=False)
 
     def write(self, msg: str) -> None:
@@ -116,7 +129,7 @@ class RunLog:
         if errors:
             raise errors[0]
 
-    def __enter__(self) -> "RunLog":
+    def __enter__(self) -> RunLog:
         return self
 
     def __exit__(self, kind, exc, tb) -> None:

@@ -22,6 +22,7 @@ What it does not: fragmentation of the caching allocator (reserved above allocat
 (other attention implementations, MoE routing buffers). A phase fits when its peak leaves
 ``FIT_MARGIN`` of the device free.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -68,8 +69,10 @@ class ModelShape:
     @property
     def fused_params(self) -> int:
         """The native engine's fused q/k/v and gate/up copies (fastcrit.rollout.decode.fuse_weights)."""
-        per = self.hidden * (self.heads * self.head_dim + 2 * self.kv_heads * self.head_dim) \
+        per = (
+            self.hidden * (self.heads * self.head_dim + 2 * self.kv_heads * self.head_dim)
             + 2 * self.hidden * self.intermediate
+        )
         return self.layers * per
 
 
@@ -83,11 +86,15 @@ def find_model_config(path: str, what: str) -> tuple[str, str]:
         return path, ""
     shipped = os.path.join(SHIPPED, os.path.basename(os.path.normpath(path)).lower() + ".json")
     if not os.path.exists(path) and os.path.isfile(shipped):
-        return shipped, (f"{what} {path} is not on this machine: planned with the published config of "
-                         f"{os.path.basename(os.path.normpath(path))} that fastcrit ships")
+        return shipped, (
+            f"{what} {path} is not on this machine: planned with the published config of "
+            f"{os.path.basename(os.path.normpath(path))} that fastcrit ships"
+        )
     known = ", ".join(sorted(f[:-5] for f in os.listdir(SHIPPED) if f.endswith(".json")))
-    raise ValueError(f"{what}={path!r}: no config.json there. Give a local model directory or a "
-                     f"config.json file (--set {what}=...); configs shipped for planning: {known}")
+    raise ValueError(
+        f"{what}={path!r}: no config.json there. Give a local model directory or a "
+        f"config.json file (--set {what}=...); configs shipped for planning: {known}"
+    )
 
 
 def model_shape(path: str, what: str = "model.path", value_head: bool = False) -> ModelShape:
@@ -107,7 +114,9 @@ def model_shape(path: str, what: str = "model.path", value_head: bool = False) -
     base = getattr(model, model.base_model_prefix)
     layers = list(getattr(base, "layers", []))
     if not layers:
-        raise ValueError(f"{cfg_path}: {type(model).__name__} has no decoder `layers`; fastcrit plans decoder-only models")
+        raise ValueError(
+            f"{cfg_path}: {type(model).__name__} has no decoder `layers`; fastcrit plans decoder-only models"
+        )
     total = sum(p.numel() for p in model.parameters())
     per_layer = [sum(p.numel() for p in layer.parameters()) for layer in layers]
     hidden = config.hidden_size
@@ -118,17 +127,27 @@ def model_shape(path: str, what: str = "model.path", value_head: bool = False) -
     if value_head:  # a score head (hidden -> 1) in place of the lm_head
         total += hidden - (0 if tied else vocab * hidden)
     return ModelShape(
-        source=cfg_path, params=total, root_params=total - sum(per_layer), layer_params=max(per_layer),
-        layers=len(layers), hidden=hidden, intermediate=getattr(config, "intermediate_size", 4 * hidden),
-        heads=heads, kv_heads=getattr(config, "num_key_value_heads", None) or heads, head_dim=head_dim,
-        vocab=vocab, tied=tied, model_type=config.model_type, note=note)
+        source=cfg_path,
+        params=total,
+        root_params=total - sum(per_layer),
+        layer_params=max(per_layer),
+        layers=len(layers),
+        hidden=hidden,
+        intermediate=getattr(config, "intermediate_size", 4 * hidden),
+        heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        vocab=vocab,
+        tied=tied,
+        model_type=config.model_type,
+        note=note,
+    )
 
 
 LIGER_MODELS = ("qwen2", "llama")  # the architectures fastcrit.models.liger patches
 
 
-def activation_bytes_per_token(m: ModelShape, compute_bytes: int, checkpointing: bool,
-                               liger: bool = True) -> float:
+def activation_bytes_per_token(m: ModelShape, compute_bytes: int, checkpointing: bool, liger: bool = True) -> float:
     """Bytes a training forward keeps per token for the backward, one micro-batch, plus the working
     set of the layer whose backward runs (one layer's activations and their gradients).
 
@@ -186,11 +205,19 @@ class Plan:
         return [p for p in self.phases if p.total / GIB > self.capacity_gib * (1 - FIT_MARGIN)]
 
     def to_dict(self) -> dict:
-        return {"capacity_gib": self.capacity_gib, "world": self.world, "fits": self.fits(),
-                "margin": FIT_MARGIN, "host_load_gib": self.host_load_gib, "notes": self.notes,
-                "phases": {p.name: {"total_gib": p.total / GIB,
-                                    "terms_gib": {k: v / GIB for k, v in p.terms.items()}} for p in self.phases},
-                "fixes": self.fixes}
+        return {
+            "capacity_gib": self.capacity_gib,
+            "world": self.world,
+            "fits": self.fits(),
+            "margin": FIT_MARGIN,
+            "host_load_gib": self.host_load_gib,
+            "notes": self.notes,
+            "phases": {
+                p.name: {"total_gib": p.total / GIB, "terms_gib": {k: v / GIB for k, v in p.terms.items()}}
+                for p in self.phases
+            },
+            "fixes": self.fixes,
+        }
 
 
 def _seq(cfg, prompt_len: int | None = None) -> int:
@@ -207,46 +234,66 @@ def micro_tokens(cfg, forward_only: bool, prompt_len: int | None = None) -> int:
     return rows * _seq(cfg, prompt_len)
 
 
-def _engine_terms(label: str, rollout, shape: ModelShape, dtype_bytes: int, capacity: float,
-                  prompts: int, prompt_len: int, generating: bool = True) -> dict[str, float]:
+def _engine_terms(
+    label: str,
+    rollout,
+    shape: ModelShape,
+    dtype_bytes: int,
+    capacity: float,
+    prompts: int,
+    prompt_len: int,
+    generating: bool = True,
+) -> dict[str, float]:
     """An awake engine's device memory: SGLang's static share (weights + KV cache, held while
     awake) and its graphs, or the native engine's weights and fused copies, and while it generates
     (``generating``) the KV cache and logits of one generate chunk (freed when the call returns)."""
     if rollout.engine == "sglang":
-        return {f"{label}: weights + KV cache (SGLang, {rollout.mem_fraction_static:g} of the device)":
-                rollout.mem_fraction_static * capacity,
-                f"{label}: CUDA graphs, workspace (estimate)": SGLANG_GRAPHS_GIB * GIB}
+        return {
+            f"{label}: weights + KV cache (SGLang, "
+            f"{rollout.mem_fraction_static:g} of the device)": rollout.mem_fraction_static * capacity,
+            f"{label}: CUDA graphs, workspace (estimate)": SGLANG_GRAPHS_GIB * GIB,
+        }
     n = max(1, rollout.n)
     max_batch = int(rollout.engine_args.get("max_batch", 256))
     per_chunk = max(1, min(prompts, max_batch // n))
     rows = per_chunk * n
     kv = shape.kv_bytes_per_token * dtype_bytes * (per_chunk * prompt_len + rows * rollout.max_new_tokens)
-    weights = {f"{label}: weights (native engine)": dtype_bytes * shape.params,
-               f"{label}: fused q/k/v, gate/up copies": dtype_bytes * shape.fused_params}
+    weights = {
+        f"{label}: weights (native engine)": dtype_bytes * shape.params,
+        f"{label}: fused q/k/v, gate/up copies": dtype_bytes * shape.fused_params,
+    }
     if not generating:
         return weights
-    return {**weights,
-            f"{label}: KV cache, {rows} rows": kv,
-            f"{label}: logits and sampling": 4.0 * 4 * rows * shape.vocab
-            + dtype_bytes * per_chunk * prompt_len * (3 * shape.intermediate + 4 * shape.hidden)}
+    return {
+        **weights,
+        f"{label}: KV cache, {rows} rows": kv,
+        f"{label}: logits and sampling": 4.0 * 4 * rows * shape.vocab
+        + dtype_bytes * per_chunk * prompt_len * (3 * shape.intermediate + 4 * shape.hidden),
+    }
 
 
-def _train_terms(prefix: str, m: ModelShape, cfg, world: int, compute: int, tokens: int,
-                 lm_head: bool, checkpointing: bool) -> tuple[dict[str, float], dict[str, float]]:
+def _train_terms(
+    prefix: str, m: ModelShape, cfg, world: int, compute: int, tokens: int, lm_head: bool, checkpointing: bool
+) -> tuple[dict[str, float], dict[str, float]]:
     liger = cfg.model.liger and m.model_type in LIGER_MODELS
     """(terms at the start of the backward, terms at its end) of one micro-batch's forward +
     backward of a trainable model: gradients, gathered parameters, activations, the log-prob
     kernel (``lm_head``), the root's fp32 reduce-scatter."""
     gathered = compute * (m.root_params + 2 * m.layer_params) if (world > 1 or compute != 4) else 0.0
-    common = {f"{prefix} gradients (fp32 shards)": 4.0 * m.params / world,
-              f"{prefix} gathered root + 2 layers": gathered}
+    common = {
+        f"{prefix} gradients (fp32 shards)": 4.0 * m.params / world,
+        f"{prefix} gathered root + 2 layers": gathered,
+    }
     start = dict(common)
-    start[f"{prefix} activations, {tokens} tokens/micro-batch"
-          f"{' (checkpointed)' if checkpointing else ''}"] = tokens * activation_bytes_per_token(m, compute, checkpointing,
-                                                                                               liger)
+    start[f"{prefix} activations, {tokens} tokens/micro-batch{' (checkpointed)' if checkpointing else ''}"] = (
+        tokens * activation_bytes_per_token(m, compute, checkpointing, liger)
+    )
     if lm_head:  # fastcrit_kernels.fused_logprobs' backward: d_logits chunk, d_hidden (fp32), d_lm_head
-        start[f"{prefix} log-prob kernel"] = min(LOGPROB_CHUNK_BYTES, compute * tokens * m.vocab) \
-            + 4.0 * tokens * m.hidden + compute * m.vocab * m.hidden
+        start[f"{prefix} log-prob kernel"] = (
+            min(LOGPROB_CHUNK_BYTES, compute * tokens * m.vocab)
+            + 4.0 * tokens * m.hidden
+            + compute * m.vocab * m.hidden
+        )
     end = dict(common)
     if world > 1 or compute != 4:  # FSDP2 casts the root's gradients to fp32 for the reduce-scatter
         end[f"{prefix} root gradients + fp32 reduce-scatter"] = (compute + 4.0) * m.root_params
@@ -283,8 +330,10 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
         prompt_len += 2 * r.max_new_tokens
     ckpt = t.gradient_checkpointing
 
-    static: dict[str, float] = {"policy weights (fp32 shards)": 4.0 * policy.params / world,
-                                "policy optimizer (AdamW, fp32)": 8.0 * policy.params / world}
+    static: dict[str, float] = {
+        "policy weights (fp32 shards)": 4.0 * policy.params / world,
+        "policy optimizer (AdamW, fp32)": 8.0 * policy.params / world,
+    }
     needs_ref = a.kl_coef != 0.0 or (a.name == "ppo" and cfg.ppo.kl_in_reward_coef != 0.0)
     if needs_ref:
         static["reference (shards)"] = c * policy.params / world
@@ -296,15 +345,19 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
         try:
             rm = model_shape(reward_model_path(cfg), "reward.model_path", value_head=True)
         except ValueError:
-            rm = dataclasses.replace(policy, params=policy.params - (0 if policy.tied else policy.vocab * policy.hidden)
-                                     + policy.hidden)
-            notes.append(f"reward.model_path {reward_model_path(cfg)!r} has no config: planned as a reward "
-                         "model of the policy's size")
+            rm = dataclasses.replace(
+                policy, params=policy.params - (0 if policy.tied else policy.vocab * policy.hidden) + policy.hidden
+            )
+            notes.append(
+                f"reward.model_path {reward_model_path(cfg)!r} has no config: planned as a reward "
+                "model of the policy's size"
+            )
         else:
             notes += [rm.note] if rm.note else []
         online = a.name == "ppo" and cfg.ppo.rm_refresh_every > 0
-        static["reward model" + (" weights + optimizer" if online else " (shards)")] = \
+        static["reward model" + (" weights + optimizer" if online else " (shards)")] = (
             (12.0 if online else c) * rm.params / world
+        )
     if a.name == "ctrl" and not cfg.proxy.endpoint:
         pm = cfg.proxy.model if cfg.proxy.model.path else cfg.model
         proxy = model_shape(_resolve(pm), "proxy.model.path")
@@ -317,8 +370,9 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
     proxy_engine = {}
     if proxy is not None:
         pr = cfg.proxy.rollout
-        proxy_engine = _engine_terms("proxy engine", pr, proxy, _DTYPE_BYTES[pm.dtype], cap, prompts * r.n,
-                                     cfg.proxy.max_prompt_len)
+        proxy_engine = _engine_terms(
+            "proxy engine", pr, proxy, _DTYPE_BYTES[pm.dtype], cap, prompts * r.n, cfg.proxy.max_prompt_len
+        )
     train_tokens = micro_tokens(cfg, False, prompt_len)
     fwd_tokens = micro_tokens(cfg, True, prompt_len)
 
@@ -327,8 +381,10 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
         # a frozen model in one process is a plain module (fastcrit.train.actor.wrap_trainable)
         sharded = world > 1 or (trainable and nbytes != 4)
         gathered = nbytes * (m.root_params + 2 * m.layer_params) if sharded else 0.0
-        return {f"{prefix} gathered root + 2 layers": gathered,
-                f"{prefix} forward working set, {fwd_tokens} tokens": fwd_tokens * forward_bytes_per_token(m, nbytes)}
+        return {
+            f"{prefix} gathered root + 2 layers": gathered,
+            f"{prefix} forward working set, {fwd_tokens} tokens": fwd_tokens * forward_bytes_per_token(m, nbytes),
+        }
 
     phases = []
     if cfg.sft.steps > 0:
@@ -338,8 +394,11 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
     phases.append(Phase("rollout", {**static, **engine}))
     # after the rollout: the engine is awake (SGLang keeps its KV cache; the native engine's went
     # with the generate call) and CTRL's proxy generates the revisions
-    reward = {**static, **_engine_terms("rollout engine", r, policy, c, cap, prompts, prompt_len, generating=False),
-              **proxy_engine}
+    reward = {
+        **static,
+        **_engine_terms("rollout engine", r, policy, c, cap, prompts, prompt_len, generating=False),
+        **proxy_engine,
+    }
     if rm is not None:
         reward.update(forward("reward model:", rm, c, False))
     phases.append(Phase("reward", reward))
@@ -361,17 +420,41 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
     engine_weights = c * policy.params
     # a gathered bucket: this rank's piece, the all-gather's output and the full copies (~2.5
     # buckets); a sync adds the bucket the engine is loading
-    phases.append(Phase("sync", {**static, "rollout engine: weights": engine_weights,
-                                 "gathered buckets (sync)": 3.5 * min(bucket, engine_weights)}))
-    phases.append(Phase("save", {**static, "rollout engine: weights": engine_weights,
-                                 "gathered buckets (save)": 2.5 * min(SAVE_BUCKET_BYTES, engine_weights)}))
+    phases.append(
+        Phase(
+            "sync",
+            {
+                **static,
+                "rollout engine: weights": engine_weights,
+                "gathered buckets (sync)": 3.5 * min(bucket, engine_weights),
+            },
+        )
+    )
+    phases.append(
+        Phase(
+            "save",
+            {
+                **static,
+                "rollout engine: weights": engine_weights,
+                "gathered buckets (save)": 2.5 * min(SAVE_BUCKET_BYTES, engine_weights),
+            },
+        )
+    )
     phases.append(Phase("evaluation", {**static, **engine, **proxy_engine}))
 
     # rank 0 alone reads the trained and frozen models (the fp32 policy is the largest); each native
     # engine reads its own copy in its rank (SGLang loads straight onto its device)
     host = 4.0 * policy.params + (world * c * policy.params if r.engine == "native" else 0.0)
-    plan = Plan(phases, capacity_gib, world, notes, host_load_gib=host / GIB, fixes={},
-                train_tokens=train_tokens, forward_tokens=fwd_tokens)
+    plan = Plan(
+        phases,
+        capacity_gib,
+        world,
+        notes,
+        host_load_gib=host / GIB,
+        fixes={},
+        train_tokens=train_tokens,
+        forward_tokens=fwd_tokens,
+    )
     for p in plan.over():
         plan.fixes[p.name] = _fixes(cfg, p, plan)
     return plan
@@ -391,7 +474,10 @@ def _fixes(cfg, phase: Phase, plan: Plan) -> list[str]:
         if act > over and tokens:
             budget = int(tokens * (act - over) / act) // 1024 * 1024
             if budget >= 1024:
-                out.append(f"trainer.max_tokens_per_micro_batch={budget} (now {t.max_tokens_per_micro_batch or 'rows x length'})")
+                out.append(
+                    f"trainer.max_tokens_per_micro_batch={budget} "
+                    f"(now {t.max_tokens_per_micro_batch or 'rows x length'})"
+                )
         if "forward working set" in " ".join(acts):
             out.append("trainer.logprob_micro_batch_size (fewer rows per forward-only pass)")
     for key, section in (("rollout engine", "rollout"), ("proxy engine", "proxy.rollout")):
@@ -415,19 +501,26 @@ def render(plan: Plan) -> str:
     head = f"{'GiB per GPU (' + str(plan.world) + ' GPUs alike)':<{width}}" + "".join(f"{n:>{col}}" for n in names)
     lines = [head, "-" * len(head)]
     for label in labels:
-        cells = "".join(f"{p.terms[label] / GIB:>{col}.2f}" if label in p.terms else f"{'':>{col}}"
-                        for p in plan.phases)
+        cells = "".join(
+            f"{p.terms[label] / GIB:>{col}.2f}" if label in p.terms else f"{'':>{col}}" for p in plan.phases
+        )
         lines.append(f"{label:<{width}}{cells}")
     lines.append("-" * len(head))
     lines.append(f"{'total':<{width}}" + "".join(f"{p.total / GIB:>{col}.2f}" for p in plan.phases))
-    lines.append(f"{'headroom (of ' + format(plan.capacity_gib, 'g') + ' GiB)':<{width}}"
-                 + "".join(f"{plan.capacity_gib - p.total / GIB:>{col}.2f}" for p in plan.phases))
+    lines.append(
+        f"{'headroom (of ' + format(plan.capacity_gib, 'g') + ' GiB)':<{width}}"
+        + "".join(f"{plan.capacity_gib - p.total / GIB:>{col}.2f}" for p in plan.phases)
+    )
     peak = plan.peak()
     lines.append("")
-    lines.append(f"peak: {peak.total / GIB:.2f} GiB in {peak.name}; fits when every phase leaves "
-                 f"{FIT_MARGIN:.0%} of the device free ({plan.capacity_gib * FIT_MARGIN:.1f} GiB)")
-    lines.append(f"host memory while the models load: {plan.host_load_gib:.1f} GiB (rank 0 reads each model "
-                 f"once, the largest the fp32 policy; the other ranks get their shards from it)")
+    lines.append(
+        f"peak: {peak.total / GIB:.2f} GiB in {peak.name}; fits when every phase leaves "
+        f"{FIT_MARGIN:.0%} of the device free ({plan.capacity_gib * FIT_MARGIN:.1f} GiB)"
+    )
+    lines.append(
+        f"host memory while the models load: {plan.host_load_gib:.1f} GiB (rank 0 reads each model "
+        f"once, the largest the fp32 policy; the other ranks get their shards from it)"
+    )
     lines += [f"note: {n}" for n in plan.notes]
     for name, keys in plan.fixes.items():
         lines.append(f"{name} does not fit; what would lower it: " + "; ".join(keys))

@@ -4,13 +4,14 @@ The forward goes hidden states -> fastcrit_kernels.fused_logprobs, so the [token
 are never materialised. The wrapper is the FSDP root: its forward unshards the root-level
 parameters (embeddings, final norm, lm_head), so the fused kernel sees the full lm_head weight.
 """
+
 from __future__ import annotations
 
 import contextlib
 import functools
 import inspect
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -52,9 +53,18 @@ class CausalLMLogprobs(nn.Module):
     def base(self) -> nn.Module:
         return getattr(self.lm, self.lm.base_model_prefix)
 
-    def forward(self, input_ids, attention_mask, position_ids, responses, response_mask,
-                temperature: float = 1.0, return_entropy: bool = False,
-                packed_index: torch.Tensor | None = None, share_prompts: bool = False):
+    def forward(
+        self,
+        input_ids,
+        attention_mask,
+        position_ids,
+        responses,
+        response_mask,
+        temperature: float = 1.0,
+        return_entropy: bool = False,
+        packed_index: torch.Tensor | None = None,
+        share_prompts: bool = False,
+    ):
         """input_ids/attention_mask/position_ids [B, P+R]; responses/response_mask [B, R].
 
         Returns logp [B, R] (0 where response_mask is 0), and entropy [B, R] when asked.
@@ -74,30 +84,60 @@ class CausalLMLogprobs(nn.Module):
         if self.checkpointing and torch.is_grad_enabled():
             share_prompts = False
         with graph_attention(self):
-            return self._forward(input_ids, attention_mask, position_ids, responses, response_mask, temperature,
-                                 return_entropy, packed_index, share_prompts)
+            return self._forward(
+                input_ids,
+                attention_mask,
+                position_ids,
+                responses,
+                response_mask,
+                temperature,
+                return_entropy,
+                packed_index,
+                share_prompts,
+            )
 
-    def _forward(self, input_ids, attention_mask, position_ids, responses, response_mask, temperature,
-                 return_entropy, packed_index, share_prompts):
+    def _forward(
+        self,
+        input_ids,
+        attention_mask,
+        position_ids,
+        responses,
+        response_mask,
+        temperature,
+        return_entropy,
+        packed_index,
+        share_prompts,
+    ):
         R = responses.shape[-1]
         hidden = None
         if packed_index is not None:
-            hidden = self.base(input_ids=input_ids, attention_mask=None, position_ids=position_ids,
-                               use_cache=False).last_hidden_state[0, packed_index]
+            hidden = self.base(
+                input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False
+            ).last_hidden_state[0, packed_index]
         elif share_prompts:
             hidden = self.shared_prompt_hidden(input_ids, attention_mask, position_ids, R)
         if hidden is None:
             # logits at position t predict token t+1: the response tokens are predicted from
             # P-1 .. P+R-2, and the last position predicts nothing, so it is left out of the
             # forward (a causal model's other positions never see it)
-            hidden = self.base(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
-                               position_ids=position_ids[:, :-1], use_cache=False).last_hidden_state
+            hidden = self.base(
+                input_ids=input_ids[:, :-1],
+                attention_mask=attention_mask[:, :-1],
+                position_ids=position_ids[:, :-1],
+                use_cache=False,
+            ).last_hidden_state
             hidden = hidden[:, -R:]
         labels = responses.masked_fill(response_mask <= 0, IGNORE)
         head = self.lm.get_output_embeddings()
-        out = fused_logprobs(hidden, head.weight, labels, temperature=temperature,
-                             bias=getattr(head, "bias", None), return_entropy=return_entropy,
-                             ignore_index=IGNORE)
+        out = fused_logprobs(
+            hidden,
+            head.weight,
+            labels,
+            temperature=temperature,
+            bias=getattr(head, "bias", None),
+            return_entropy=return_entropy,
+            ignore_index=IGNORE,
+        )
         # FSDP2 warns about (and mishandles in-place ops on) view outputs of the root module: the
         # kernel's [N] -> [B, R] reshape is a view, so hand back owning tensors ([B, R] is small).
         return tuple(t.clone() for t in out) if return_entropy else out.clone()
@@ -133,14 +173,20 @@ class CausalLMLogprobs(nn.Module):
             return None
         # one row standing for each distinct prompt (identical rows: any one of them)
         rep = torch.empty(distinct, dtype=torch.long, device=inverse.device).scatter_(
-            0, inverse, torch.arange(rows, device=inverse.device))
+            0, inverse, torch.arange(rows, device=inverse.device)
+        )
         try:  # Transformers >= 4.56 sizes each layer's cache by the config (sliding windows)
             cache = DynamicCache(config=self.lm.config)
         except TypeError:
             cache = DynamicCache()
         arg = _cache_kwarg(type(self.base))
-        first = self.base(input_ids=input_ids[rep, :P], attention_mask=attention_mask[rep, :P],
-                          position_ids=position_ids[rep, :P], use_cache=True, **{arg: cache}).last_hidden_state
+        first = self.base(
+            input_ids=input_ids[rep, :P],
+            attention_mask=attention_mask[rep, :P],
+            position_ids=position_ids[rep, :P],
+            use_cache=True,
+            **{arg: cache},
+        ).last_hidden_state
         plan = _pack_responses(attention_mask[:, P:], inverse, R - 1) if _packable(self.lm.config) else None
         if plan is not None:
             rest = self._packed_responses(input_ids, attention_mask, position_ids, R, cache, arg, inverse, plan)
@@ -149,10 +195,15 @@ class CausalLMLogprobs(nn.Module):
             # response t predicts t+1; the last response token predicts nothing and is not run, but
             # for R = 1 it is (every rank runs the second forward, and an empty one would fail)
             end = -1 if R > 1 else None
-            rest = self.base(input_ids=input_ids[:, P:end], attention_mask=attention_mask[:, :end],
-                             position_ids=position_ids[:, P:end], use_cache=True, **{arg: cache}).last_hidden_state
+            rest = self.base(
+                input_ids=input_ids[:, P:end],
+                attention_mask=attention_mask[:, :end],
+                position_ids=position_ids[:, P:end],
+                use_cache=True,
+                **{arg: cache},
+            ).last_hidden_state
         # the prompt's last position predicts the first response token
-        return torch.cat([first[inverse, -1:], rest[:, :R - 1]], dim=1)
+        return torch.cat([first[inverse, -1:], rest[:, : R - 1]], dim=1)
 
     def _packed_responses(self, input_ids, attention_mask, position_ids, R, cache, arg, inverse, plan):
         """The responses' second forward with short responses of one prompt end to end in one row
@@ -174,8 +225,9 @@ class CausalLMLogprobs(nn.Module):
         prompt = attention_mask[lead, :P].bool()[:, None, :].expand(nb, C, P)
         mask = torch.cat([prompt, own], dim=2)[:, None]
         cache.batch_select_indices(inverse[lead])  # each bin its prompt's keys and values
-        out = self.base(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                        **{arg: cache}).last_hidden_state
+        out = self.base(
+            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{arg: cache}
+        ).last_hidden_state
         index = torch.zeros(input_ids.shape[0], C, dtype=torch.long, device=dev)
         index[src] = row * C + col
         return out.reshape(nb * C, -1)[index]
@@ -188,8 +240,11 @@ def _packable(config) -> bool:
     kinds = getattr(config, "layer_types", None) or ["full_attention"]
     # a window set and not switched off (Mistral sets one and has no switch; Qwen2 has the switch)
     window = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
-    return getattr(config, "_attn_implementation", None) == "sdpa" and all(k == "full_attention" for k in kinds) \
+    return (
+        getattr(config, "_attn_implementation", None) == "sdpa"
+        and all(k == "full_attention" for k in kinds)
         and not window
+    )
 
 
 def _pack_responses(resp_mask: torch.Tensor, inverse: torch.Tensor, C: int):
@@ -295,11 +350,16 @@ def checkpoint_layers(module: nn.Module) -> None:
     module.checkpointing = True
 
 
-def shard(module: CausalLMLogprobs, world_size: int, device: torch.device,
-          param_dtype: torch.dtype | None = None) -> CausalLMLogprobs:
+def shard(
+    module: CausalLMLogprobs, world_size: int, device: torch.device, param_dtype: torch.dtype | None = None
+) -> CausalLMLogprobs:
     """fully_shard every decoder layer, then the wrapper (the root)."""
     mesh = init_device_mesh(device.type, (world_size,))
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        if param_dtype
+        else MixedPrecisionPolicy()
+    )
     for layer in decoder_layers(module):
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(module, mesh=mesh, mp_policy=mp)
@@ -310,8 +370,7 @@ def _named(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """Parameters and persistent buffers by Hugging Face name (what a Hugging Face checkpoint
     holds), in the model's order."""
     persistent = set(module.lm.state_dict().keys())
-    return list(module.lm.named_parameters()) + [
-        (n, b) for n, b in module.lm.named_buffers() if n in persistent]
+    return list(module.lm.named_parameters()) + [(n, b) for n, b in module.lm.named_buffers() if n in persistent]
 
 
 def load_from_rank0(module: nn.Module, full: dict[str, torch.Tensor] | None, device: torch.device) -> None:
@@ -324,8 +383,11 @@ def load_from_rank0(module: nn.Module, full: dict[str, torch.Tensor] | None, dev
 
     if any(t.is_meta for t in [*module.parameters(), *module.buffers()]):
         module.to_empty(device=device)
-    set_model_state_dict(module, full if full is not None else {},
-                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    set_model_state_dict(
+        module,
+        full if full is not None else {},
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
     with torch.no_grad():
         for b in module.buffers():
             dist.broadcast(b, src=0)
@@ -342,12 +404,12 @@ def full_named_tensors(module: CausalLMLogprobs) -> Iterator[tuple[str, torch.Te
 
 def _row_shard(t: torch.Tensor) -> bool:
     """An FSDP2 parameter: a DTensor sharded on dim 0 over a 1-D mesh."""
-    return (isinstance(t, DTensor) and t.device_mesh.ndim == 1 and len(t.placements) == 1
-            and t.placements[0].is_shard(0))
+    return isinstance(t, DTensor) and t.device_mesh.ndim == 1 and len(t.placements) == 1 and t.placements[0].is_shard(0)
 
 
-def gathered_buckets(module: nn.Module, dtype: torch.dtype | None, bucket_bytes: int
-                     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def gathered_buckets(
+    module: nn.Module, dtype: torch.dtype | None, bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Full parameters and persistent buffers by Hugging Face name, cast to ``dtype`` (None: their
     own), in buckets of about ``bucket_bytes`` of full tensors (a tensor larger than that is a
     bucket of its own): ONE all-gather per bucket, in ``dtype``, instead of one per tensor in
@@ -375,8 +437,7 @@ def gathered_buckets(module: nn.Module, dtype: torch.dtype | None, bucket_bytes:
         yield _gather_bucket(bucket, dtype)
 
 
-def _gather_bucket(bucket: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None
-                   ) -> list[tuple[str, torch.Tensor]]:
+def _gather_bucket(bucket: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None) -> list[tuple[str, torch.Tensor]]:
     sharded = [(n, t) for n, t in bucket if _row_shard(t) and t.device_mesh.size() > 1]
     full: dict[str, torch.Tensor] = {}
     # one flat buffer per (output dtype, mesh): a single one in practice (FSDP2 shards one model
@@ -414,16 +475,16 @@ def _gather_flat(sharded: list[tuple[str, torch.Tensor]], out_dtype: torch.dtype
             offset += per * inner
         device = sharded[0][1].to_local().device
         send = torch.zeros(offset, dtype=out_dtype, device=device)
-        for (name, t), (_, _, _, elems, off) in zip(sharded, slots):
+        for (_, t), (_, _, _, _, off) in zip(sharded, slots):
             local = t.to_local().detach().reshape(-1)
-            send[off:off + local.numel()].copy_(local)
+            send[off : off + local.numel()].copy_(local)
         recv = torch.empty(world * offset, dtype=out_dtype, device=device)
         _all_gather_flat(recv, send, group)
         recv = recv.view(world, offset)
         del send
         for name, shape, per, elems, off in slots:
             # [world, per * inner] -> [world * per, ...] -> the first rows: one copy
-            full[name] = recv[:, off:off + elems].reshape(world * per, *shape[1:])[:shape[0]]
+            full[name] = recv[:, off : off + elems].reshape(world * per, *shape[1:])[: shape[0]]
         del recv
     return full
 
@@ -436,9 +497,9 @@ def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group) -> None:
     fn(out, inp, group=group)
 
 
-def gathered_tensors(module: nn.Module, dtype: torch.dtype | None, bucket_bytes: int
-                     ) -> Iterator[tuple[str, torch.Tensor]]:
+def gathered_tensors(
+    module: nn.Module, dtype: torch.dtype | None, bucket_bytes: int
+) -> Iterator[tuple[str, torch.Tensor]]:
     """``gathered_buckets`` one tensor at a time (the same collectives)."""
     for bucket in gathered_buckets(module, dtype, bucket_bytes):
         yield from bucket
-

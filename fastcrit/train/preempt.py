@@ -35,6 +35,7 @@ the rank's own children: SGLang's scheduler processes stop on it and the step ca
 sandbox's workers die on a SIGTERM and executions in flight score as errors. Stages that run on rank 0 alone
 (CTRL's synthesis) see the request only when they end.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -86,8 +87,10 @@ def requested() -> int:
 
 
 def _first_message(signum: int) -> str:
-    return (f"{signal.Signals(signum).name}: finishing the current step, saving a checkpoint, then stopping "
-            "(Ctrl-C again stops at once)")
+    return (
+        f"{signal.Signals(signum).name}: finishing the current step, saving a checkpoint, then stopping "
+        "(Ctrl-C again stops at once)"
+    )
 
 
 _AT_ONCE_MESSAGE = "SIGINT again: stopping at once, without a checkpoint of this step"
@@ -159,7 +162,7 @@ class Forwarder:
         self._sent = [0] * nproc
         self._old: dict | None = None
 
-    def __enter__(self) -> "Forwarder":
+    def __enter__(self) -> Forwarder:
         if threading.current_thread() is threading.main_thread():
             # Starting multiprocessing's resource tracker unblocks SIGINT / SIGTERM after it (CPython
             # 3.11.7 multiprocessing/resource_tracker.py:145-151, ensure_running): start it first, so
@@ -190,7 +193,7 @@ class Forwarder:
         n = len(self.received)  # a signal arriving during the loop waits for the next call
         for i, pid in enumerate(pids):
             if self.shared[i] and self._sent[i] < n:
-                for sig in self.received[self._sent[i]:n]:
+                for sig in self.received[self._sent[i] : n]:
                     try:
                         os.kill(pid, sig)
                     except ProcessLookupError:  # it has exited

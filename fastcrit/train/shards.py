@@ -25,14 +25,15 @@ Not covered: the directory must be one that every rank sees (under torchrun on s
 filesystems and NFS have them); two runs writing one directory at once are not detected; the plan
 compares settings, not model weights (a generator retrained in place is not noticed).
 """
+
 from __future__ import annotations
 
 import json
 import os
 import socket
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 PLAN = "plan.json"
 POLL_S = 1.0  # how often a waiting rank looks at the directory
@@ -89,8 +90,7 @@ def fsync_path(path: str) -> None:
 
 def write_atomically(path: str, lines: Iterable[str]) -> None:
     """``path`` holds ``lines`` whole, or is as it was: a temporary file, fsynced, renamed into place."""
-    tmp = os.path.join(os.path.dirname(path),
-                       f".{os.path.basename(path)}.{socket.gethostname()}.{os.getpid()}.tmp")
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{socket.gethostname()}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
         f.writelines(lines)
         f.flush()
@@ -139,9 +139,11 @@ class ChunkFiles:
             raise ShardError(f"{path}: not a chunk file ({e}); delete it to have the chunk done again") from None
         footer = rows.pop() if rows else None
         if footer != {"chunk": chunk.name, "rows": len(rows)}:
-            raise ShardError(f"{path}: its last line should be {{\"chunk\": \"{chunk.name}\", \"rows\": "
-                             f"{len(rows)}}}, found {footer!r} (a damaged or foreign file); delete it to have "
-                             "the chunk done again")
+            raise ShardError(
+                f'{path}: its last line should be {{"chunk": "{chunk.name}", "rows": '
+                f"{len(rows)}}}, found {footer!r} (a damaged or foreign file); delete it to have "
+                "the chunk done again"
+            )
         return rows
 
     def settle_plan(self, plan: dict) -> None:
@@ -156,8 +158,10 @@ class ChunkFiles:
                     raise ShardError(f"{path}: not a plan ({e}); delete {self.directory} to start over") from None
             if old != plan:
                 diff = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in _differences(old, plan))
-                raise ShardError(f"{self.directory} holds chunks made with other settings ({diff}). Restore "
-                                 f"the settings to resume, or delete {self.directory} to start the stage over")
+                raise ShardError(
+                    f"{self.directory} holds chunks made with other settings ({diff}). Restore "
+                    f"the settings to resume, or delete {self.directory} to start the stage over"
+                )
             return
         os.makedirs(self.directory, exist_ok=True)
         write_atomically(path, [json.dumps(plan, indent=1, sort_keys=True) + "\n"])
@@ -172,8 +176,14 @@ def _differences(a, b, prefix: str = "") -> list[tuple[str, object, object]]:
     return [] if a == b else [(prefix.rstrip("."), a, b)]
 
 
-def wait_for(ready: Callable[[], bool], progress: Callable[[], object], *, wait_s: float,
-             failure: Callable[[], str], poll_s: float = POLL_S) -> None:
+def wait_for(
+    ready: Callable[[], bool],
+    progress: Callable[[], object],
+    *,
+    wait_s: float,
+    failure: Callable[[], str],
+    poll_s: float = POLL_S,
+) -> None:
     """Poll until ``ready()``; raise ShardError(``failure()``) once ``progress()`` has not changed
     for ``wait_s`` seconds (so a long stage that keeps moving never times out)."""
     if not wait_s > 0:
@@ -188,13 +198,14 @@ def wait_for(ready: Callable[[], bool], progress: Callable[[], object], *, wait_
         time.sleep(poll_s)
 
 
-def missing_message(files: ChunkFiles, chunks: list[Chunk], world_size: int, wait_s: float,
-                    setting: str) -> str:
+def missing_message(files: ChunkFiles, chunks: list[Chunk], world_size: int, wait_s: float, setting: str) -> str:
     """Which chunks never came, and the ranks they were dealt to."""
     gone = files.missing(chunks)
     ranks = sorted({chunks.index(c) % world_size for c in gone})
     names = ", ".join(c.name for c in gone[:8]) + (f" and {len(gone) - 8} more" if len(gone) > 8 else "")
-    return (f"{files.directory}: no chunk appeared for {wait_s:g} s ({setting}) and {len(gone)} are missing "
-            f"({names}), dealt to rank(s) {', '.join(map(str, ranks))} of {world_size}. Those ranks died, "
-            "hang, or write where this one cannot see (every node must share trainer.output_dir); their "
-            "own output says which. A restart resumes from the chunks on disk")
+    return (
+        f"{files.directory}: no chunk appeared for {wait_s:g} s ({setting}) and {len(gone)} are missing "
+        f"({names}), dealt to rank(s) {', '.join(map(str, ranks))} of {world_size}. Those ranks died, "
+        "hang, or write where this one cannot see (every node must share trainer.output_dir); their "
+        "own output says which. A restart resumes from the chunks on disk"
+    )

@@ -21,6 +21,7 @@ What is NOT done: a resumed run is a new W&B run (same name; its steps continue 
 checkpoint), not the continuation of the earlier one; values that are not numbers (a string, a
 list) are left out of both trackers, as are rows the other ranks see (they log nothing).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -64,11 +65,17 @@ class TrackerSettings:
     config: dict = field(default_factory=dict, compare=False)  # the run's whole config, for W&B
 
     @classmethod
-    def of(cls, cfg: Config, stage: str = "train") -> "TrackerSettings":
+    def of(cls, cfg: Config, stage: str = "train") -> TrackerSettings:
         t = cfg.trainer
         name = t.wandb_name or os.path.basename(os.path.normpath(t.output_dir))
-        return cls(tuple(x for x in dict.fromkeys(t.loggers) if x != "jsonl"), stage, t.wandb_project,
-                   name if stage == "train" else f"{name}-{stage}", t.wandb_mode, to_dict(cfg))
+        return cls(
+            tuple(x for x in dict.fromkeys(t.loggers) if x != "jsonl"),
+            stage,
+            t.wandb_project,
+            name if stage == "train" else f"{name}-{stage}",
+            t.wandb_mode,
+            to_dict(cfg),
+        )
 
 
 def open_trackers(settings: TrackerSettings | None, output_dir: str, start: int) -> list:
@@ -114,8 +121,9 @@ class TensorBoardTracker:
         # the checkpoint this run resumed from, by the process that was stopped or crashed)
         # A file name of its own: tensorboardX names files by the second and the host, and a second
         # writer within the same second would overwrite the first one's file.
-        self.writer = SummaryWriter(logdir, purge_step=start + 1 if start > 0 else None,
-                                    filename_suffix=f".{time.time_ns()}.{os.getpid()}")
+        self.writer = SummaryWriter(
+            logdir, purge_step=start + 1 if start > 0 else None, filename_suffix=f".{time.time_ns()}.{os.getpid()}"
+        )
 
     def log(self, step: int, row: dict) -> None:
         for k, v in numbers(row).items():
@@ -134,9 +142,16 @@ class WandbTracker:
     def __init__(self, s: TrackerSettings, output_dir: str):
         import wandb
 
-        self.run = wandb.init(project=s.wandb_project, name=s.wandb_name, job_type=s.stage, dir=output_dir,
-                              mode=s.wandb_mode or None, config=s.config, reinit="finish_previous",
-                              settings=wandb.Settings(console="off"))  # the console stays ours
+        self.run = wandb.init(
+            project=s.wandb_project,
+            name=s.wandb_name,
+            job_type=s.stage,
+            dir=output_dir,
+            mode=s.wandb_mode or None,
+            config=s.config,
+            reinit="finish_previous",
+            settings=wandb.Settings(console="off"),
+        )  # the console stays ours
 
     def log(self, step: int, row: dict) -> None:
         self.run.log(numbers(row), step=step)

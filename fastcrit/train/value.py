@@ -1,6 +1,7 @@
 """The PPO critic (and the reward model's scoring): a backbone with a value head, FSDP2-wrapped like
 the policy, with its own optimizer. Values of a response are read at the positions that predict its
 tokens (the state before each token), as verl's critic does."""
+
 from __future__ import annotations
 
 import torch
@@ -9,8 +10,17 @@ import torch.nn as nn
 from fastcrit.algos.advantages import last_valid_index
 from fastcrit.config import AlgorithmConfig, OptimConfig, PPOConfig
 from fastcrit.models.hf import load_value_model, parse_dtype
-from fastcrit.train.actor import (Actor, GlobalWeights, _micro_slices, _mini_batches, micro_plan, optimizer_step,
-                                  reads_weights, reshard, wrap_trainable)
+from fastcrit.train.actor import (
+    Actor,
+    GlobalWeights,
+    _micro_slices,
+    _mini_batches,
+    micro_plan,
+    optimizer_step,
+    reads_weights,
+    reshard,
+    wrap_trainable,
+)
 from fastcrit.train.dist import masked_mean_over_ranks
 from fastcrit.train.policy import graph_attention
 from fastcrit.types import RolloutBatch
@@ -32,22 +42,36 @@ class ValueModel(nn.Module):
     def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         """[B, T] fp32 value of every position."""
         with graph_attention(self):
-            hidden = self.base(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=position_ids, use_cache=False).last_hidden_state
+            hidden = self.base(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            ).last_hidden_state
         return self.lm.score(hidden)[..., 0].float().clone()
 
 
-def build_value_actor(model_path: str, *, dtype: str, device: torch.device, world_size: int,
-                      optim: OptimConfig | None = None, total_updates: int = 0,
-                      checkpointing: bool = False) -> Actor:
+def build_value_actor(
+    model_path: str,
+    *,
+    dtype: str,
+    device: torch.device,
+    world_size: int,
+    optim: OptimConfig | None = None,
+    total_updates: int = 0,
+    checkpointing: bool = False,
+) -> Actor:
     """A value model (head kept from a value-head checkpoint, fresh on a causal LM), sharded with
     FSDP2, with AdamW by ``optim``, or frozen when ``optim`` is None (a reward model);
     ``checkpointing``: activation checkpointing per decoder layer when trainable."""
     dtype_load = torch.float32 if optim is not None else parse_dtype(dtype)
     model = load_value_model(model_path, dtype=dtype_load, meta=not reads_weights(world_size))
-    return wrap_trainable(ValueModel(model), dtype=dtype,
-                          device=device, world_size=world_size, optim=optim, total_updates=total_updates,
-                          checkpointing=checkpointing)
+    return wrap_trainable(
+        ValueModel(model),
+        dtype=dtype,
+        device=device,
+        world_size=world_size,
+        optim=optim,
+        total_updates=total_updates,
+        checkpointing=checkpointing,
+    )
 
 
 def _values(actor: Actor, mb: RolloutBatch) -> torch.Tensor:
@@ -60,15 +84,25 @@ def _values(actor: Actor, mb: RolloutBatch) -> torch.Tensor:
 @torch.no_grad()
 def compute_values(actor: Actor, batch: RolloutBatch, micro_batch_size: int) -> torch.Tensor:
     """[B, R] fp32 values of the states before each response token (0 on padding), on CPU."""
-    out = [_values(actor, batch.select(torch.arange(len(batch))[sl])).cpu()
-           for sl in _micro_slices(len(batch), micro_batch_size)]
+    out = [
+        _values(actor, batch.select(torch.arange(len(batch))[sl])).cpu()
+        for sl in _micro_slices(len(batch), micro_batch_size)
+    ]
     reshard(actor)
     return torch.cat(out) * batch.response_mask
 
 
-def update_values(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, ppo: PPOConfig, *,
-                  micro_batch_size: int, grad_clip: float, agg_scale: float | None = None,
-                  generator: torch.Generator | None = None) -> dict[str, float]:
+def update_values(
+    actor: Actor,
+    batch: RolloutBatch,
+    algo: AlgorithmConfig,
+    ppo: PPOConfig,
+    *,
+    micro_batch_size: int,
+    grad_clip: float,
+    agg_scale: float | None = None,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
     """Clipped value regression of ``batch.values`` (rollout-time predictions) towards
     ``batch.returns``, ppo_epochs x mini_batches optimizer steps, loss aggregated as the policy's
     (over all ranks' tokens, see ``train.actor``; ``agg_scale``: seq-mean-token-sum-norm's divisor
@@ -90,9 +124,15 @@ def update_values(actor: Actor, batch: RolloutBatch, algo: AlgorithmConfig, ppo:
                 mb = mini.select(idx) if len(idx) else batch.select(torch.zeros(1, dtype=torch.long))
                 w = weight(mb.response_mask) if len(idx) else 0.0
                 d = actor.device
-                loss, s = value_loss(_values(actor, mb), mb.values.to(d), mb.returns.to(d),
-                                     mb.response_mask.to(d), clip=ppo.value_clip, agg=algo.loss_agg,
-                                     agg_scale=agg_scale)
+                loss, s = value_loss(
+                    _values(actor, mb),
+                    mb.values.to(d),
+                    mb.returns.to(d),
+                    mb.response_mask.to(d),
+                    clip=ppo.value_clip,
+                    agg=algo.loss_agg,
+                    agg_scale=agg_scale,
+                )
                 (loss * w).backward()
                 stats["critic/value_loss"] = stats.get("critic/value_loss", 0.0) + loss.item() * w
                 stats["critic/vf_clipfrac"] = stats.get("critic/vf_clipfrac", 0.0) + float(s["clipfrac"]) * w
@@ -125,10 +165,15 @@ def last_token_values(actor: Actor, input_ids: torch.Tensor, attention_mask: tor
 
 
 @torch.no_grad()
-def last_token_scores(actor: Actor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      micro_batch_size: int) -> torch.Tensor:
+def last_token_scores(
+    actor: Actor, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batch_size: int
+) -> torch.Tensor:
     """[B] scores of a frozen reward model, micro-batch by micro-batch, on CPU."""
-    out = torch.cat([last_token_values(actor, input_ids[sl], attention_mask[sl]).cpu()
-                     for sl in _micro_slices(len(input_ids), micro_batch_size)])
+    out = torch.cat(
+        [
+            last_token_values(actor, input_ids[sl], attention_mask[sl]).cpu()
+            for sl in _micro_slices(len(input_ids), micro_batch_size)
+        ]
+    )
     reshard(actor)
     return out

@@ -15,6 +15,7 @@ Triton is optional (``pip install 'fastcrit-kernels[triton]'``; CUDA builds of t
 bring it): when ``import triton`` fails, ``jit`` turns each kernel into a stand-in that raises on
 launch, and the torch path works alone.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,8 +35,10 @@ except ImportError:  # the torch path needs neither
 HAS_TRITON = triton is not None
 BACKENDS = ("auto", "triton", "torch")
 # The way out a call that needs triton names where it is missing.
-INSTALL_TRITON = ("pip install 'fastcrit-kernels[triton]' (or 'fastcrit[triton]', or triton itself; a CUDA "
-                  "build of torch on Linux brings it), or use backend='torch' (or 'auto'), the CPU path")
+INSTALL_TRITON = (
+    "pip install 'fastcrit-kernels[triton]' (or 'fastcrit[triton]', or triton itself; a CUDA "
+    "build of torch on Linux brings it), or use backend='torch' (or 'auto'), the CPU path"
+)
 
 
 class _KernelWithoutTriton:
@@ -55,6 +58,7 @@ def jit(fn=None, *, do_not_specialize=()):
     ``do_not_specialize`` names integer arguments that must keep one compiled type whatever their
     value (Triton otherwise compiles a value of 1 as a constant and multiples of 16 apart): run-time
     flags, so that each kernel has exactly the variants its module lists."""
+
     def wrap(f):
         if not HAS_TRITON:
             return _KernelWithoutTriton(f)
@@ -128,8 +132,13 @@ class Tile:
     num_stages: int
 
     def meta(self) -> dict:
-        return dict(BLOCK_N=self.BLOCK_N, BLOCK_V=self.BLOCK_V, BLOCK_H=self.BLOCK_H,
-                    num_warps=self.num_warps, num_stages=self.num_stages)
+        return dict(
+            BLOCK_N=self.BLOCK_N,
+            BLOCK_V=self.BLOCK_V,
+            BLOCK_H=self.BLOCK_H,
+            num_warps=self.num_warps,
+            num_stages=self.num_stages,
+        )
 
 
 def autotuning() -> bool:
@@ -148,8 +157,14 @@ def tuned(kernel, tiles: tuple[Tile, ...], key: tuple[str, ...]):
     tiles = tiles if autotuning() else tiles[:1]
     cached = _TUNED.get((kernel, tiles))
     if cached is None:
-        configs = [triton.Config(dict(BLOCK_N=t.BLOCK_N, BLOCK_V=t.BLOCK_V, BLOCK_H=t.BLOCK_H),
-                                 num_warps=t.num_warps, num_stages=t.num_stages) for t in tiles]
+        configs = [
+            triton.Config(
+                dict(BLOCK_N=t.BLOCK_N, BLOCK_V=t.BLOCK_V, BLOCK_H=t.BLOCK_H),
+                num_warps=t.num_warps,
+                num_stages=t.num_stages,
+            )
+            for t in tiles
+        ]
         cached = _TUNED[(kernel, tiles)] = triton.autotune(configs=configs, key=list(key))(kernel)
     return cached
 
@@ -174,8 +189,7 @@ class Variant:
     tensor_cores: bool = False  # a GEMM whose PTX must use mma / wgmma
 
     @classmethod
-    def of(cls, kernel, dtype: str, pointers: dict, *, constexprs: dict, floats=(), aligned=(),
-           **options) -> "Variant":
+    def of(cls, kernel, dtype: str, pointers: dict, *, constexprs: dict, floats=(), aligned=(), **options) -> Variant:
         """Types: pointers as given (element types), ``floats`` fp32, constexprs, the rest i32."""
         names = list(inspect.signature(kernel.fn).parameters)
         sig = {}
@@ -189,11 +203,11 @@ class Variant:
         unknown = (set(pointers) | set(constexprs) | set(floats)) - set(names)
         if unknown:
             raise ValueError(f"{kernel.__name__} has no argument(s) {sorted(unknown)}")
-        return cls(kernel, dtype, sig, dict(constexprs),
-                   tuple(sorted(set(pointers) | (set(aligned) & set(names)))), **options)
+        return cls(
+            kernel, dtype, sig, dict(constexprs), tuple(sorted(set(pointers) | (set(aligned) & set(names)))), **options
+        )
 
     @property
     def name(self) -> str:
         consts = ",".join(f"{k}={v}" for k, v in self.constexprs.items())
-        return (f"{self.kernel.__name__}[{self.dtype};{consts};"
-                f"w{self.num_warps}s{self.num_stages}]")
+        return f"{self.kernel.__name__}[{self.dtype};{consts};w{self.num_warps}s{self.num_stages}]"

@@ -5,6 +5,7 @@ accumulation, and the autograd function that holds the gradients made in the for
 ``backward`` scales them by the upstream gradient. ``fused_linear.py``'s docstring says what is
 computed and why; the PPO and PACS heads there decide each chunk's upstream gradient.
 """
+
 from __future__ import annotations
 
 import torch
@@ -136,16 +137,16 @@ def _stats_triton(z, b, labels, inv_t):
     cfg = _STATS_GPU if z.is_cuda else _STATS_CPU
     v_blocks = triton.cdiv(V, cfg["BLOCK_V"])
     if z.is_cuda:  # about 4 programs per SM however few the tokens
-        splits = max(1, min(v_blocks, triton.cdiv(4 * torch.cuda.get_device_properties(z.device)
-                                                  .multi_processor_count, n)))
+        splits = max(
+            1, min(v_blocks, triton.cdiv(4 * torch.cuda.get_device_properties(z.device).multi_processor_count, n))
+        )
     else:
         splits = min(2, v_blocks)
     v_split = triton.cdiv(v_blocks, splits) * cfg["BLOCK_V"]
     splits = triton.cdiv(V, v_split)
     part = torch.empty(3, splits, n, device=z.device, dtype=torch.float32)
     with device_guard(z):
-        _chunk_stats_kernel[(n, splits)](z, b, part[0], part[1], part[2], n, V, v_split, z.stride(0), inv_t,
-                                         **cfg)
+        _chunk_stats_kernel[(n, splits)](z, b, part[0], part[1], part[2], n, V, v_split, z.stride(0), inv_t, **cfg)
     lse, ent = merge_splits(part[0], part[1], part[2], True)
     rows = torch.arange(n, device=z.device)
     lp = ((z[rows, labels] + b[labels]) * inv_t - lse).clamp_(max=0.0)
@@ -158,22 +159,45 @@ def _dlogits_triton(z, dz, b, labels, lse, ent, g_lp, g_ent, inv_t):
     g_ent = torch.zeros_like(g_lp) if g_ent is None else g_ent.float().contiguous()
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(V, cfg["BLOCK_V"]))
     with device_guard(z):
-        _chunk_dlogits_kernel[grid](z, dz, b, labels, lse, ent, g_lp.float().contiguous(), g_ent, n, V,
-                                    z.stride(0), dz.stride(0), inv_t, **cfg)
+        _chunk_dlogits_kernel[grid](
+            z, dz, b, labels, lse, ent, g_lp.float().contiguous(), g_ent, n, V, z.stride(0), dz.stride(0), inv_t, **cfg
+        )
 
 
 def _gpu_variants() -> list[Variant]:
     """Every compilation a GPU launch of this module can ask for: the logits buffer is always fp32;
     d_logits is written in the GEMM dtype."""
-    gpu = lambda cfg: {k: v for k, v in cfg.items() if k != "num_warps"}  # noqa: E731
-    out = [Variant.of(_chunk_stats_kernel, "fp32", dict(z_ptr="fp32", b_ptr="fp32", m_ptr="fp32", s0_ptr="fp32",
-                                                       s1_ptr="fp32"),
-                      floats=("inv_t",), constexprs=gpu(_STATS_GPU), num_warps=_STATS_GPU["num_warps"])]
+    gpu = lambda cfg: {k: v for k, v in cfg.items() if k != "num_warps"}
+    out = [
+        Variant.of(
+            _chunk_stats_kernel,
+            "fp32",
+            dict(z_ptr="fp32", b_ptr="fp32", m_ptr="fp32", s0_ptr="fp32", s1_ptr="fp32"),
+            floats=("inv_t",),
+            constexprs=gpu(_STATS_GPU),
+            num_warps=_STATS_GPU["num_warps"],
+        )
+    ]
     for dt in ("fp32", "bf16", "fp16"):
-        out.append(Variant.of(
-            _chunk_dlogits_kernel, dt, dict(z_ptr="fp32", dz_ptr=dt, b_ptr="fp32", labels_ptr="i64",
-                                            lse_ptr="fp32", ent_ptr="fp32", glp_ptr="fp32", gent_ptr="fp32"),
-            floats=("inv_t",), constexprs=gpu(_DLOGITS_GPU), num_warps=_DLOGITS_GPU["num_warps"]))
+        out.append(
+            Variant.of(
+                _chunk_dlogits_kernel,
+                dt,
+                dict(
+                    z_ptr="fp32",
+                    dz_ptr=dt,
+                    b_ptr="fp32",
+                    labels_ptr="i64",
+                    lse_ptr="fp32",
+                    ent_ptr="fp32",
+                    glp_ptr="fp32",
+                    gent_ptr="fp32",
+                ),
+                floats=("inv_t",),
+                constexprs=gpu(_DLOGITS_GPU),
+                num_warps=_DLOGITS_GPU["num_warps"],
+            )
+        )
     return out
 
 
@@ -210,8 +234,9 @@ class _Chunks:
         # added to zeros, block by block)
         self.overwrite = backend == "torch" or w.dtype == torch.float32
         self.wrote = False
-        self.d_w = (tp.output_buffer if self.overwrite else torch.zeros)(V, H, dtype=acc, device=h.device) \
-            if need_w else None
+        self.d_w = (
+            (tp.output_buffer if self.overwrite else torch.zeros)(V, H, dtype=acc, device=h.device) if need_w else None
+        )
         self.d_b = torch.zeros(V, dtype=acc, device=h.device) if need_b else None
         # one logits buffer for all chunks (fresh ones would cost page faults on CPU); none where
         # bf16/fp16 GEMMs return a fresh fp32 product (the CUDA caching allocator reuses it)
@@ -237,9 +262,15 @@ class _Chunks:
         h_c, lab = self.h[t0:t1], self.labels[t0:t1]
         d_h = None if self.d_h is None else self.d_h[t0:t1]
         if self.backend == "torch":
-            ent = tp.entropy_dlogits_(z, lab, g_lp.to(z.dtype), None if g_ent is None else g_ent.to(z.dtype),
-                                      self.inv_t, with_ent=with_ent or g_ent is not None,
-                                      floor_logp=self.b is not None)
+            ent = tp.entropy_dlogits_(
+                z,
+                lab,
+                g_lp.to(z.dtype),
+                None if g_ent is None else g_ent.to(z.dtype),
+                self.inv_t,
+                with_ent=with_ent or g_ent is not None,
+                floor_logp=self.b is not None,
+            )
             tp.grad_gemms_(z, h_c, self.w, d_h, self.d_w, self.d_b, first=not self.wrote)
             self.wrote = True
             return ent
@@ -285,8 +316,11 @@ class _Chunks:
             ents = []
             for s, e in parts:
                 state = self.forward(s, e)[1]
-                ents.append(self.backward(s, e, state, g_lp[s - t0:e - t0],
-                                          None if g_ent is None else g_ent[s - t0:e - t0], with_ent))
+                ents.append(
+                    self.backward(
+                        s, e, state, g_lp[s - t0 : e - t0], None if g_ent is None else g_ent[s - t0 : e - t0], with_ent
+                    )
+                )
             if with_ent:
                 head.entropy(key, torch.cat(ents))
 
@@ -309,8 +343,13 @@ def _chunk_tokens(chunk_bytes, V, h):
     if h.is_cuda and h.dtype in (torch.bfloat16, torch.float16):
         per_token += V * 2
     if chunk_bytes is None:
-        chunk_bytes = CPU_CHUNK_BYTES if not h.is_cuda else \
-            GPU_CHUNK_BYTES_16BIT if h.dtype in (torch.bfloat16, torch.float16) else GPU_CHUNK_BYTES
+        chunk_bytes = (
+            CPU_CHUNK_BYTES
+            if not h.is_cuda
+            else GPU_CHUNK_BYTES_16BIT
+            if h.dtype in (torch.bfloat16, torch.float16)
+            else GPU_CHUNK_BYTES
+        )
     return max(1, int(chunk_bytes) // per_token)
 
 
@@ -342,8 +381,10 @@ class _GradInForward(torch.autograd.Function):
     def backward(ctx, g_loss, _g_stats):
         grads, ctx.grads = ctx.grads, None
         if grads is None:
-            raise RuntimeError("the grad-in-forward fused loss hands its gradients over on the first backward; "
-                               "for retain_graph or a second backward use grad_in_forward=False")
+            raise RuntimeError(
+                "the grad-in-forward fused loss hands its gradients over on the first backward; "
+                "for retain_graph or a second backward use grad_in_forward=False"
+            )
         one = not g_loss.is_cuda and float(g_loss) == 1.0  # on a GPU the check would sync
         return tuple(d if d is None or one else d.mul_(g_loss.to(d.dtype)) for d in grads) + (None,)
 
@@ -366,8 +407,7 @@ def _check_labels(lab, V):
     bad = (lab < 0) | (lab >= V)
     if check_on_host(lab):
         if bool(bad.any()):
-            raise ValueError(f"labels must lie in [0, V={V}) or equal ignore_index={_IGNORE}; "
-                             f"got {int(lab[bad][0])}")
+            raise ValueError(f"labels must lie in [0, V={V}) or equal ignore_index={_IGNORE}; got {int(lab[bad][0])}")
         return lab.contiguous(), None
     return lab.clamp(0, V - 1).contiguous(), bad
 
@@ -394,4 +434,3 @@ def _flag_nan(loss, *flags):
         if f is not None:
             loss = torch.where(f.any(), float("nan"), loss)
     return loss
-

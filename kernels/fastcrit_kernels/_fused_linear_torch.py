@@ -13,6 +13,7 @@ gives up ~3% of the step on a quiet machine for robustness on a shared one (and 
 whatever the load). Token-major ``[n, V]`` is what ATen's row-wise softmax
 is fast on; a vocab-major buffer made it ~4x slower.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,8 +53,7 @@ def output_buffer(*shape, dtype: torch.dtype, device: torch.device) -> torch.Ten
 
 
 def compute_dtype(*tensors) -> torch.dtype:
-    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) \
-        else torch.float32
+    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def block_rows(V: int, dtype: torch.dtype) -> int:
@@ -67,8 +67,6 @@ def log_softmax_(z: torch.Tensor) -> torch.Tensor:
     so its output may alias its input; tests/kernels/test_fused_linear.py checks the result
     against ``torch.log_softmax`` on a buffer wider than a cache."""
     return torch.ops.aten._log_softmax.out(z, 1, False, out=z)
-
-
 
 
 def logits_(z, h_c, w, b, inv_t):

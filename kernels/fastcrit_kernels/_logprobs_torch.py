@@ -9,6 +9,7 @@ the passes over it (max, shift, exp, sum; exp, scale) each streamed it through m
 buffer serves every chunk, and the passes run over row blocks that stay in cache (as in
 _fused_linear_torch.py, with one intra-op thread). On CUDA each pass is one kernel over the chunk.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,7 @@ from fastcrit_kernels._fused_linear_torch import _one_thread, block_rows, output
 # dimension. (Chunking over tokens instead re-streams the whole [V, H] d_W accumulator per chunk,
 # which made the backward ~3x slower on CPU.)
 def _compute_dtype(*tensors):
-    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) \
-        else torch.float32
+    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def _chunk_vocab(N: int, V: int, chunk_bytes: int) -> int:

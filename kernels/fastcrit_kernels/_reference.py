@@ -6,6 +6,7 @@ through them gives the reference gradient. They are deliberately not fast: never
 
 Shapes: ``B`` sequences, ``T`` response tokens. Masks are 0/1 (bool, int or float).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -109,7 +110,14 @@ def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 
 def ref_ppo_policy_loss(
-    logp, old_logp, advantages, mask, clip_low=0.2, clip_high=0.2, clip_c=None, agg="token-mean",
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    clip_low=0.2,
+    clip_high=0.2,
+    clip_c=None,
+    agg="token-mean",
     agg_scale=None,
 ):
     """verl ``compute_policy_loss_vanilla`` in float64 -> (loss, stats)."""
@@ -173,8 +181,17 @@ def ref_pacs_weights(scores, index, weight_mode):
 
 
 def ref_pacs_loss(
-    logp, old_logp, scores, mask, index, beta=1.0, reward_method="1", estimator="rloo",
-    weight_mode=None, norm_by_std=True, eps=1e-6,
+    logp,
+    old_logp,
+    scores,
+    mask,
+    index,
+    beta=1.0,
+    reward_method="1",
+    estimator="rloo",
+    weight_mode=None,
+    norm_by_std=True,
+    eps=1e-6,
 ):
     """PACS loss in float64 -> (loss, stats). Rows with no valid token get reward 0."""
     lp, old, m = _f64(logp), _f64(old_logp), _f64(mask)
@@ -208,8 +225,9 @@ def ref_pacs_loss(
 
 # Log-probs from hidden states x lm_head with the full logits: the oracle of fused_logprobs and
 # the "naive" baseline of the benchmarks (any dtype; fp64 by default).
-def logprobs_reference(hidden, weight, labels, *, temperature=1.0, bias=None, return_entropy=False,
-                       ignore_index=-100, dtype=torch.float64):
+def logprobs_reference(
+    hidden, weight, labels, *, temperature=1.0, bias=None, return_entropy=False, ignore_index=-100, dtype=torch.float64
+):
     """Full ``[..., V]`` logits in ``dtype`` -> log_softmax -> gather. Differentiable by autograd."""
     logits = hidden.to(dtype) @ weight.to(dtype).t()
     if bias is not None:

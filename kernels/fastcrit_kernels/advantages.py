@@ -11,6 +11,7 @@ groups may have any size. Semantics (verl ``core_algos`` loop versions, v0.9):
 No gradient flows through ``group_advantages`` (scores are rewards); ``pacs_loss`` has its own
 differentiable group step.
 """
+
 from __future__ import annotations
 
 import torch
@@ -141,11 +142,18 @@ def _norm_flag(est: int, norm_by_std: bool) -> bool:
 
 def _gpu_variants() -> list[Variant]:
     """Every compilation a GPU launch of this module can ask for."""
-    return [Variant.of(_group_adv_kernel, dt, dict(s_ptr=dt, perm_ptr="i64", start_ptr="i64", out_ptr="fp32"),
-                       floats=("eps",), constexprs=dict(EST=est, NORM=norm, BLOCK=_BLOCK))
-            for dt in ("fp32", "bf16", "fp16")
-            for est in sorted(ESTIMATORS.values())
-            for norm in sorted({_norm_flag(est, False), _norm_flag(est, True)})]
+    return [
+        Variant.of(
+            _group_adv_kernel,
+            dt,
+            dict(s_ptr=dt, perm_ptr="i64", start_ptr="i64", out_ptr="fp32"),
+            floats=("eps",),
+            constexprs=dict(EST=est, NORM=norm, BLOCK=_BLOCK),
+        )
+        for dt in ("fp32", "bf16", "fp16")
+        for est in sorted(ESTIMATORS.values())
+        for norm in sorted({_norm_flag(est, False), _norm_flag(est, True)})
+    ]
 
 
 def group_advantages(
@@ -187,8 +195,14 @@ def group_advantages(
         out = torch.empty(B, dtype=torch.float32, device=scores.device)
         with device_guard(scores):
             _group_adv_kernel[(G,)](
-                scores.contiguous(), perm, starts, out, float(eps),
-                EST=est, NORM=_norm_flag(est, norm_by_std), BLOCK=_BLOCK,
+                scores.contiguous(),
+                perm,
+                starts,
+                out,
+                float(eps),
+                EST=est,
+                NORM=_norm_flag(est, norm_by_std),
+                BLOCK=_BLOCK,
             )
         return out.to(out_dtype)
 

@@ -54,21 +54,38 @@ for sm_80 / sm_90a, and its launches tested under the Triton interpreter, where 
 products go through fp32 copies instead of ``out_dtype``. Masked tokens may hold any label
 (padding).
 """
+
 from __future__ import annotations
 
 import torch
 
-# The chunk sizes are re-exported: the entry points' docstrings name them as their defaults.
-from fastcrit_kernels._fused_linear_chunks import (CPU_CHUNK_BYTES, GPU_CHUNK_BYTES,  # noqa: F401
-                                                   GPU_CHUNK_BYTES_16BIT)
-from fastcrit_kernels._fused_linear_chunks import (_IGNORE, _check_labels, _Chunks, _chunk_tokens, _even_chunks,
-                                                   _flag_nan, _grad_path, _GradInForward, _pack)
+from fastcrit_kernels._fused_linear_chunks import (
+    _IGNORE,
+    _check_labels,
+    _chunk_tokens,
+    _Chunks,
+    _even_chunks,
+    _flag_nan,
+    _grad_path,
+    _GradInForward,
+    _pack,
+)
+
+# The chunk sizes are re-exported (`X as X`): the entry points' docstrings name them as their defaults.
+from fastcrit_kernels._fused_linear_chunks import CPU_CHUNK_BYTES as CPU_CHUNK_BYTES
+from fastcrit_kernels._fused_linear_chunks import GPU_CHUNK_BYTES as GPU_CHUNK_BYTES
+from fastcrit_kernels._fused_linear_chunks import GPU_CHUNK_BYTES_16BIT as GPU_CHUNK_BYTES_16BIT
 from fastcrit_kernels.advantages import ESTIMATORS
 from fastcrit_kernels.kl import KL_KINDS, _kl_torch, kl_penalty
 from fastcrit_kernels.logprobs import fused_logprobs
 from fastcrit_kernels.pacs import WEIGHT_MODES, _pacs_group_torch, pacs_inputs, pacs_loss
-from fastcrit_kernels.ppo import (agg_row_factors, aggregate_loss, check_policy_inputs, ppo_policy_loss,
-                                  ppo_sums_and_grad)
+from fastcrit_kernels.ppo import (
+    agg_row_factors,
+    aggregate_loss,
+    check_policy_inputs,
+    ppo_policy_loss,
+    ppo_sums_and_grad,
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -88,9 +105,10 @@ class _PPOHead:
     def __call__(self, sl, lp):
         t = {k: v[sl] for k, v in self.tok.items() if v is not None}
         lp, w = lp.float(), t["m"] * t["f"]
-        col = lambda x: x[:, None].contiguous()  # noqa: E731
-        sums, g = ppo_sums_and_grad(col(lp), col(t["old"]), col(t["adv"]), col(t["m"]), t["f"].contiguous(),
-                                    *self.clip, self.backend, True)
+        col = lambda x: x[:, None].contiguous()
+        sums, g = ppo_sums_and_grad(
+            col(lp), col(t["old"]), col(t["adv"]), col(t["m"]), t["f"].contiguous(), *self.clip, self.backend, True
+        )
         self.sums[0] += sums[0]
         self.sums[3:] += sums[1:]
         g_lp = g[:, 0]
@@ -169,22 +187,51 @@ def fused_linear_ppo_loss(
         raise ValueError(f"entropy=False leaves the entropy out, but entropy_coef={entropy_coef} needs it")
     path = _grad_path(grad_in_forward, hidden, weight, bias, backend)
     if path is None:
-        return _ppo_recompute(hidden, weight, lab, old_logp, advantages, mask, ref_logp, kl_coef, kl_kind,
-                              entropy_coef, clip_low, clip_high, clip_c, agg, agg_scale, temperature,
-                              bias, backend, entropy)
+        return _ppo_recompute(
+            hidden,
+            weight,
+            lab,
+            old_logp,
+            advantages,
+            mask,
+            ref_logp,
+            kl_coef,
+            kl_kind,
+            entropy_coef,
+            clip_low,
+            clip_high,
+            clip_c,
+            agg,
+            agg_scale,
+            temperature,
+            bias,
+            backend,
+            entropy,
+        )
     check_policy_inputs(old_logp, old_logp, advantages, mask, clip_low, clip_high, clip_c)
     which, h2, w2 = path
     idx, row = _pack(mask)
     rowf = agg_row_factors(mask, agg, agg_scale)[row]
-    pick = lambda x: None if x is None else x.reshape(-1)[idx]  # noqa: E731
+    pick = lambda x: None if x is None else x.reshape(-1)[idx]
     m = pick(mask).to(torch.float32)
-    tok = dict(old=pick(old_logp), adv=advantages[row] if advantages.dim() == 1 else pick(advantages),
-               m=m, f=rowf, ref=pick(ref_logp))
+    tok = dict(
+        old=pick(old_logp),
+        adv=advantages[row] if advantages.dim() == 1 else pick(advantages),
+        m=m,
+        f=rowf,
+        ref=pick(ref_logp),
+    )
     safe, bad = _check_labels(lab.reshape(-1)[idx], w2.shape[0])
     chunk = _chunk_tokens(chunk_bytes, w2.shape[0], h2)
     segments = _even_chunks(idx.numel(), chunk)
-    head = _PPOHead(tok, clip=(clip_low, clip_high, clip_c), kl_coef=kl_coef, kl_kind=kl_kind,
-                    entropy_coef=entropy_coef, backend=which)
+    head = _PPOHead(
+        tok,
+        clip=(clip_low, clip_high, clip_c),
+        kl_coef=kl_coef,
+        kl_kind=kl_kind,
+        entropy_coef=entropy_coef,
+        backend=which,
+    )
 
     def compute(need_h, need_w, need_b):
         run = _Chunks(h2[idx], w2, bias, safe, 1.0 / float(temperature), chunk, which, (need_h, need_w, need_b))
@@ -205,16 +252,52 @@ def fused_linear_ppo_loss(
     return loss, stats
 
 
-def _ppo_recompute(hidden, weight, lab, old_logp, advantages, mask, ref_logp, kl_coef, kl_kind, entropy_coef,
-                   clip_low, clip_high, clip_c, agg, agg_scale, temperature, bias, backend, entropy):
+def _ppo_recompute(
+    hidden,
+    weight,
+    lab,
+    old_logp,
+    advantages,
+    mask,
+    ref_logp,
+    kl_coef,
+    kl_kind,
+    entropy_coef,
+    clip_low,
+    clip_high,
+    clip_c,
+    agg,
+    agg_scale,
+    temperature,
+    bias,
+    backend,
+    entropy,
+):
     """fused_logprobs (logits recomputed in its backward), then the [B, T] losses."""
-    out = fused_logprobs(hidden, weight, lab, temperature=temperature, bias=bias,
-                         return_entropy=entropy, ignore_index=_IGNORE, backend=backend)
+    out = fused_logprobs(
+        hidden,
+        weight,
+        lab,
+        temperature=temperature,
+        bias=bias,
+        return_entropy=entropy,
+        ignore_index=_IGNORE,
+        backend=backend,
+    )
     logp, ent = out if entropy else (out, None)
     logp = logp.float()
-    pg_loss, pstats = ppo_policy_loss(logp, old_logp, advantages, mask, clip_low=clip_low,
-                                      clip_high=clip_high, clip_c=clip_c, agg=agg,
-                                      agg_scale=agg_scale, backend=backend)
+    pg_loss, pstats = ppo_policy_loss(
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        clip_c=clip_c,
+        agg=agg,
+        agg_scale=agg_scale,
+        backend=backend,
+    )
     loss, stats = pg_loss, {"pg_loss": pg_loss.detach()}
     if entropy_coef != 0.0:
         ent_agg = aggregate_loss(ent.float(), mask, agg, agg_scale)
@@ -225,8 +308,9 @@ def _ppo_recompute(hidden, weight, lab, old_logp, advantages, mask, ref_logp, kl
     if entropy:
         stats["entropy"] = ent_agg.detach()
     if ref_logp is not None:
-        kl_agg = aggregate_loss(kl_penalty(logp, ref_logp.to(logp.dtype), kl_kind, backend=backend),
-                                mask, agg, agg_scale)
+        kl_agg = aggregate_loss(
+            kl_penalty(logp, ref_logp.to(logp.dtype), kl_kind, backend=backend), mask, agg, agg_scale
+        )
         if kl_coef != 0.0:
             loss = loss + kl_coef * kl_agg
         stats["kl"] = kl_agg.detach()
@@ -261,8 +345,9 @@ class _PACSHead:
             inv_len = torch.where(cnt > 0, 1.0 / torch.clamp(cnt, min=1e-30), torch.zeros_like(cnt))
         r = beta * rsum * inv_len
         y = self.rows["y"][p0:p1]
-        adv, per, dr = _pacs_group_torch(r, y, self.rows["inv"][p0:p1] - g0, n_groups, est, norm_by_std, eps,
-                                         wmode, self.B)
+        adv, per, dr = _pacs_group_torch(
+            r, y, self.rows["inv"][p0:p1] - g0, n_groups, est, norm_by_std, eps, wmode, self.B
+        )
         self.loss += per.sum()
         self.sums += torch.stack([r.sum(), adv.sum(), ((adv > 0).float() == y).float().sum()])
         return (beta * dr * inv_len)[loc] * m, None
@@ -323,11 +408,23 @@ def fused_linear_pacs_loss(
     _check_bt("old_logp", old_logp, B, T)
     path = _grad_path(grad_in_forward, hidden, weight, bias, backend)
     if path is None:
-        logp = fused_logprobs(hidden, weight, lab, temperature=temperature, bias=bias,
-                              ignore_index=_IGNORE, backend=backend)
-        return pacs_loss(logp.float(), old_logp, scores, mask, index, beta=beta,
-                         reward_method=reward_method, estimator=estimator, weight_mode=weight_mode,
-                         norm_by_std=norm_by_std, eps=eps, backend=backend)
+        logp = fused_logprobs(
+            hidden, weight, lab, temperature=temperature, bias=bias, ignore_index=_IGNORE, backend=backend
+        )
+        return pacs_loss(
+            logp.float(),
+            old_logp,
+            scores,
+            mask,
+            index,
+            beta=beta,
+            reward_method=reward_method,
+            estimator=estimator,
+            weight_mode=weight_mode,
+            norm_by_std=norm_by_std,
+            eps=eps,
+            backend=backend,
+        )
     which, h2, w2 = path
     y, not_01, inv, _ = pacs_inputs(B, scores, index, reward_method, estimator, weight_mode, mask.device)
     order = torch.argsort(inv, stable=True)  # samples by group
@@ -340,8 +437,17 @@ def fused_linear_pacs_loss(
     safe, bad = _check_labels(lab.reshape(-1)[idx], w2.shape[0])
     chunk = _chunk_tokens(chunk_bytes, w2.shape[0], h2)
     segments = _pacs_segments(rows["inv"], (mask != 0)[order].sum(-1), chunk)
-    head = _PACSHead(tok, rows, beta=float(beta), method=str(reward_method), est=ESTIMATORS[estimator],
-                     norm_by_std=bool(norm_by_std), eps=float(eps), wmode=WEIGHT_MODES[weight_mode], B=B)
+    head = _PACSHead(
+        tok,
+        rows,
+        beta=float(beta),
+        method=str(reward_method),
+        est=ESTIMATORS[estimator],
+        norm_by_std=bool(norm_by_std),
+        eps=float(eps),
+        wmode=WEIGHT_MODES[weight_mode],
+        B=B,
+    )
 
     def compute(need_h, need_w, need_b):
         run = _Chunks(h2[idx], w2, bias, safe, 1.0 / float(temperature), chunk, which, (need_h, need_w, need_b))

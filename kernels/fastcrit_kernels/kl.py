@@ -12,6 +12,7 @@ Values are computed in float32 and returned in the promoted input dtype. Gradien
 ``logp`` and ``ref_logp`` (the reference is usually detached; then nothing is computed for it).
 verl's straight-through ``"k3+"`` variants are not provided.
 """
+
 from __future__ import annotations
 
 import torch
@@ -150,8 +151,16 @@ class _KLPenalty(torch.autograd.Function):
             if n:
                 with device_guard(lp):
                     _kl_bwd_kernel[_grid(n)](
-                        lp, ref, go, glp if need_lp else lp, gref if need_ref else ref, n,
-                        int(need_lp), int(need_ref), KIND=ctx.code, BLOCK=_BLOCK,
+                        lp,
+                        ref,
+                        go,
+                        glp if need_lp else lp,
+                        gref if need_ref else ref,
+                        n,
+                        int(need_lp),
+                        int(need_ref),
+                        KIND=ctx.code,
+                        BLOCK=_BLOCK,
                     )
         else:
             glp = torch.empty_like(lp) if need_lp else None
@@ -172,11 +181,22 @@ def _gpu_variants() -> list[Variant]:
     out = []
     for dt in ("fp32", "bf16", "fp16"):
         for kind in sorted(set(KL_KINDS.values())):
-            out.append(Variant.of(_kl_fwd_kernel, dt, dict(lp_ptr=dt, ref_ptr=dt, out_ptr=dt),
-                                  constexprs=dict(KIND=kind, BLOCK=_BLOCK)))
-            out.append(Variant.of(_kl_bwd_kernel, dt, dict(lp_ptr=dt, ref_ptr=dt, go_ptr=dt, glp_ptr=dt,
-                                                           gref_ptr=dt),
-                                  constexprs=dict(KIND=kind, BLOCK=_BLOCK)))
+            out.append(
+                Variant.of(
+                    _kl_fwd_kernel,
+                    dt,
+                    dict(lp_ptr=dt, ref_ptr=dt, out_ptr=dt),
+                    constexprs=dict(KIND=kind, BLOCK=_BLOCK),
+                )
+            )
+            out.append(
+                Variant.of(
+                    _kl_bwd_kernel,
+                    dt,
+                    dict(lp_ptr=dt, ref_ptr=dt, go_ptr=dt, glp_ptr=dt, gref_ptr=dt),
+                    constexprs=dict(KIND=kind, BLOCK=_BLOCK),
+                )
+            )
     return out
 
 

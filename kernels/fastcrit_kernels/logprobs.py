@@ -41,6 +41,7 @@ of O(tokens x V). Guarantees and departures:
   d_hidden, d_W) against three for the unfused path, which keeps its logits. Where matmuls dominate
   (CPU) that is the price of the memory saving; see benchmarks/bench_fused_logprobs.py.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,10 +49,19 @@ import os
 
 import torch
 
-from fastcrit_kernels._dispatch import (Tile, Variant, check_on_host, device_guard, jit, requested_backend,
-                                        resolve_backend, tl, triton, tuned)
+from fastcrit_kernels._dispatch import (
+    Tile,
+    Variant,
+    check_on_host,
+    device_guard,
+    requested_backend,
+    resolve_backend,
+    triton,
+    tuned,
+)
+from fastcrit_kernels._logprobs_kernels import _logprobs_bwd_dlogits_kernel, _logprobs_fwd_kernel
 from fastcrit_kernels._logprobs_torch import _torch_backward, _torch_forward
-from fastcrit_kernels._reference import logprobs_reference  # noqa: F401  (re-exported: callers import it here)
+from fastcrit_kernels._reference import logprobs_reference as logprobs_reference  # re-exported: callers import it here
 
 # Bytes of logits one chunk may hold. The torch path keeps two fp32 [chunk_tokens, V] buffers alive,
 # the Triton backward one [tokens, chunk_vocab] d_logits buffer in the inputs' dtype.
@@ -75,162 +85,6 @@ _TUNE_KEY = ("H", "DOT_PRECISION")
 
 
 # ----------------------------------------------------------------------------------------------
-# Triton kernels
-# ----------------------------------------------------------------------------------------------
-@jit
-def _logits_tile(
-    h_rows,  # [BLOCK_N, 1] pointers to the first element of each token row of hidden [N, H]
-    w_rows,  # [BLOCK_V, 1] pointers to the first element of each vocab row of weight [V, H]
-    row_ok,  # [BLOCK_N] rows that exist
-    col_ok,  # [BLOCK_V] vocab rows that exist
-    H,
-    DOT_PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
-    """h[rows] @ w[cols].T for one [BLOCK_N, BLOCK_V] tile: operands in the inputs' dtype, fp32
-    accumulation. ``DOT_PRECISION`` matters for fp32 operands only ("ieee": exact, "tf32").
-    ``UPCAST`` (the interpreter only) takes the operands to fp32 first: the interpreter's tl.dot
-    multiplies the raw bits of bf16 operands (Triton 3.9)."""
-    acc = tl.zeros([BLOCK_N, BLOCK_V], tl.float32)
-    for k0 in range(0, H, BLOCK_H):
-        ks = k0 + tl.arange(0, BLOCK_H)
-        k_ok = ks < H
-        h = tl.load(h_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if UPCAST:
-            h = h.to(tl.float32)
-            w = w.to(tl.float32)
-        acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
-    return acc
-
-
-@jit
-def _logprobs_fwd_kernel(
-    h_ptr,  # [N, H] hidden states (fp32, bf16 or fp16), row stride stride_hn, unit column stride
-    w_ptr,  # [V, H] lm_head weight, h's dtype, row stride stride_wv, unit column stride
-    b_ptr,  # [V] fp32 bias (zeros for a layer without one)
-    labels_ptr,  # [N] int64 labels
-    m_ptr,  # [S, N] fp32 out: per vocab split s, the running max m of the scaled logits z
-    s0_ptr,  # [S, N] fp32 out: sum exp(z - m)
-    s1_ptr,  # [S, N] fp32 out: sum exp(z - m) z (the entropy's term)
-    zl_ptr,  # [S, N] fp32 out: the label's logit (0 where the label lies in another split)
-    N,
-    V,
-    H,
-    V_SPLIT,
-    stride_hn,
-    stride_wv,
-    inv_t,
-    DOT_PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    h_rows = h_ptr + rows.to(tl.int64)[:, None] * stride_hn  # int64: N * H may pass 2**31
-    labels = tl.load(labels_ptr + rows, mask=row_ok, other=-1).to(tl.int32)  # V < 2**31
-    v_lo = pid_s * V_SPLIT
-    v_hi = tl.minimum(v_lo + V_SPLIT, V)
-
-    m = tl.full([BLOCK_N], float("-inf"), tl.float32)  # running max of z
-    s0 = tl.zeros([BLOCK_N], tl.float32)  # running sum exp(z - m)
-    s1 = tl.zeros([BLOCK_N], tl.float32)  # running sum exp(z - m) * z   (entropy)
-    z_label = tl.zeros([BLOCK_N], tl.float32)
-    for v0 in range(v_lo, v_hi, BLOCK_V):
-        cols = v0 + tl.arange(0, BLOCK_V)
-        col_ok = cols < v_hi
-        w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wv  # int64: V * H may pass 2**31
-        acc = _logits_tile(h_rows, w_rows, row_ok, col_ok, H, DOT_PRECISION, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
-        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
-        # padded columns must not count: -inf, not 0
-        z = tl.where(col_ok[None, :], (acc + b[None, :]) * inv_t, float("-inf"))
-        m_new = tl.maximum(m, tl.max(z, axis=1))
-        # A row whose logits so far are all -inf (a bias of -inf masking a whole tile) still has
-        # m = -inf: shift it by 0, as exp(-inf - -inf) would put NaN in the sums.
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        scale = tl.exp(m - shift)
-        p = tl.exp(z - shift[:, None])
-        s0 = s0 * scale + tl.sum(p, axis=1)
-        # columns with p == 0 add nothing (where z = -inf, p * z would be 0 * -inf = NaN)
-        s1 = s1 * scale + tl.sum(p * tl.where(p > 0.0, z, 0.0), axis=1)
-        m = m_new
-        # A tile never straddles a split's end (V_SPLIT is a multiple of BLOCK_V), so a label
-        # matches in exactly one tile of one split; comparing tile-local indices saves registers.
-        hit = tl.arange(0, BLOCK_V)[None, :] == (labels - v0)[:, None]
-        z_label += tl.sum(tl.where(hit, z, 0.0), axis=1)
-
-    out = pid_s.to(tl.int64) * N + rows
-    tl.store(m_ptr + out, m, mask=row_ok)
-    tl.store(s0_ptr + out, s0, mask=row_ok)
-    tl.store(s1_ptr + out, s1, mask=row_ok)
-    tl.store(zl_ptr + out, z_label, mask=row_ok)
-
-
-@jit
-def _logprobs_bwd_dlogits_kernel(
-    h_ptr,  # [N, H] hidden states (fp32, bf16 or fp16), row stride stride_hn
-    w_ptr,  # [V, H] lm_head weight, h's dtype, row stride stride_wv
-    b_ptr,  # [V] fp32 bias (zeros for a layer without one)
-    labels_ptr,  # [N] int64 labels
-    lse_ptr,  # [N] fp32 log-sum-exp from the forward
-    ent_ptr,  # [N] fp32 entropy from the forward (zeros when it was not asked for)
-    glp_ptr,  # [N] fp32 upstream gradient of the log-probs, 0 on ignored rows
-    gent_ptr,  # [N] fp32 upstream gradient of the entropy, 0 on ignored rows (zeros when none)
-    dz_ptr,  # [N, Vc] out, h's dtype: d loss / d raw logits for vocab columns [v_start, v_end)
-    N,
-    H,
-    v_start,
-    v_end,
-    stride_hn,
-    stride_wv,
-    stride_dzn,
-    inv_t,
-    DOT_PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
-    pid_n = tl.program_id(0)
-    pid_v = tl.program_id(1)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    local = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    cols = v_start + local
-    col_ok = cols < v_end
-    h_rows = h_ptr + rows.to(tl.int64)[:, None] * stride_hn  # int64: N * H may pass 2**31
-    w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wv  # int64: V * H may pass 2**31
-
-    acc = _logits_tile(h_rows, w_rows, row_ok, col_ok, H, DOT_PRECISION, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
-    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
-    z = (acc + b[None, :]) * inv_t
-
-    labels = tl.load(labels_ptr + rows, mask=row_ok, other=-1).to(tl.int32)  # V < 2**31
-    lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
-    ent = tl.load(ent_ptr + rows, mask=row_ok, other=0.0)
-    glp = tl.load(glp_ptr + rows, mask=row_ok, other=0.0)
-    gent = tl.load(gent_ptr + rows, mask=row_ok, other=0.0)
-    logp = z - lse[:, None]
-    p = tl.where(col_ok[None, :], tl.exp(logp), 0.0)
-    # dH/dz = -p (z - lse + H), from the logits: finite where p underflows to 0. Columns with
-    # p == 0 add nothing; flooring their logp keeps 0 * inf = NaN out where z = -inf.
-    coef = glp[:, None] + gent[:, None] * (tl.where(p > 0.0, logp, 0.0) + ent[:, None])
-    hit = local[None, :] == (labels - v_start)[:, None]
-    dz = tl.where(hit, glp[:, None], 0.0) - p * coef
-    dz = tl.where(col_ok[None, :], dz * inv_t, 0.0)
-    dz_rows = dz_ptr + rows.to(tl.int64)[:, None] * stride_dzn  # int64: N * Vc may pass 2**31
-    tl.store(dz_rows + local[None, :], dz.to(dz_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & col_ok[None, :])
-
-
-# ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
 def _on_gpu(t: torch.Tensor) -> bool:
@@ -247,8 +101,7 @@ def _gemm_aligned(h: torch.Tensor, w: torch.Tensor) -> bool:
     """H and both row strides multiples of 16 elements, rows 16-byte aligned: what every LLM's
     hidden size gives, what the GPU kernels are compiled for in tests/kernels/test_gpu_compile.py,
     and what lets their loads pipeline. Anything else takes the torch path on a GPU."""
-    return all(t.shape[1] % 16 == 0 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0
-               for t in (h, w))
+    return all(t.shape[1] % 16 == 0 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (h, w))
 
 
 def _gpu_tiles(dtype: torch.dtype) -> tuple[Tile, ...]:
@@ -257,8 +110,7 @@ def _gpu_tiles(dtype: torch.dtype) -> tuple[Tile, ...]:
 
 def _interpreter_tile(H: int) -> Tile:
     """The one config of the interpreter: small tiles keep the CPU tests fast and deterministic."""
-    return Tile(BLOCK_N=16, BLOCK_V=64, BLOCK_H=max(16, min(64, triton.next_power_of_2(H))),
-                num_warps=4, num_stages=1)
+    return Tile(BLOCK_N=16, BLOCK_V=64, BLOCK_H=max(16, min(64, triton.next_power_of_2(H))), num_warps=4, num_stages=1)
 
 
 def _dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
@@ -280,9 +132,9 @@ def _launch(kernel, h: torch.Tensor, grid, args, precision: str) -> None:
     interpreter's one tile on CPU."""
     if _on_gpu(h):
         with device_guard(h):
-            tuned(kernel, _gpu_tiles(h.dtype), _TUNE_KEY)[
-                lambda meta: grid(meta["BLOCK_N"], meta["BLOCK_V"])](*args, DOT_PRECISION=precision,
-                                                                     UPCAST=False)
+            tuned(kernel, _gpu_tiles(h.dtype), _TUNE_KEY)[lambda meta: grid(meta["BLOCK_N"], meta["BLOCK_V"])](
+                *args, DOT_PRECISION=precision, UPCAST=False
+            )
     else:
         t = _interpreter_tile(h.shape[1])
         kernel[grid(t.BLOCK_N, t.BLOCK_V)](*args, DOT_PRECISION=precision, UPCAST=True, **t.meta())
@@ -307,10 +159,13 @@ def _triton_forward(h, w, b, labels, inv_t, ignore_index, with_ent, precision):
     splits = triton.cdiv(V, v_split)
     part = torch.empty(4, splits, max(N, 1), device=dev, dtype=torch.float32)
     if N > 0:
-        _launch(_logprobs_fwd_kernel, h,
-                lambda block_n, _: (triton.cdiv(N, block_n), splits),
-                (h, w, b, labels, part[0], part[1], part[2], part[3],
-                 N, V, H, v_split, h.stride(0), w.stride(0), inv_t), precision)
+        _launch(
+            _logprobs_fwd_kernel,
+            h,
+            lambda block_n, _: (triton.cdiv(N, block_n), splits),
+            (h, w, b, labels, part[0], part[1], part[2], part[3], N, V, H, v_split, h.stride(0), w.stride(0), inv_t),
+            precision,
+        )
     m_s, s0_s, s1_s, zl_s = part[:, :, :N]
     lse, ent = merge_splits(m_s, s0_s, s1_s, with_ent)
     valid = labels != ignore_index
@@ -348,8 +203,7 @@ def _add_mm_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         acc.add_(torch.mm(a, b))
 
 
-def _triton_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need_b, chunk_bytes,
-                     precision):
+def _triton_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need_b, chunk_bytes, precision):
     """d_hidden [N, H] fp32, d_weight [V, H] in w's dtype or None, d_bias [V] fp32 or None.
 
     d_logits is stored in the inputs' dtype, one vocab chunk at a time, and both gradient GEMMs take
@@ -370,10 +224,13 @@ def _triton_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need
     dz = torch.empty(N, vc, device=dev, dtype=h.dtype)
     for v0 in range(0, V, vc):
         v1 = min(v0 + vc, V)
-        _launch(_logprobs_bwd_dlogits_kernel, h,
-                lambda block_n, block_v: (triton.cdiv(N, block_n), triton.cdiv(v1 - v0, block_v)),
-                (h, w, b, labels, lse, ent, g_lp, g_ent, dz,
-                 N, H, v0, v1, h.stride(0), w.stride(0), dz.stride(0), inv_t), precision)
+        _launch(
+            _logprobs_bwd_dlogits_kernel,
+            h,
+            lambda block_n, block_v: (triton.cdiv(N, block_n), triton.cdiv(v1 - v0, block_v)),
+            (h, w, b, labels, lse, ent, g_lp, g_ent, dz, N, H, v0, v1, h.stride(0), w.stride(0), dz.stride(0), inv_t),
+            precision,
+        )
         d = dz[:, : v1 - v0]
         if not d.is_cuda and not d.is_contiguous():
             # A narrower last chunk leaves unwritten columns after each row. torch's bf16 GEMM on
@@ -394,21 +251,55 @@ def _gpu_variants() -> list[Variant]:
     for dtype, precisions in (("fp32", ("ieee", "tf32")), ("bf16", ("ieee",)), ("fp16", ("ieee",))):
         tiles = _gpu_tiles(getattr(torch, {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]))
         for kernel, pointers in (
-            (_logprobs_fwd_kernel, dict(h_ptr=dtype, w_ptr=dtype, b_ptr="fp32", labels_ptr="i64",
-                                        m_ptr="fp32", s0_ptr="fp32", s1_ptr="fp32", zl_ptr="fp32")),
-            (_logprobs_bwd_dlogits_kernel, dict(h_ptr=dtype, w_ptr=dtype, b_ptr="fp32", labels_ptr="i64",
-                                                lse_ptr="fp32", ent_ptr="fp32", glp_ptr="fp32",
-                                                gent_ptr="fp32", dz_ptr=dtype)),
+            (
+                _logprobs_fwd_kernel,
+                dict(
+                    h_ptr=dtype,
+                    w_ptr=dtype,
+                    b_ptr="fp32",
+                    labels_ptr="i64",
+                    m_ptr="fp32",
+                    s0_ptr="fp32",
+                    s1_ptr="fp32",
+                    zl_ptr="fp32",
+                ),
+            ),
+            (
+                _logprobs_bwd_dlogits_kernel,
+                dict(
+                    h_ptr=dtype,
+                    w_ptr=dtype,
+                    b_ptr="fp32",
+                    labels_ptr="i64",
+                    lse_ptr="fp32",
+                    ent_ptr="fp32",
+                    glp_ptr="fp32",
+                    gent_ptr="fp32",
+                    dz_ptr=dtype,
+                ),
+            ),
         ):
             for precision in precisions:
                 for t in tiles:
-                    out.append(Variant.of(
-                        kernel, dtype, pointers, floats=("inv_t",), aligned=("H", "stride_hn", "stride_wv",
-                                                                             "stride_dzn"),
-                        constexprs=dict(DOT_PRECISION=precision, UPCAST=False, BLOCK_N=t.BLOCK_N,
-                                        BLOCK_V=t.BLOCK_V, BLOCK_H=t.BLOCK_H),
-                        num_warps=t.num_warps, num_stages=t.num_stages,
-                        tensor_cores=dtype != "fp32" or precision == "tf32"))
+                    out.append(
+                        Variant.of(
+                            kernel,
+                            dtype,
+                            pointers,
+                            floats=("inv_t",),
+                            aligned=("H", "stride_hn", "stride_wv", "stride_dzn"),
+                            constexprs=dict(
+                                DOT_PRECISION=precision,
+                                UPCAST=False,
+                                BLOCK_N=t.BLOCK_N,
+                                BLOCK_V=t.BLOCK_V,
+                                BLOCK_H=t.BLOCK_H,
+                            ),
+                            num_warps=t.num_warps,
+                            num_stages=t.num_stages,
+                            tensor_cores=dtype != "fp32" or precision == "tf32",
+                        )
+                    )
     return out
 
 
@@ -420,15 +311,12 @@ class _FusedLogprobs(torch.autograd.Function):
     # a caller's autocast region (a bf16 training loop) would otherwise send the torch path's chunk
     # products to bf16 behind its back (and its fp32 buffers would refuse their bf16 results).
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, inv_t, ignore_index, with_ent, backend, chunk_bytes,
-                precision):
+    def forward(ctx, hidden, weight, bias, labels, inv_t, ignore_index, with_ent, backend, chunk_bytes, precision):
         with torch.autocast(hidden.device.type, enabled=False):
             if backend == "triton":
-                lp, lse, ent = _triton_forward(hidden, weight, bias, labels, inv_t, ignore_index, with_ent,
-                                               precision)
+                lp, lse, ent = _triton_forward(hidden, weight, bias, labels, inv_t, ignore_index, with_ent, precision)
             else:
-                lp, lse, ent = _torch_forward(hidden, weight, bias, labels, inv_t, ignore_index,
-                                              with_ent, chunk_bytes)
+                lp, lse, ent = _torch_forward(hidden, weight, bias, labels, inv_t, ignore_index, with_ent, chunk_bytes)
         ctx.save_for_backward(hidden, weight, bias, labels, lse, ent)
         ctx.inv_t, ctx.ignore_index, ctx.with_ent = inv_t, ignore_index, with_ent
         ctx.backend, ctx.chunk_bytes, ctx.precision = backend, chunk_bytes, precision
@@ -465,12 +353,25 @@ class _FusedLogprobs(torch.autograd.Function):
             # the kernel always takes the entropy's terms: zeros add nothing
             g_ent = torch.zeros_like(lse) if g_ent is None else g_ent.contiguous()
             d_h, d_w, d_b = _triton_backward(
-                hidden, weight, bias, labels, lse, ent, g_lp.contiguous(), g_ent, ctx.inv_t, need_w,
-                need_b, ctx.chunk_bytes, ctx.precision)
+                hidden,
+                weight,
+                bias,
+                labels,
+                lse,
+                ent,
+                g_lp.contiguous(),
+                g_ent,
+                ctx.inv_t,
+                need_w,
+                need_b,
+                ctx.chunk_bytes,
+                ctx.precision,
+            )
         else:
             safe = torch.where(valid, labels, torch.zeros_like(labels))
-            d_h, d_w, d_b = _torch_backward(hidden, weight, bias, safe, lse, ent, g_lp, g_ent,
-                                            ctx.inv_t, need_w, need_b, ctx.chunk_bytes)
+            d_h, d_w, d_b = _torch_backward(
+                hidden, weight, bias, safe, lse, ent, g_lp, g_ent, ctx.inv_t, need_w, need_b, ctx.chunk_bytes
+            )
         return (
             d_h.to(hidden.dtype) if need_h else None,
             d_w.to(weight.dtype) if need_w else None,
@@ -487,8 +388,7 @@ def _cublas_is_faster(backend: str, h: torch.Tensor, gemm_dtype: torch.dtype, al
     on an H100 (torch 2.11, triton 3.6; H 896, V 151936, forward + backward), 421 ms against 211 ms
     at 8192 tokens and 1692 against 868 at 32768 (full logits: 151 / 608 ms, at 27x / 110x the
     memory). bf16 / fp16, and fp32 with TF32, keep the kernels; ``backend="triton"`` asks for them."""
-    return (requested_backend(backend) == "auto" and _on_gpu(h) and gemm_dtype == torch.float32
-            and not allow_tf32)
+    return requested_backend(backend) == "auto" and _on_gpu(h) and gemm_dtype == torch.float32 and not allow_tf32
 
 
 def _check_inputs(hidden, weight, labels, temperature, bias):
@@ -501,8 +401,10 @@ def _check_inputs(hidden, weight, labels, temperature, bias):
     if weight.shape[0] < 1:
         raise ValueError("weight must have at least one vocab row")
     if not isinstance(labels, torch.Tensor) or labels.shape != hidden.shape[:-1]:
-        raise ValueError(f"labels must have shape {tuple(hidden.shape[:-1])} (hidden without its last "
-                         f"dim), got {tuple(getattr(labels, 'shape', ()))}")
+        raise ValueError(
+            f"labels must have shape {tuple(hidden.shape[:-1])} (hidden without its last "
+            f"dim), got {tuple(getattr(labels, 'shape', ()))}"
+        )
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise ValueError(f"labels must be an integer tensor, got {labels.dtype}")
     if not hidden.is_floating_point() or not weight.is_floating_point():
@@ -565,8 +467,7 @@ def fused_logprobs(
     if check_on_host(lab):
         if bool(bad.any()):
             first = int(lab[bad][0])
-            raise ValueError(f"labels must lie in [0, V={V}) or equal ignore_index={ignore_index}; "
-                             f"got {first}")
+            raise ValueError(f"labels must lie in [0, V={V}) or equal ignore_index={ignore_index}; got {first}")
         bad = None
     if chunk_bytes is None:
         chunk_bytes = GPU_CHUNK_BYTES if hidden.is_cuda else CPU_CHUNK_BYTES
@@ -586,8 +487,18 @@ def fused_logprobs(
         bias = torch.zeros(V, device=w2.device) if bias is None else bias.float().contiguous()
         lab = lab.contiguous()
         precision = _dot_precision(gd, bool(allow_tf32))
-    lp, ent = _FusedLogprobs.apply(h2, w2, bias, lab, 1.0 / float(temperature), int(ignore_index),
-                                   bool(return_entropy), which, int(chunk_bytes), precision)
+    lp, ent = _FusedLogprobs.apply(
+        h2,
+        w2,
+        bias,
+        lab,
+        1.0 / float(temperature),
+        int(ignore_index),
+        bool(return_entropy),
+        which,
+        int(chunk_bytes),
+        precision,
+    )
     if bad is not None:  # unchecked on the GPU: an out-of-range label gives NaN, not a wrong number
         lp = torch.where(bad, float("nan"), lp)
     lp = lp.reshape(lead)

@@ -21,6 +21,7 @@ The fused path: one kernel reduces each row to (sum, count); one program per gro
 advantages, the weighted BCE and d loss / d r in one go; backward is one broadcast kernel
 grad[b, t] = upstream * m[b, t] * coef[b]. Nothing of size [B, T] is kept beyond the mask.
 """
+
 from __future__ import annotations
 
 import torch
@@ -176,6 +177,7 @@ def _pacs_bwd_kernel(
 
 def _pacs_group_torch(r, y, inv, G, est, norm_by_std, eps, wmode, B):
     """Advantage, weighted per-sample BCE / B and d loss / d r, vectorised over groups."""
+
     def gsum(x):
         return torch.zeros(G, dtype=x.dtype, device=x.device).index_add_(0, inv, x)
 
@@ -253,8 +255,19 @@ class _PACSLoss(torch.autograd.Function):
             adv, per, dr = (torch.empty(B, dtype=torch.float32, device=logp.device) for _ in range(3))
             with device_guard(logp):
                 _pacs_group_kernel[(G,)](
-                    r.contiguous(), y, perm, starts, adv, per, dr, 1.0 / B, float(eps), wmode,
-                    EST=est, NORM=_norm_flag(est, norm_by_std), BLOCK=_BLOCK_G,
+                    r.contiguous(),
+                    y,
+                    perm,
+                    starts,
+                    adv,
+                    per,
+                    dr,
+                    1.0 / B,
+                    float(eps),
+                    wmode,
+                    EST=est,
+                    NORM=_norm_flag(est, norm_by_std),
+                    BLOCK=_BLOCK_G,
                 )
         else:
             adv, per, dr = _pacs_group_torch(r, y, inv, G, est, norm_by_std, eps, wmode, B)
@@ -275,8 +288,9 @@ class _PACSLoss(torch.autograd.Function):
             if n:
                 go = grad_loss.reshape(1).to(torch.float32).contiguous()
                 with device_guard(mask_f):
-                    _pacs_bwd_kernel[(triton.cdiv(n, _BLOCK),)](mask_f, coef, go, grad, n, mask_f.shape[1],
-                                                                BLOCK=_BLOCK)
+                    _pacs_bwd_kernel[(triton.cdiv(n, _BLOCK),)](
+                        mask_f, coef, go, grad, n, mask_f.shape[1], BLOCK=_BLOCK
+                    )
         else:
             grad = torch.empty(mask_f.shape, dtype=ctx.lp_dtype, device=mask_f.device)
             c = coef * grad_loss.float()
@@ -290,19 +304,41 @@ def _gpu_variants() -> list[Variant]:
     out = []
     for dt in ("fp32", "bf16", "fp16"):
         for ratio in (False, True):
-            out.append(Variant.of(_row_reduce_kernel, dt, dict(lp_ptr=dt, old_ptr=dt, mask_ptr="fp32",
-                                                              sum_ptr="fp32", cnt_ptr="fp32"),
-                                  constexprs=dict(RATIO=ratio, BLOCK=_BLOCK_T)))
-        out.append(Variant.of(_pacs_bwd_kernel, dt, dict(mask_ptr="fp32", coef_ptr="fp32", go_ptr="fp32",
-                                                        grad_ptr=dt),
-                              constexprs=dict(BLOCK=_BLOCK)))
+            out.append(
+                Variant.of(
+                    _row_reduce_kernel,
+                    dt,
+                    dict(lp_ptr=dt, old_ptr=dt, mask_ptr="fp32", sum_ptr="fp32", cnt_ptr="fp32"),
+                    constexprs=dict(RATIO=ratio, BLOCK=_BLOCK_T),
+                )
+            )
+        out.append(
+            Variant.of(
+                _pacs_bwd_kernel,
+                dt,
+                dict(mask_ptr="fp32", coef_ptr="fp32", go_ptr="fp32", grad_ptr=dt),
+                constexprs=dict(BLOCK=_BLOCK),
+            )
+        )
     for est in sorted(ESTIMATORS.values()):
         for norm in sorted({_norm_flag(est, False), _norm_flag(est, True)}):
-            out.append(Variant.of(
-                _pacs_group_kernel, "fp32",
-                dict(r_ptr="fp32", y_ptr="fp32", perm_ptr="i64", start_ptr="i64", adv_ptr="fp32",
-                     loss_ptr="fp32", dr_ptr="fp32"),
-                floats=("inv_b", "eps"), constexprs=dict(EST=est, NORM=norm, BLOCK=_BLOCK_G)))
+            out.append(
+                Variant.of(
+                    _pacs_group_kernel,
+                    "fp32",
+                    dict(
+                        r_ptr="fp32",
+                        y_ptr="fp32",
+                        perm_ptr="i64",
+                        start_ptr="i64",
+                        adv_ptr="fp32",
+                        loss_ptr="fp32",
+                        dr_ptr="fp32",
+                    ),
+                    floats=("inv_b", "eps"),
+                    constexprs=dict(EST=est, NORM=norm, BLOCK=_BLOCK_G),
+                )
+            )
     return out
 
 
@@ -344,12 +380,22 @@ def pacs_loss(
     for name, t in (("old_logp", old_logp), ("mask", mask)):
         if not isinstance(t, torch.Tensor) or t.shape != logp.shape:
             raise ValueError(f"{name} must have shape {tuple(logp.shape)}, got {getattr(t, 'shape', type(t))}")
-    y, not_01, inv, G = pacs_inputs(logp.shape[0], scores, index, reward_method, estimator, weight_mode,
-                                    logp.device)
+    y, not_01, inv, G = pacs_inputs(logp.shape[0], scores, index, reward_method, estimator, weight_mode, logp.device)
     chosen = resolve_backend(backend, logp)
     loss, stats = _PACSLoss.apply(
-        logp.contiguous(), old_logp.contiguous(), y, mask, inv, G, float(beta), str(reward_method),
-        ESTIMATORS[estimator], bool(norm_by_std), float(eps), WEIGHT_MODES[weight_mode], chosen,
+        logp.contiguous(),
+        old_logp.contiguous(),
+        y,
+        mask,
+        inv,
+        G,
+        float(beta),
+        str(reward_method),
+        ESTIMATORS[estimator],
+        bool(norm_by_std),
+        float(eps),
+        WEIGHT_MODES[weight_mode],
+        chosen,
     )
     if not_01 is not None:  # unchecked on the GPU: a score other than 0/1 gives a NaN loss
         loss = torch.where(not_01.any(), float("nan"), loss)
@@ -373,8 +419,7 @@ def pacs_inputs(B: int, scores, index, reward_method, estimator, weight_mode, de
     not_01 = (y != 0) & (y != 1)
     if check_on_host(y):  # on a GPU only with FASTCRIT_KERNELS_VALIDATE=1: it costs a device sync
         if bool(not_01.any()):
-            raise ValueError(f"scores must be 0 or 1 (PACS labels), got values such as "
-                             f"{y[not_01][:3].tolist()}")
+            raise ValueError(f"scores must be 0 or 1 (PACS labels), got values such as {y[not_01][:3].tolist()}")
         not_01 = None
     if B == 0:
         raise ValueError("pacs_loss needs at least one sample (B = 0)")

@@ -21,9 +21,11 @@ Value loss (verl ``compute_value_loss``): 0.5 * agg(max((v - R)^2, (clip(v, v_ol
 
 Both paths (one Triton kernel; plain torch over chunks of rows, so its temporaries stay
 chunk-sized) compute the per-token loss, the stats and the gradient in one pass over the tokens and
-keep only the gradient ([B, T] float32) for backward; backward is one scaling by the upstream scalar. Exact ties between the two branches of a max/min (measure zero) get the full
-gradient of the chosen branch, where torch's max would split it in halves.
+keep only the gradient ([B, T] float32) for backward; backward is one scaling by the upstream
+scalar. Exact ties between the two branches of a max/min (measure zero) get the full gradient of
+the chosen branch, where torch's max would split it in halves.
 """
+
 from __future__ import annotations
 
 import torch
@@ -246,8 +248,9 @@ def _launch_partials(kernel, args, n_sums: int, device, with_grad: bool, **meta)
     if n:
         T = args[0].shape[-1]
         with device_guard(args[0]):
-            kernel[(num_blocks,)](*args, grad, part, n, T, num_blocks, int(with_grad), *meta.pop("scalars"),
-                                  BLOCK=_BLOCK, **meta)
+            kernel[(num_blocks,)](
+                *args, grad, part, n, T, num_blocks, int(with_grad), *meta.pop("scalars"), BLOCK=_BLOCK, **meta
+            )
     return part.sum(-1), (grad if with_grad else None)
 
 
@@ -258,15 +261,40 @@ def _gpu_variants() -> list[Variant]:
     for dt in ("fp32", "bf16", "fp16"):
         for dual in (False, True):
             for adv_row in (False, True):
-                out.append(Variant.of(
-                    _ppo_fwd_kernel, dt, dict(lp_ptr=dt, old_ptr=dt, adv_ptr=dt, mask_ptr="fp32",
-                                              rowf_ptr="fp32", grad_ptr="fp32", part_ptr="fp32"),
-                    floats=("clip_lo", "clip_hi", "clip_c"),
-                    constexprs=dict(DUAL=dual, ADV_ROW=adv_row, BLOCK=_BLOCK)))
-        out.append(Variant.of(
-            _value_fwd_kernel, dt, dict(v_ptr=dt, vold_ptr=dt, ret_ptr=dt, mask_ptr="fp32", rowf_ptr="fp32",
-                                        grad_ptr="fp32", part_ptr="fp32"),
-            floats=("clip",), constexprs=dict(BLOCK=_BLOCK)))
+                out.append(
+                    Variant.of(
+                        _ppo_fwd_kernel,
+                        dt,
+                        dict(
+                            lp_ptr=dt,
+                            old_ptr=dt,
+                            adv_ptr=dt,
+                            mask_ptr="fp32",
+                            rowf_ptr="fp32",
+                            grad_ptr="fp32",
+                            part_ptr="fp32",
+                        ),
+                        floats=("clip_lo", "clip_hi", "clip_c"),
+                        constexprs=dict(DUAL=dual, ADV_ROW=adv_row, BLOCK=_BLOCK),
+                    )
+                )
+        out.append(
+            Variant.of(
+                _value_fwd_kernel,
+                dt,
+                dict(
+                    v_ptr=dt,
+                    vold_ptr=dt,
+                    ret_ptr=dt,
+                    mask_ptr="fp32",
+                    rowf_ptr="fp32",
+                    grad_ptr="fp32",
+                    part_ptr="fp32",
+                ),
+                floats=("clip",),
+                constexprs=dict(BLOCK=_BLOCK),
+            )
+        )
     return out
 
 
@@ -281,9 +309,14 @@ def ppo_sums_and_grad(logp, old_logp, adv, mask, rowf, clip_lo, clip_hi, clip_c,
     d loss / d logp or None). Shared with the grad-in-forward path of ``fused_linear_ppo_loss``."""
     if backend == "triton":
         return _launch_partials(
-            _ppo_fwd_kernel, (logp, old_logp, adv, mask.to(torch.float32).contiguous(), rowf), 4,
-            logp.device, with_grad, scalars=(float(clip_lo), float(clip_hi), float(clip_c or 0.0)),
-            DUAL=clip_c is not None, ADV_ROW=adv.dim() == 1,
+            _ppo_fwd_kernel,
+            (logp, old_logp, adv, mask.to(torch.float32).contiguous(), rowf),
+            4,
+            logp.device,
+            with_grad,
+            scalars=(float(clip_lo), float(clip_hi), float(clip_c or 0.0)),
+            DUAL=clip_c is not None,
+            ADV_ROW=adv.dim() == 1,
         )
     return _ppo_torch(logp, old_logp, adv, mask, rowf, clip_lo, clip_hi, clip_c, with_grad)
 
@@ -292,8 +325,7 @@ class _PPOPolicyLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logp, old_logp, adv, mask, rowf, clip_lo, clip_hi, clip_c, backend):
         with_grad = ctx.needs_input_grad[0]
-        sums, grad = ppo_sums_and_grad(logp, old_logp, adv, mask, rowf, clip_lo, clip_hi, clip_c, backend,
-                                       with_grad)
+        sums, grad = ppo_sums_and_grad(logp, old_logp, adv, mask, rowf, clip_lo, clip_hi, clip_c, backend, with_grad)
         ctx.save_for_backward(grad if with_grad else None)
         ctx.lp_dtype = logp.dtype
         stats = _masked_stats(sums[1:4], mask)
@@ -314,8 +346,12 @@ class _ValueLoss(torch.autograd.Function):
         with_grad = ctx.needs_input_grad[0]
         if backend == "triton":
             sums, grad = _launch_partials(
-                _value_fwd_kernel, (values, old_values, returns, mask.to(torch.float32).contiguous(), rowf), 2,
-                values.device, with_grad, scalars=(float(clip),),
+                _value_fwd_kernel,
+                (values, old_values, returns, mask.to(torch.float32).contiguous(), rowf),
+                2,
+                values.device,
+                with_grad,
+                scalars=(float(clip),),
             )
         else:
             sums, grad = _value_torch(values, old_values, returns, mask, rowf, clip, with_grad)
@@ -383,8 +419,15 @@ def ppo_policy_loss(
     rowf = agg_row_factors(mask, agg, agg_scale)
     chosen = resolve_backend(backend, logp)
     loss, stats = _PPOPolicyLoss.apply(
-        logp.contiguous(), old_logp.contiguous(), advantages.contiguous(), mask, rowf,
-        clip_low, clip_high, clip_c, chosen,
+        logp.contiguous(),
+        old_logp.contiguous(),
+        advantages.contiguous(),
+        mask,
+        rowf,
+        clip_low,
+        clip_high,
+        clip_c,
+        chosen,
     )
     return loss, {"clipfrac": stats[0], "clipfrac_lower": stats[1], "approx_kl": stats[2]}
 

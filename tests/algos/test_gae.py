@@ -1,4 +1,5 @@
 """GAE and whitening against loops written from the definitions."""
+
 import pytest
 import torch
 
@@ -48,8 +49,12 @@ def oracle_whiten(x, m):
     vals = [float(v) for v, k in zip(x.flatten(), m.flatten()) if k > 0]
     mean = sum(vals) / len(vals)
     var = sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)
-    return torch.tensor([[(float(v) - mean) / (var + 1e-8) ** 0.5 if k > 0 else 0.0 for v, k in zip(row, mrow)]
-                         for row, mrow in zip(x, m)])
+    return torch.tensor(
+        [
+            [(float(v) - mean) / (var + 1e-8) ** 0.5 if k > 0 else 0.0 for v, k in zip(row, mrow)]
+            for row, mrow in zip(x, m)
+        ]
+    )
 
 
 def whitening_batch():

@@ -1,4 +1,5 @@
 """The KL-in-reward coefficient's controllers against verl's formulas written out by hand."""
+
 import pytest
 import torch
 
@@ -23,7 +24,8 @@ def test_adaptive_follows_verl_and_fixed_stays():
         want = verl_adaptive(want, kl, 256, 0.1, 1000.0)
         assert coef == pytest.approx(want, rel=1e-12)
     assert next_kl_coef(0.05, 0.5, 256, ctrl="adaptive", target=0.1, horizon=1000.0) == pytest.approx(
-        0.05 * (1 + 0.2 * 0.256))  # far above: +20% of n / horizon
+        0.05 * (1 + 0.2 * 0.256)
+    )  # far above: +20% of n / horizon
     assert next_kl_coef(0.05, 0.5, 256, ctrl="fixed", target=0.1, horizon=1000.0) == 0.05
     with pytest.raises(ValueError, match="algorithm.kl_ctrl"):
         next_kl_coef(0.05, 0.5, 256, ctrl="pid", target=0.1, horizon=1000.0)

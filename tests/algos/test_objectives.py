@@ -1,4 +1,5 @@
 """The objectives update_policy minimises, against plain loops written from the papers."""
+
 import math
 
 import pytest
@@ -17,9 +18,15 @@ def batch(seed=0, groups=3, n=4, R=5):
     old = -torch.rand(B, R, generator=g) * 2 * mask
     logp = (old + 0.3 * torch.randn(B, R, generator=g)) * mask
     scores = (torch.rand(B, generator=g) > 0.5).float()
-    b = RolloutBatch(prompts=torch.zeros(B, 1, dtype=torch.long), responses=torch.zeros(B, R, dtype=torch.long),
-                     attention_mask=torch.ones(B, R + 1, dtype=torch.long), response_mask=mask,
-                     old_logprobs=old, group_ids=torch.arange(B) // n, scores=scores)
+    b = RolloutBatch(
+        prompts=torch.zeros(B, 1, dtype=torch.long),
+        responses=torch.zeros(B, R, dtype=torch.long),
+        attention_mask=torch.ones(B, R + 1, dtype=torch.long),
+        response_mask=mask,
+        old_logprobs=old,
+        group_ids=torch.arange(B) // n,
+        scores=scores,
+    )
     return b, logp.requires_grad_(True)
 
 
@@ -50,8 +57,10 @@ def loop_pacs(logp, b, beta, method, weighted):
 @pytest.mark.parametrize("weight_mode", ["question", "none"])
 def test_pacs_objective_is_the_papers_loss(method, weight_mode):
     b, logp = batch(1)
-    obj = PACSObjective(PACSConfig(beta=0.7, reward_method=method, estimator="rloo", weight_mode=weight_mode),
-                        AlgorithmConfig(name="pacs"))
+    obj = PACSObjective(
+        PACSConfig(beta=0.7, reward_method=method, estimator="rloo", weight_mode=weight_mode),
+        AlgorithmConfig(name="pacs"),
+    )
     obj.check(b)
     loss, stats = obj(logp, None, b)
     (g,) = torch.autograd.grad(loss, logp)
@@ -160,8 +169,9 @@ def test_seq_mean_token_sum_norm_divides_by_a_constant():
     with pytest.raises(ValueError, match="loss_scale_factor"):
         PPOObjective(AlgorithmConfig(loss_agg="seq-mean-token-sum-norm"))
     by_arg = PPOObjective(AlgorithmConfig(loss_agg="seq-mean-token-sum-norm", clip_low=0.2, clip_high=0.2), 16.0)
-    by_cfg = PPOObjective(AlgorithmConfig(loss_agg="seq-mean-token-sum-norm", clip_low=0.2, clip_high=0.2,
-                                          loss_scale_factor=16.0), 99.0)  # the config wins
+    by_cfg = PPOObjective(
+        AlgorithmConfig(loss_agg="seq-mean-token-sum-norm", clip_low=0.2, clip_high=0.2, loss_scale_factor=16.0), 99.0
+    )  # the config wins
     plain = PPOObjective(AlgorithmConfig(loss_agg="seq-mean-token-sum", clip_low=0.2, clip_high=0.2))
     l16, _ = by_arg(logp, None, b)
     lcfg, _ = by_cfg(logp, None, b)

@@ -1,4 +1,5 @@
 """fastcrit.algos against the slow, obvious loop versions of verl's estimators (the oracles)."""
+
 import math
 
 import pytest
@@ -58,12 +59,24 @@ def test_policy_objective_adds_kl_and_entropy_terms():
     mask = torch.ones(B, T)
     mask[1, 2:] = 0
     ent = torch.rand(B, T, generator=g)
-    loss, stats = policy_objective(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, clip_c=None,
-                                   agg="token-mean", ref_logp=ref, kl_coef=0.5, kl_kind="k1",
-                                   entropy=ent, entropy_coef=0.1)
+    loss, stats = policy_objective(
+        logp,
+        old,
+        adv,
+        mask,
+        clip_low=0.2,
+        clip_high=0.2,
+        clip_c=None,
+        agg="token-mean",
+        ref_logp=ref,
+        kl_coef=0.5,
+        kl_kind="k1",
+        entropy=ent,
+        entropy_coef=0.1,
+    )
     ratio = torch.exp(logp - old)
     pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
-    mean = lambda x: (x * mask).sum() / mask.sum()  # noqa: E731
+    mean = lambda x: (x * mask).sum() / mask.sum()
     want = mean(pg) + 0.5 * mean(logp - ref) - 0.1 * mean(ent)
     torch.testing.assert_close(loss, want.float(), atol=1e-5, rtol=1e-5)
     assert stats["kl/mean"] == pytest.approx(mean(logp - ref).item(), abs=1e-6)

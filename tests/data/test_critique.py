@@ -1,21 +1,34 @@
 """CTRL's critiques: the judgment rule, reviews, synthetic critiques (prompts: test_ctrl_prompts.py)."""
+
 import pytest
 
-from fastcrit.data.critique import (apply_edit, key_lines, line_edit, parse_judgment, read_review, review_agrees,
-                                    suggested_edit, synthetic_critique, word_review)
+from fastcrit.data.critique import (
+    apply_edit,
+    key_lines,
+    line_edit,
+    parse_judgment,
+    read_review,
+    review_agrees,
+    suggested_edit,
+    synthetic_critique,
+    word_review,
+)
 
 
-@pytest.mark.parametrize("text, want", [
-    ("Analysis: ok.\nImprovement suggestions: none.\nOverall judgment: Correct", True),
-    ("Analysis: no.\nImprovement suggestions: x.\nOverall judgment: Incorrect", False),
-    ("Overall judgment: **Incorrect**", False),
-    ("Overall judgment: Correct\n... on second thought\nOverall judgment: Incorrect", False),
-    ("Analysis: fine.\nImprovement suggestions: none.\nOverall judgement: Correct", None),  # spelling
-    ("Overall judgment: correct", None),  # the paper's words, capitalised
-    ("Overall judgment: Correctness unclear", None),
-    ("The code is Correct.", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("Analysis: ok.\nImprovement suggestions: none.\nOverall judgment: Correct", True),
+        ("Analysis: no.\nImprovement suggestions: x.\nOverall judgment: Incorrect", False),
+        ("Overall judgment: **Incorrect**", False),
+        ("Overall judgment: Correct\n... on second thought\nOverall judgment: Incorrect", False),
+        ("Analysis: fine.\nImprovement suggestions: none.\nOverall judgement: Correct", None),  # spelling
+        ("Overall judgment: correct", None),  # the paper's words, capitalised
+        ("Overall judgment: Correctness unclear", None),
+        ("The code is Correct.", None),
+        ("", None),
+    ],
+)
 def test_judgment_rule(text, want):
     assert parse_judgment(text) is want
 
@@ -25,8 +38,10 @@ def test_synthetic_critique_is_grounded_and_its_judgment_is_the_outcome():
     bad = "def g(xs):\n    return max(xs) * 6 + 5\n"
     c = synthetic_critique(False, ["AssertionError: assert g([1]) == 10 (returned 11)"], bad, ref)
     assert parse_judgment(c) is False
-    assert c.startswith("Analysis: the code's line, checked: `return max(xs) * 6 + [5 -> 4]`. "
-                        "AssertionError: assert g([1]) == 10 (returned 11).\n")
+    assert c.startswith(
+        "Analysis: the code's line, checked: `return max(xs) * 6 + [5 -> 4]`. "
+        "AssertionError: assert g([1]) == 10 (returned 11).\n"
+    )
     # the suggestion is a targeted edit of the code, not the answer: applied, it gives the reference
     assert "\nImprovement suggestions: change `+ 5` to `+ 4`.\n" in c
     assert suggested_edit(c) == ("+ 5", "+ 4") and apply_edit(bad, suggested_edit(c)) == ref
@@ -44,19 +59,22 @@ def test_synthetic_critique_is_grounded_and_its_judgment_is_the_outcome():
     assert key_lines("a\nb", "a") is None and key_lines("a\nb", "a\nc") == ("c", "b")
 
 
-@pytest.mark.parametrize("has, needed, edit", [
-    ("return x * 7 + 7", "return x * 6 + 7", ("* 7", "* 6")),  # a number with its operator
-    ("return x * 7 - 7", "return x * 7 + 7", ("- 7", "+ 7")),  # an operator with its operand
-    ("return x % 7 + 2", "return x // 7 + 2", ("% 7", "// 7")),
-    ("return min(x, 7) * 3", "return max(x, 7) * 3", ("min(x, 7)", "max(x, 7)")),  # the call closed
-    ("return min(x, 8) * 3", "return min(x, 7) * 3", ("min(x, 8)", "min(x, 7)")),
-    ("return (x + 4) * 3", "return (x - 4) * 3", ("(x + 4)", "(x - 4)")),
-    ("return x + 3 * 2", "return (x + 3) * 2", ("x + 3", "(x + 3)")),  # parentheses added
-    ("return sum(xs) * 3 + 2", "return len(xs) * 3 + 2", ("sum(xs)", "len(xs)")),
-    ("return x + 7 + 7", "return x * 7 + 7", ("x + 7", "x * 7")),  # "+ 7" twice: one place named
-    ("return x", "return x * 7", ("x", "x * 7")),  # a part added: with its neighbour
-    ("return x * 7", "return x * 7", None),
-])
+@pytest.mark.parametrize(
+    "has, needed, edit",
+    [
+        ("return x * 7 + 7", "return x * 6 + 7", ("* 7", "* 6")),  # a number with its operator
+        ("return x * 7 - 7", "return x * 7 + 7", ("- 7", "+ 7")),  # an operator with its operand
+        ("return x % 7 + 2", "return x // 7 + 2", ("% 7", "// 7")),
+        ("return min(x, 7) * 3", "return max(x, 7) * 3", ("min(x, 7)", "max(x, 7)")),  # the call closed
+        ("return min(x, 8) * 3", "return min(x, 7) * 3", ("min(x, 8)", "min(x, 7)")),
+        ("return (x + 4) * 3", "return (x - 4) * 3", ("(x + 4)", "(x - 4)")),
+        ("return x + 3 * 2", "return (x + 3) * 2", ("x + 3", "(x + 3)")),  # parentheses added
+        ("return sum(xs) * 3 + 2", "return len(xs) * 3 + 2", ("sum(xs)", "len(xs)")),
+        ("return x + 7 + 7", "return x * 7 + 7", ("x + 7", "x * 7")),  # "+ 7" twice: one place named
+        ("return x", "return x * 7", ("x", "x * 7")),  # a part added: with its neighbour
+        ("return x * 7", "return x * 7", None),
+    ],
+)
 def test_line_edit_names_one_part_of_the_line_and_applies_to_it(has, needed, edit):
     assert line_edit(needed, has) == edit
     if edit:
@@ -83,7 +101,8 @@ def test_word_review_marks_each_differing_word_where_it_stands():
     c = synthetic_critique(False, ["e"], "def g(x):\n    return x + 3 * 2\n", "def g(x):\n    return (x + 3) * 2\n")
     assert read_review(c) == [("return (x + 3) * 2", "return x + 3 * 2")]
     assert read_review("Analysis: the problem needs `return y` and the code has `return x`.") == [
-        ("return y", "return x")]
+        ("return y", "return x")
+    ]
     assert read_review("Analysis: fine.") == []
 
 
@@ -99,8 +118,9 @@ def test_review_agrees_checks_the_verdict_against_the_critique_s_own_review():
     assert review_agrees(right.replace("+ 4`", "+ [4 -> 4]`").replace("Correct", "Incorrect")) is False
     assert review_agrees("Analysis: fine.\nOverall judgment: Correct") is None  # no review
     # a whole-line review (the words do not pair up): the verdict must follow it
-    line = synthetic_critique(False, ["AssertionError: x"], "def g(x):\n    return x\n",
-                              "def g(x):\n    return max(x, 3) * 2\n")
+    line = synthetic_critique(
+        False, ["AssertionError: x"], "def g(x):\n    return x\n", "def g(x):\n    return max(x, 3) * 2\n"
+    )
     assert "the problem needs `return max(x, 3) * 2` and the code has `return x`" in line
     assert review_agrees(line) is True
     same = "Analysis: the problem needs `return x` and the code has `return x`.\nOverall judgment: {}"

@@ -20,8 +20,14 @@ def test_shipped_reverse_task_matches_its_generator():
 
 def test_bad_rows_are_counted_with_line_numbers(tmp_path):
     p = tmp_path / "d.jsonl"
-    rows = [json.dumps({"prompt": "a", "answer": "b"}), "{not json", json.dumps([1, 2]),
-            json.dumps({"answer": "x"}), "", json.dumps({"prompt": "c", "answer": 3, "extra": 1})]
+    rows = [
+        json.dumps({"prompt": "a", "answer": "b"}),
+        "{not json",
+        json.dumps([1, 2]),
+        json.dumps({"answer": "x"}),
+        "",
+        json.dumps({"prompt": "c", "answer": 3, "extra": 1}),
+    ]
     p.write_text("\n".join(rows) + "\n")
     d = load_dataset(str(p))
     assert [e.prompt for e in d.examples] == ["a", "c"]
@@ -49,12 +55,12 @@ ROWS = [{"prompt": "a", "answer": "b"}, {"prompt": "c", "answer": "d"}, {"prompt
 
 def test_a_byte_that_is_not_utf8_names_the_file_and_line(tmp_path):
     p = tmp_path / "d.jsonl"
-    p.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in ROWS[:2])
-                  + b'{"prompt": "caf\xe9", "answer": "x"}\n')
+    p.write_bytes(
+        b"".join(json.dumps(r).encode() + b"\n" for r in ROWS[:2]) + b'{"prompt": "caf\xe9", "answer": "x"}\n'
+    )
     with pytest.raises(DatasetError) as e:
         load_dataset(str(p))
-    assert str(e.value) == (f"{p}:3: not UTF-8 text (byte 0xe9 at byte 16 of the line); "
-                            "save the file as UTF-8")
+    assert str(e.value) == (f"{p}:3: not UTF-8 text (byte 0xe9 at byte 16 of the line); save the file as UTF-8")
     j = tmp_path / "d.json"
     j.write_bytes(b'[\n  {"prompt": "a", "answer": "b"},\n  {"prompt": "\xff"}\n]\n')
     with pytest.raises(DatasetError, match=rf"^{j}:3: not UTF-8 text \(byte 0xff at byte 15 of the line\)"):
@@ -66,11 +72,26 @@ def test_the_cli_reports_a_data_error_in_one_line(tmp_path, capsys):
 
     p = tmp_path / "d.jsonl"
     p.write_bytes(b'{"prompt": "\xe9", "answer": "x"}\n')
-    assert main(["sft", "configs/cpu/sft.yaml", "--set", f"sft.data={p}", "--set", "sft.steps=1", "--set",
-                 f"trainer.output_dir={tmp_path / 'out'}"]) == 2
+    assert (
+        main(
+            [
+                "sft",
+                "configs/cpu/sft.yaml",
+                "--set",
+                f"sft.data={p}",
+                "--set",
+                "sft.steps=1",
+                "--set",
+                f"trainer.output_dir={tmp_path / 'out'}",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == f"fastcrit: data error: {p}:1: not UTF-8 text (byte 0xe9 at byte 13 of the line); " \
-                      "save the file as UTF-8"
+    assert (
+        err[-1] == f"fastcrit: data error: {p}:1: not UTF-8 text (byte 0xe9 at byte 13 of the line); "
+        "save the file as UTF-8"
+    )
     assert not any("Traceback" in line for line in err)
 
 
@@ -87,8 +108,10 @@ def test_a_json_array_reads_like_jsonl_with_the_line_of_each_row(tmp_path):
     import gzip
 
     p = tmp_path / "d.json"
-    p.write_text('[\n  {"prompt": "a", "answer": "b"},\n  {"answer": "no prompt"},\n  [1],\n'
-                 '  {"prompt": "c",\n   "answer": "d"}, {"prompt": "e", "answer": "f"}\n]\n')
+    p.write_text(
+        '[\n  {"prompt": "a", "answer": "b"},\n  {"answer": "no prompt"},\n  [1],\n'
+        '  {"prompt": "c",\n   "answer": "d"}, {"prompt": "e", "answer": "f"}\n]\n'
+    )
     d = load_dataset(str(p))
     assert [(e.prompt, e.answer) for e in d.examples] == [("a", "b"), ("c", "d"), ("e", "f")]
     assert d.skipped == [f"{p}:3: missing or non-string 'prompt'", f"{p}:4: expected a JSON object, got list"]
@@ -124,8 +147,12 @@ def test_strict_turns_skipped_rows_into_an_error_naming_the_first_few(tmp_path):
     assert f"{p}:5:" not in msg and msg.endswith("; and 2 more")
     assert len(load_dataset("reverse", strict=True)) > 0
     prefs = tmp_path / "p.jsonl"
-    prefs.write_text(json.dumps({"prompt": "q", "chosen": "a", "rejected": "b"}) + "\n"
-                     + json.dumps({"prompt": "q", "chosen": "a", "rejected": "a"}) + "\n")
+    prefs.write_text(
+        json.dumps({"prompt": "q", "chosen": "a", "rejected": "b"})
+        + "\n"
+        + json.dumps({"prompt": "q", "chosen": "a", "rejected": "a"})
+        + "\n"
+    )
     assert len(load_preferences(str(prefs))[1]) == 1
     with pytest.raises(DatasetError, match=r"1 row skipped and data.strict is true: .*:2: 'chosen' and 'rejected'"):
         load_preferences(str(prefs), strict=True)
@@ -146,14 +173,36 @@ def test_data_strict_reaches_the_recipes(tmp_path, capsys):
 
     p = tmp_path / "d.jsonl"
     p.write_text(json.dumps(ROWS[0]) + "\n{oops\n")
-    assert main(["sft", "configs/cpu/sft.yaml", "--set", f"sft.data={p}", "--set", "sft.steps=1", "--set",
-                 "data.strict=true", "--set", f"trainer.output_dir={tmp_path / 'out'}"]) == 2
+    assert (
+        main(
+            [
+                "sft",
+                "configs/cpu/sft.yaml",
+                "--set",
+                f"sft.data={p}",
+                "--set",
+                "sft.steps=1",
+                "--set",
+                "data.strict=true",
+                "--set",
+                f"trainer.output_dir={tmp_path / 'out'}",
+            ]
+        )
+        == 2
+    )
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"fastcrit: data error: {p}: 1 row skipped and data.strict is true: {p}:2: not valid JSON "
-        "(Expecting property name enclosed in double quotes)")
+        "(Expecting property name enclosed in double quotes)"
+    )
     problems = tmp_path / "p.json"
-    problems.write_text(json.dumps([{"id": "x", "question": "p", "test_kind": "assert", "tests": ["assert f() == 1"],
-                                     "entry_point": "f"}, {"id": "y"}]))
+    problems.write_text(
+        json.dumps(
+            [
+                {"id": "x", "question": "p", "test_kind": "assert", "tests": ["assert f() == 1"], "entry_point": "f"},
+                {"id": "y"},
+            ]
+        )
+    )
     assert len(load_problem_set(str(problems), "auto", log=lambda m: None)) == 1
     with pytest.raises(DatasetError, match=rf"{problems}: 1 row skipped and data.strict is true: {problems}:1: "):
         load_problem_set(str(problems), "auto", strict=True)

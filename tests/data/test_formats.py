@@ -1,8 +1,7 @@
 """Public problem formats -> Problem: hand-written rows in each dataset's published layout, converted,
 then run in the real sandbox pool (reference solutions pass, wrong programs fail)."""
-import argparse
+
 import base64
-import gzip
 import json
 import os
 import pickle
@@ -11,12 +10,10 @@ import zlib
 
 import pytest
 
-from fastcrit.data import cli as data_cli
 from fastcrit.data.datasets import DatasetError
-from fastcrit.data.formats import (APPS_PRELUDE, LCB_PRELUDE, from_apps, from_codecontests,
-                                   from_livecodebench, from_mbpp)
-from fastcrit.data.problem_files import ProblemSet, detect_format, load_problems, save_problems
-from fastcrit.data.problems import Problem, ProblemError
+from fastcrit.data.formats import APPS_PRELUDE, LCB_PRELUDE, from_apps, from_codecontests, from_livecodebench, from_mbpp
+from fastcrit.data.problem_files import detect_format, load_problems
+from fastcrit.data.problems import ProblemError
 from fastcrit.sandbox import SyncSandboxPool, probe
 
 
@@ -55,6 +52,7 @@ def check_in_sandbox(pool, problems, wrong):
 # ---------------------------------------------------------------------------------------------
 # HumanEval
 
+
 def test_humaneval_package_164_canonical_solutions_pass(pool):
     ps = load_problems("humaneval")
     assert ps.format == "humaneval" and len(ps) == 164 and not ps.skipped
@@ -73,29 +71,45 @@ def test_humaneval_package_164_canonical_solutions_pass(pool):
 # MBPP (original and sanitized) and MBPP+
 
 MBPP_ROWS = [
-    {"text": "Write a python function to count the vowels in a given string.",
-     "code": "def count_vowels(s):\r\n  return sum(1 for c in s.lower() if c in 'aeiou')",
-     "task_id": 901, "test_setup_code": "",
-     "test_list": ["assert count_vowels('hello') == 2", "assert count_vowels('AEIOU') == 5",
-                   "assert count_vowels('xyz') == 0"],
-     "challenge_test_list": []},
-    {"text": "Write a function to find the area of a circle.",
-     "code": "import math\r\ndef circle_area(r):\r\n  return math.pi * r * r",
-     "task_id": 902, "test_setup_code": "import math",
-     "test_list": ["assert math.isclose(circle_area(1), 3.141592653589793)",
-                   "assert math.isclose(circle_area(2), 12.566370614359172)",
-                   "assert circle_area(0) == 0"],
-     "challenge_test_list": ["assert math.isclose(circle_area(0.5), 0.7853981633974483)"]},
+    {
+        "text": "Write a python function to count the vowels in a given string.",
+        "code": "def count_vowels(s):\r\n  return sum(1 for c in s.lower() if c in 'aeiou')",
+        "task_id": 901,
+        "test_setup_code": "",
+        "test_list": [
+            "assert count_vowels('hello') == 2",
+            "assert count_vowels('AEIOU') == 5",
+            "assert count_vowels('xyz') == 0",
+        ],
+        "challenge_test_list": [],
+    },
+    {
+        "text": "Write a function to find the area of a circle.",
+        "code": "import math\r\ndef circle_area(r):\r\n  return math.pi * r * r",
+        "task_id": 902,
+        "test_setup_code": "import math",
+        "test_list": [
+            "assert math.isclose(circle_area(1), 3.141592653589793)",
+            "assert math.isclose(circle_area(2), 12.566370614359172)",
+            "assert circle_area(0) == 0",
+        ],
+        "challenge_test_list": ["assert math.isclose(circle_area(0.5), 0.7853981633974483)"],
+    },
 ]
-MBPP_SANITIZED = {"source_file": "Benchmark Questions Verification V2.ipynb", "task_id": 903,
-                  "prompt": "Write a function to find the shared elements from the given two tuples.",
-                  "code": "def shared_elements(a, b):\n    return tuple(set(a) & set(b))",
-                  "test_imports": [],
-                  "test_list": ["assert set(shared_elements((3, 4, 5, 6), (5, 7, 4, 10))) == set((4, 5))",
-                                "assert set(shared_elements((1, 2, 3, 4), (5, 4, 3, 7))) == set((3, 4))",
-                                "assert set(shared_elements((11, 12), (13, 14))) == set()"]}
+MBPP_SANITIZED = {
+    "source_file": "Benchmark Questions Verification V2.ipynb",
+    "task_id": 903,
+    "prompt": "Write a function to find the shared elements from the given two tuples.",
+    "code": "def shared_elements(a, b):\n    return tuple(set(a) & set(b))",
+    "test_imports": [],
+    "test_list": [
+        "assert set(shared_elements((3, 4, 5, 6), (5, 7, 4, 10))) == set((4, 5))",
+        "assert set(shared_elements((1, 2, 3, 4), (5, 4, 3, 7))) == set((3, 4))",
+        "assert set(shared_elements((11, 12), (13, 14))) == set()",
+    ],
+}
 
-MBPPPLUS_TEST = '''import numpy as np
+MBPPPLUS_TEST = """import numpy as np
 from math import inf
 
 
@@ -120,12 +134,16 @@ inputs = [[(3, 4, 5, 6), (5, 7, 4, 10)], [(1, 2, 3, 4), (5, 4, 3, 7)], [(), (1,)
 results = [(4, 5), (3, 4), (), (7, 8, 9)]
 for i, (inp, exp) in enumerate(zip(inputs, results)):
     assertion(sorted_shared(*inp), exp, 0)
-'''
-MBPPPLUS_ROW = {"task_id": 904, "code": "def sorted_shared(a, b):\n    return tuple(sorted(set(a) & set(b)))\n",
-                "prompt": "Write a function to find the shared elements of two tuples, in increasing order.",
-                "source_file": "Benchmark Questions Verification V2.ipynb", "test_imports": [],
-                "test_list": ["assert sorted_shared((3, 4, 5, 6), (5, 7, 4, 10)) == (4, 5)"],
-                "test": MBPPPLUS_TEST}
+"""
+MBPPPLUS_ROW = {
+    "task_id": 904,
+    "code": "def sorted_shared(a, b):\n    return tuple(sorted(set(a) & set(b)))\n",
+    "prompt": "Write a function to find the shared elements of two tuples, in increasing order.",
+    "source_file": "Benchmark Questions Verification V2.ipynb",
+    "test_imports": [],
+    "test_list": ["assert sorted_shared((3, 4, 5, 6), (5, 7, 4, 10)) == (4, 5)"],
+    "test": MBPPPLUS_TEST,
+}
 
 
 def test_mbpp_layouts_convert_and_run(tmp_path, pool):
@@ -138,8 +156,11 @@ def test_mbpp_layouts_convert_and_run(tmp_path, pool):
     assert all(t.startswith("import math\nassert ") for t in area.tests) and len(area.tests) == 3
     with_challenge = from_mbpp(MBPP_ROWS[1], challenge_tests=True)
     assert len(with_challenge.tests) == 4
-    shadow = {**MBPP_ROWS[0], "code": "def filter(xs):\n    return [x for x in xs if x % 2]",
-              "test_list": ["assert filter([1, 2, 3]) == [1, 3]", "assert len(filter([2])) == 0"]}
+    shadow = {
+        **MBPP_ROWS[0],
+        "code": "def filter(xs):\n    return [x for x in xs if x % 2]",
+        "test_list": ["assert filter([1, 2, 3]) == [1, 3]", "assert len(filter([2])) == 0"],
+    }
     assert from_mbpp(shadow).entry_point == "filter"  # a builtin's name the reference redefines
     with pytest.raises(ProblemError, match="test 1 is not valid Python"):
         from_mbpp({**MBPP_ROWS[0], "test_list": ["assert count_vowels('a') == 1", "assert count_vowels("]})
@@ -151,17 +172,26 @@ def test_mbpp_layouts_convert_and_run(tmp_path, pool):
     assert plus.format == "mbppplus"
     pp = plus.problems[0]
     assert pp.id == "mbppplus/904" and pp.entry_point == "sorted_shared" and pp.tests == [MBPPPLUS_TEST]
-    wrong = {"mbpp/901": "def count_vowels(s):\n    return len(s) // 2\n",
-             "mbpp/902": "def circle_area(r):\n    return 3.14 * r * r\n",
-             "mbpp/903": "def shared_elements(a, b):\n    return tuple(a)\n",
-             "mbppplus/904": "def sorted_shared(a, b):\n    return tuple(set(a) & set(b))\n"}  # unsorted
+    wrong = {
+        "mbpp/901": "def count_vowels(s):\n    return len(s) // 2\n",
+        "mbpp/902": "def circle_area(r):\n    return 3.14 * r * r\n",
+        "mbpp/903": "def shared_elements(a, b):\n    return tuple(a)\n",
+        "mbppplus/904": "def sorted_shared(a, b):\n    return tuple(set(a) & set(b))\n",
+    }  # unsorted
     check_in_sandbox(pool, orig.problems + [with_challenge] + san.problems + plus.problems, wrong)
 
 
 def test_mbppplus_release_layout_without_outputs_is_refused(tmp_path):
-    release = {"task_id": "Mbpp/2", "prompt": '"""\nWrite a function.\nassert f(1) == 1\n"""\n',
-               "entry_point": "f", "canonical_solution": "def f(x):\n    return x\n", "contract": "",
-               "base_input": [[1]], "plus_input": [[2]], "atol": 0}
+    release = {
+        "task_id": "Mbpp/2",
+        "prompt": '"""\nWrite a function.\nassert f(1) == 1\n"""\n',
+        "entry_point": "f",
+        "canonical_solution": "def f(x):\n    return x\n",
+        "contract": "",
+        "base_input": [[1]],
+        "plus_input": [[2]],
+        "atol": 0,
+    }
     assert detect_format(release) == "mbppplus"
     with pytest.raises(DatasetError, match="no expected outputs"):
         load_problems(write_jsonl(tmp_path / "MbppPlus.jsonl", [release]))
@@ -173,54 +203,96 @@ def test_mbppplus_release_layout_without_outputs_is_refused(tmp_path):
 APPS_STDIO = {
     "problem_id": 4001,
     "question": "Given n integers, print their sum.\n\n-----Input-----\n\nThe first line contains n (1 <= n <= 100)."
-                " The second line contains n integers.\n\n-----Output-----\n\nPrint the sum.\n",
-    "solutions": json.dumps(["n = int(input())\nprint(sum(map(int, input().split())))\n",
-                             "import sys\ndata = sys.stdin.read().split()\nprint(sum(int(x) for x in data[1:]))\n"]),
-    "input_output": json.dumps({"inputs": ["3\n1 2 3\n", "1\n-5\n", "4\n10 20 30 40\n"],
-                                "outputs": ["6\n", "-5\n", "100\n"]}),
-    "difficulty": "introductory", "url": "https://codeforces.com/problemset/problem/0/A", "starter_code": ""}
+    " The second line contains n integers.\n\n-----Output-----\n\nPrint the sum.\n",
+    "solutions": json.dumps(
+        [
+            "n = int(input())\nprint(sum(map(int, input().split())))\n",
+            "import sys\ndata = sys.stdin.read().split()\nprint(sum(int(x) for x in data[1:]))\n",
+        ]
+    ),
+    "input_output": json.dumps(
+        {"inputs": ["3\n1 2 3\n", "1\n-5\n", "4\n10 20 30 40\n"], "outputs": ["6\n", "-5\n", "100\n"]}
+    ),
+    "difficulty": "introductory",
+    "url": "https://codeforces.com/problemset/problem/0/A",
+    "starter_code": "",
+}
 APPS_CODEWARS = {  # Codewars rows wrap every expected value in a one-element list
     "problem_id": 2401,
     "question": "Write a function `digits_sum` that returns the sum of the digits of a non-negative integer.",
     "solutions": json.dumps(["def digits_sum(n):\n    return sum(int(d) for d in str(n))"]),
-    "input_output": json.dumps({"fn_name": "digits_sum", "inputs": [[0], [123], [9999]],
-                                "outputs": [[0], [6], [36]]}),
-    "difficulty": "introductory", "url": "https://www.codewars.com/kata/0", "starter_code": "def digits_sum(n):\n\t"}
+    "input_output": json.dumps({"fn_name": "digits_sum", "inputs": [[0], [123], [9999]], "outputs": [[0], [6], [36]]}),
+    "difficulty": "introductory",
+    "url": "https://www.codewars.com/kata/0",
+    "starter_code": "def digits_sum(n):\n\t",
+}
 APPS_LEETCODE = {  # class Solution, `List` used without an import, list outputs stored unwrapped
     "problem_id": 310,
     "question": "Given an array nums, return the running sum: runningSum[i] = sum(nums[0]...nums[i]).",
-    "solutions": json.dumps(["class Solution:\n    def runningSum(self, nums: List[int]) -> List[int]:\n"
-                             "        out = []\n        for x in nums:\n"
-                             "            out.append(x + (out[-1] if out else 0))\n"
-                             "        return out\n"]),
-    "input_output": json.dumps({"fn_name": "runningSum", "inputs": [[[1, 2, 3, 4]], [[5]], [[3, 1]]],
-                                "outputs": [[1, 3, 6, 10], [5], [3, 4]]}),
-    "difficulty": "interview", "url": "https://leetcode.com/problems/running-sum-of-1d-array/",
-    "starter_code": "class Solution:\n    def runningSum(self, nums: List[int]) -> List[int]:\n        "}
+    "solutions": json.dumps(
+        [
+            "class Solution:\n    def runningSum(self, nums: List[int]) -> List[int]:\n"
+            "        out = []\n        for x in nums:\n"
+            "            out.append(x + (out[-1] if out else 0))\n"
+            "        return out\n"
+        ]
+    ),
+    "input_output": json.dumps(
+        {"fn_name": "runningSum", "inputs": [[[1, 2, 3, 4]], [[5]], [[3, 1]]], "outputs": [[1, 3, 6, 10], [5], [3, 4]]}
+    ),
+    "difficulty": "interview",
+    "url": "https://leetcode.com/problems/running-sum-of-1d-array/",
+    "starter_code": "class Solution:\n    def runningSum(self, nums: List[int]) -> List[int]:\n        ",
+}
 
-TACO_EXTRA = {"raw_tags": "['Math']", "name": None, "source": "codechef", "tags": "['Mathematics']",
-              "skill_types": "[]", "Expected Auxiliary Space": None, "time_limit": "1 seconds", "date": None,
-              "picture_num": None, "memory_limit": "50000 bytes", "Expected Time Complexity": None}
+TACO_EXTRA = {
+    "raw_tags": "['Math']",
+    "name": None,
+    "source": "codechef",
+    "tags": "['Mathematics']",
+    "skill_types": "[]",
+    "Expected Auxiliary Space": None,
+    "time_limit": "1 seconds",
+    "date": None,
+    "picture_num": None,
+    "memory_limit": "50000 bytes",
+    "Expected Time Complexity": None,
+}
 TACO_STDIO = {  # inputs and outputs as lists of lines
     "question": "For each of T test cases, read two integers A and B and print A + B.",
     "solutions": json.dumps(["for _ in range(int(input())):\n\ta, b = map(int, input().split())\n\tprint(a + b)"]),
     "starter_code": "",
     "input_output": json.dumps({"inputs": [["2", "1 2", "3 4"], ["1", "-1 1"]], "outputs": [["3", "7"], ["0"]]}),
-    "difficulty": "EASY", "url": "https://www.codechef.com/problems/XSUM", **TACO_EXTRA}
+    "difficulty": "EASY",
+    "url": "https://www.codechef.com/problems/XSUM",
+    **TACO_EXTRA,
+}
 TACO_CALL = {  # scalars, some wrapped and some not
     "question": "Return True if n is even.",
     "solutions": json.dumps(["def is_even(n):\n\treturn n % 2 == 0", "is_even = lambda n: not n & 1"]),
     "starter_code": "def is_even(n):\n\t",
     "input_output": json.dumps({"fn_name": "is_even", "inputs": [[2], [7], [0]], "outputs": [[True], False, [True]]}),
-    "difficulty": "EASY", "url": "https://www.codewars.com/kata/1", **TACO_EXTRA}
+    "difficulty": "EASY",
+    "url": "https://www.codewars.com/kata/1",
+    **TACO_EXTRA,
+}
 TACO_PAIRS = {  # list answers, every one wrapped
     "question": "Split a string into pairs of two characters, padding the last with '_'.",
-    "solutions": json.dumps(["def split_pairs(s):\n    s += '_' * (len(s) % 2)\n"
-                             "    return [s[i:i + 2] for i in range(0, len(s), 2)]"]),
+    "solutions": json.dumps(
+        ["def split_pairs(s):\n    s += '_' * (len(s) % 2)\n    return [s[i:i + 2] for i in range(0, len(s), 2)]"]
+    ),
     "starter_code": "def split_pairs(s):\n\t",
-    "input_output": json.dumps({"fn_name": "split_pairs", "inputs": [["abcd"], ["abc"], [""]],
-                                "outputs": [[["ab", "cd"]], [["ab", "c_"]], [[]]]}),
-    "difficulty": "EASY", "url": "https://www.codewars.com/kata/2", **TACO_EXTRA}
+    "input_output": json.dumps(
+        {
+            "fn_name": "split_pairs",
+            "inputs": [["abcd"], ["abc"], [""]],
+            "outputs": [[["ab", "cd"]], [["ab", "c_"]], [[]]],
+        }
+    ),
+    "difficulty": "EASY",
+    "url": "https://www.codewars.com/kata/2",
+    **TACO_EXTRA,
+}
 
 
 def test_apps_stdio_and_call_based(tmp_path, pool):
@@ -234,9 +306,11 @@ def test_apps_stdio_and_call_based(tmp_path, pool):
     assert [t["expected"] for t in leet.tests] == [[1, 3, 6, 10], [5], [3, 4]]  # real lists stay
     assert leet.tests[0]["args"] == [[1, 2, 3, 4]] and leet.starter_code.startswith("class Solution:")
     assert all(p.prelude == APPS_PRELUDE and not s.startswith(APPS_PRELUDE) for p in ps.problems for s in p.solutions)
-    wrong = {"apps/4001": "n = int(input())\nprint(n)\n",
-             "apps/2401": "def digits_sum(n):\n    return [sum(int(d) for d in str(n))]\n",  # still wrapped
-             "apps/310": "class Solution:\n    def runningSum(self, nums):\n        return nums\n"}
+    wrong = {
+        "apps/4001": "n = int(input())\nprint(n)\n",
+        "apps/2401": "def digits_sum(n):\n    return [sum(int(d) for d in str(n))]\n",  # still wrapped
+        "apps/310": "class Solution:\n    def runningSum(self, nums):\n        return nums\n",
+    }
     check_in_sandbox(pool, ps.problems, wrong)
     # without the harness's imports, the LeetCode reference's `List` annotation is a NameError
     bare = from_apps(APPS_LEETCODE, prelude=False)
@@ -253,9 +327,11 @@ def test_taco_rows_without_ids_and_wrapping_quirks(tmp_path, pool):
     assert stdio.meta["source"] == "codechef" and stdio.meta["time_limit"] == "1 seconds" and "name" not in stdio.meta
     assert [t["expected"] for t in even.tests] == [True, False, True]
     assert [t["expected"] for t in pairs.tests] == [["ab", "cd"], ["ab", "c_"], []]
-    wrong = {"taco/0": "for _ in range(int(input())):\n    a, b = map(int, input().split())\n    print(a * b)\n",
-             "taco/1": "def is_even(n):\n    return int(n % 2 == 0)\n",  # 1 is not True
-             "taco/2": "def split_pairs(s):\n    return [s[i:i + 2] for i in range(0, len(s), 2)]\n"}  # no padding
+    wrong = {
+        "taco/0": "for _ in range(int(input())):\n    a, b = map(int, input().split())\n    print(a * b)\n",
+        "taco/1": "def is_even(n):\n    return int(n % 2 == 0)\n",  # 1 is not True
+        "taco/2": "def split_pairs(s):\n    return [s[i:i + 2] for i in range(0, len(s), 2)]\n",
+    }  # no padding
     check_in_sandbox(pool, ps.problems, wrong)
 
 
@@ -265,27 +341,43 @@ def test_taco_rows_without_ids_and_wrapping_quirks(tmp_path, pool):
 CC_ROW = {
     "name": "1700_A. Pair Sums",
     "description": "You are given t pairs of integers. For each pair print its sum.\n\nInput\n\nThe first line "
-                   "contains t (1 <= t <= 100), then t lines with two integers a and b.\n\nOutput\n\nt lines.",
+    "contains t (1 <= t <= 100), then t lines with two integers a and b.\n\nOutput\n\nt lines.",
     "public_tests": {"input": ["2\n1 2\n3 4\n"], "output": ["3\n7\n"]},
-    "private_tests": {"input": ["1\n-5 5\n", "3\n1000000000 1000000000\n0 0\n7 -8\n"],
-                      "output": ["0\n", "2000000000\n0\n-1\n"]},
+    "private_tests": {
+        "input": ["1\n-5 5\n", "3\n1000000000 1000000000\n0 0\n7 -8\n"],
+        "output": ["0\n", "2000000000\n0\n-1\n"],
+    },
     "generated_tests": {"input": ["1\n2 2\n"], "output": ["4\n"]},
-    "source": 2, "difficulty": 7,
-    "solutions": {"language": [2, 3, 1, 3],
-                  "solution": ["#include <cstdio>\nint main(){int t;long long a,b;scanf(\"%d\",&t);"
-                               "while(t--){scanf(\"%lld%lld\",&a,&b);printf(\"%lld\\n\",a+b);}}",
-                               "t = int(input())\nfor _ in range(t):\n"
-                               "    a, b = map(int, input().split())\n    print(a + b)\n",
-                               "t = input()\nfor _ in range(t):\n    print sum(map(int, raw_input().split()))\n",
-                               "import sys\nd = sys.stdin.read().split()\n"
-                               "print('\\n'.join(str(int(d[i]) + int(d[i + 1])) "
-                               "for i in range(1, len(d), 2)))\n"]},
-    "incorrect_solutions": {"language": [3], "solution": ["t = int(input())\nfor _ in range(t):\n"
-                                                          "    a, b = input().split()\n    print(a + b)\n"]},
-    "cf_contest_id": 1700, "cf_index": "A", "cf_points": 500.0, "cf_rating": 800, "cf_tags": ["implementation"],
-    "is_description_translated": False, "untranslated_description": "",
-    "time_limit": {"seconds": 2, "nanos": 500000000}, "memory_limit_bytes": 256000000,
-    "input_file": "", "output_file": ""}
+    "source": 2,
+    "difficulty": 7,
+    "solutions": {
+        "language": [2, 3, 1, 3],
+        "solution": [
+            '#include <cstdio>\nint main(){int t;long long a,b;scanf("%d",&t);'
+            'while(t--){scanf("%lld%lld",&a,&b);printf("%lld\\n",a+b);}}',
+            "t = int(input())\nfor _ in range(t):\n    a, b = map(int, input().split())\n    print(a + b)\n",
+            "t = input()\nfor _ in range(t):\n    print sum(map(int, raw_input().split()))\n",
+            "import sys\nd = sys.stdin.read().split()\n"
+            "print('\\n'.join(str(int(d[i]) + int(d[i + 1])) "
+            "for i in range(1, len(d), 2)))\n",
+        ],
+    },
+    "incorrect_solutions": {
+        "language": [3],
+        "solution": ["t = int(input())\nfor _ in range(t):\n    a, b = input().split()\n    print(a + b)\n"],
+    },
+    "cf_contest_id": 1700,
+    "cf_index": "A",
+    "cf_points": 500.0,
+    "cf_rating": 800,
+    "cf_tags": ["implementation"],
+    "is_description_translated": False,
+    "untranslated_description": "",
+    "time_limit": {"seconds": 2, "nanos": 500000000},
+    "memory_limit_bytes": 256000000,
+    "input_file": "",
+    "output_file": "",
+}
 
 
 def test_codecontests_python3_solutions_and_test_sets(tmp_path, pool):
@@ -307,30 +399,49 @@ def test_codecontests_python3_solutions_and_test_sets(tmp_path, pool):
 # ---------------------------------------------------------------------------------------------
 # LiveCodeBench
 
+
 def lcb_compress(cases) -> str:
     """What code_generation_lite stores: base64 of zlib of a pickled JSON string."""
     return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(cases)))).decode()
 
 
 LCB_FUNCTIONAL = {
-    "question_title": "Count Pairs Below Target", "platform": "leetcode", "question_id": "2824",
+    "question_title": "Count Pairs Below Target",
+    "platform": "leetcode",
+    "question_id": "2824",
     "question_content": "Given a 0-indexed integer array nums and an integer target, return the number of pairs "
-                        "(i, j) with 0 <= i < j < n and nums[i] + nums[j] < target.",
-    "contest_id": "biweekly-contest-111", "contest_date": "2023-08-19T00:00:00", "difficulty": "easy",
+    "(i, j) with 0 <= i < j < n and nums[i] + nums[j] < target.",
+    "contest_id": "biweekly-contest-111",
+    "contest_date": "2023-08-19T00:00:00",
+    "difficulty": "easy",
     "starter_code": "class Solution:\n    def countPairs(self, nums: List[int], target: int) -> int:\n        ",
-    "public_test_cases": json.dumps([{"input": "[-1, 1, 2, 3, 1]\n2", "output": "3", "testtype": "functional"},
-                                     {"input": "[-6, 2, 5, -2, -7, -1, 3]\n-2", "output": "10",
-                                      "testtype": "functional"}]),
-    "private_test_cases": lcb_compress([{"input": "[1]\n5", "output": "0", "testtype": "functional"},
-                                        {"input": "[0, 0, 0]\n1", "output": "3", "testtype": "functional"}]),
-    "metadata": json.dumps({"func_name": "countPairs"})}
+    "public_test_cases": json.dumps(
+        [
+            {"input": "[-1, 1, 2, 3, 1]\n2", "output": "3", "testtype": "functional"},
+            {"input": "[-6, 2, 5, -2, -7, -1, 3]\n-2", "output": "10", "testtype": "functional"},
+        ]
+    ),
+    "private_test_cases": lcb_compress(
+        [
+            {"input": "[1]\n5", "output": "0", "testtype": "functional"},
+            {"input": "[0, 0, 0]\n1", "output": "3", "testtype": "functional"},
+        ]
+    ),
+    "metadata": json.dumps({"func_name": "countPairs"}),
+}
 LCB_STDIN = {
-    "question_title": "Add Two", "platform": "atcoder", "question_id": "abc900_a",
+    "question_title": "Add Two",
+    "platform": "atcoder",
+    "question_id": "abc900_a",
     "question_content": "You are given integers A and B. Print A+B.\n\nInput\n\nA B\n\nOutput\n\nPrint the answer.",
-    "contest_id": "abc900", "contest_date": "2024-01-06T00:00:00", "difficulty": "easy", "starter_code": "",
+    "contest_id": "abc900",
+    "contest_date": "2024-01-06T00:00:00",
+    "difficulty": "easy",
+    "starter_code": "",
     "public_test_cases": json.dumps([{"input": "3 5\n", "output": "8\n", "testtype": "stdin"}]),
     "private_test_cases": json.dumps([{"input": "100 -100\n", "output": "0\n", "testtype": "stdin"}]),  # plain JSON
-    "metadata": "{}"}
+    "metadata": "{}",
+}
 
 
 def test_livecodebench_functional_and_stdin(tmp_path, pool):
@@ -345,8 +456,10 @@ def test_livecodebench_functional_and_stdin(tmp_path, pool):
     assert len(from_livecodebench(LCB_FUNCTIONAL, test_sets=("public",)).tests) == 2
     # LiveCodeBench ships no references: an answer completing the starter code, run after the
     # harness's imports (which give it `List`), must pass; a wrong one must fail.
-    good = fn.starter_code + "n = len(nums)\n        return sum(nums[i] + nums[j] < target " \
+    good = (
+        fn.starter_code + "n = len(nums)\n        return sum(nums[i] + nums[j] < target "
         "for i in range(n) for j in range(i + 1, n))\n"
+    )
     bad = fn.starter_code + "return len(nums)\n"
     add = "a, b = map(int, input().split())\nprint(a + b)\n"
     r_good, r_bad, r_std = pool.run_many([fn.job(good), fn.job(bad), std.job(add)])
@@ -362,15 +475,24 @@ def test_livecodebench_refuses_pickled_globals_and_mixed_tests(tmp_path):
             return (os.mkdir, (str(marker),))
 
     evil = base64.b64encode(zlib.compress(pickle.dumps(Evil()))).decode()
-    mixed = json.dumps([{"input": "1\n", "output": "1\n", "testtype": "stdin"},
-                        {"input": "1", "output": "1", "testtype": "functional"}])
-    rows = [LCB_STDIN,
-            {**LCB_FUNCTIONAL, "question_id": "evil", "private_test_cases": evil},
-            {**LCB_FUNCTIONAL, "question_id": "mixed", "public_test_cases": mixed},
-            {**LCB_FUNCTIONAL, "question_id": "nofn", "metadata": "{}"},
-            {**LCB_FUNCTIONAL, "question_id": "b64", "private_test_cases": "eJz%%%not base64"},
-            {**LCB_FUNCTIONAL, "question_id": "badarg", "public_test_cases": json.dumps(
-                [{"input": "[1, 2\n3", "output": "1", "testtype": "functional"}])}]
+    mixed = json.dumps(
+        [
+            {"input": "1\n", "output": "1\n", "testtype": "stdin"},
+            {"input": "1", "output": "1", "testtype": "functional"},
+        ]
+    )
+    rows = [
+        LCB_STDIN,
+        {**LCB_FUNCTIONAL, "question_id": "evil", "private_test_cases": evil},
+        {**LCB_FUNCTIONAL, "question_id": "mixed", "public_test_cases": mixed},
+        {**LCB_FUNCTIONAL, "question_id": "nofn", "metadata": "{}"},
+        {**LCB_FUNCTIONAL, "question_id": "b64", "private_test_cases": "eJz%%%not base64"},
+        {
+            **LCB_FUNCTIONAL,
+            "question_id": "badarg",
+            "public_test_cases": json.dumps([{"input": "[1, 2\n3", "output": "1", "testtype": "functional"}]),
+        },
+    ]
     path = write_jsonl(tmp_path / "lcb.jsonl", rows)
     ps = load_problems(path)
     assert [p.id for p in ps.problems] == ["livecodebench/abc900_a"] and len(ps.skipped) == 5
@@ -381,154 +503,9 @@ def test_livecodebench_refuses_pickled_globals_and_mixed_tests(tmp_path):
     assert ps.skipped[3] == f"{path}:5: 'private_test_cases' is neither JSON nor base64"
     assert ps.skipped[4].startswith(f"{path}:6: 'public_test_cases'[0].input: a line is not JSON")
     # a decompression bomb stops at max_private_bytes
-    big = {**LCB_FUNCTIONAL, "private_test_cases": lcb_compress([{"input": "[0]\n1", "output": "0",
-                                                                  "testtype": "functional"}] * 5000)}
+    big = {
+        **LCB_FUNCTIONAL,
+        "private_test_cases": lcb_compress([{"input": "[0]\n1", "output": "0", "testtype": "functional"}] * 5000),
+    }
     with pytest.raises(ProblemError, match="more than 1000 bytes"):
         from_livecodebench(big, max_private_bytes=1000)
-
-
-# ---------------------------------------------------------------------------------------------
-# Bad rows, files, options, round trip, CLI
-
-def test_bad_rows_are_skipped_with_file_and_row(tmp_path):
-    rows = [APPS_STDIO,
-            "{not json",
-            {**APPS_CODEWARS, "input_output": '{"fn_name": "digits_sum", "inputs": [[1]'},
-            {k: v for k, v in APPS_CODEWARS.items() if k != "question"},
-            {**APPS_CODEWARS, "problem_id": 7,
-             "input_output": json.dumps({"fn_name": "f", "inputs": [1], "outputs": [1]})},
-            {**APPS_STDIO, "problem_id": 8, "input_output": json.dumps({"inputs": ["1"], "outputs": [["1", 2]]})},
-            {**APPS_STDIO, "problem_id": 9, "solutions": 42},
-            {**APPS_STDIO, "problem_id": 10, "input_output": json.dumps({"inputs": ["1", "2"], "outputs": ["1"]})},
-            "",
-            {**APPS_STDIO, "problem_id": 11, "input_output": ""},
-            [1, 2],
-            APPS_STDIO,  # same id again
-            APPS_CODEWARS]
-    path = write_jsonl(tmp_path / "apps.jsonl", rows)
-    ps = load_problems(path)
-    assert [p.id for p in ps.problems] == ["apps/4001", "apps/2401"] and len(ps.skipped) == 10
-    reasons = dict(s[len(path) + 1:].split(": ", 1) for s in ps.skipped)
-    assert reasons["2"].startswith("not valid JSON")
-    assert reasons["3"].startswith("'input_output' is not valid JSON")
-    assert reasons["4"] == "missing field 'question'"
-    assert reasons["5"] == "'input_output'.inputs[0] must be a list of arguments for fn_name 'f', got int"
-    assert reasons["6"] == "'input_output'.outputs[0] must be a string or a list of strings, got list"
-    assert reasons["7"] == "'solutions' must be a list of strings, got int"
-    assert reasons["8"] == "'input_output' has 2 inputs but 1 outputs"
-    assert reasons["10"] == "'input_output' is empty (no tests)"
-    assert reasons["11"] == "expected a JSON object, got list"
-    assert reasons["12"] == "duplicate id 'apps/4001' (first at row 1)"
-    # limit counts problems; max_tests trims each problem
-    assert [p.id for p in load_problems(path, limit=1).problems] == ["apps/4001"]
-    assert {len(p.tests) for p in load_problems(path, max_tests=2).problems} == {2}
-
-
-def test_files_formats_and_options_fail_clearly(tmp_path):
-    with pytest.raises(DatasetError, match="no such file"):
-        load_problems(str(tmp_path / "missing.jsonl"))
-    bad = write_jsonl(tmp_path / "bad.jsonl", [{"question": "no tests", "input_output": "{}"}])
-    with pytest.raises(DatasetError, match=r"bad.jsonl: no usable problems \(first problem: .*bad.jsonl:1: "):
-        load_problems(bad)
-    other = write_jsonl(tmp_path / "other.jsonl", [{"prompt": "x", "answer": "y"}])
-    with pytest.raises(DatasetError, match="match no known format"):
-        load_problems(other)
-    with pytest.raises(DatasetError, match="takes no option 'test_sets'"):
-        load_problems(write_jsonl(tmp_path / "a.jsonl", [APPS_STDIO]), test_sets=("public",))
-    with pytest.raises(DatasetError, match="unknown format"):
-        load_problems(bad, fmt="leetcode")
-    csv = tmp_path / "p.csv"
-    csv.write_text("a,b\n")
-    with pytest.raises(DatasetError, match="expected a .jsonl"):
-        load_problems(str(csv))
-    # an explicit format overrides detection (an APPS row read as TACO keeps its problem_id)
-    ps = load_problems(write_jsonl(tmp_path / "t.jsonl", [APPS_STDIO]), fmt="taco")
-    assert ps.format == "taco" and ps.problems[0].id == "taco/4001"
-    gz = tmp_path / "HumanEval-like.jsonl.gz"
-    with gzip.open(gz, "wt") as f:
-        f.write(json.dumps({"task_id": "X/0", "prompt": "def f():\n", "canonical_solution": "    return 1\n",
-                            "test": "def check(c):\n    assert c() == 1\n", "entry_point": "f"}) + "\n")
-    assert load_problems(str(gz)).problems[0].tests[0].endswith("check(f)\n")
-
-
-def test_parquet_needs_pyarrow_or_reads_rows(tmp_path):
-    path = tmp_path / "apps.parquet"
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        path.write_bytes(b"PAR1")
-        with pytest.raises(DatasetError, match=r"pip install pyarrow"):
-            load_problems(str(path))
-        return
-    pq.write_table(pa.Table.from_pylist([APPS_STDIO, APPS_CODEWARS]), str(path))
-    assert [p.id for p in load_problems(str(path)).problems] == ["apps/4001", "apps/2401"]
-
-
-def test_save_and_load_round_trip(tmp_path):
-    ps = load_problems(write_jsonl(tmp_path / "lcb.jsonl", [LCB_FUNCTIONAL, LCB_STDIN]))
-    out = tmp_path / "sub" / "problems.jsonl"
-    assert save_problems(ps, str(out)) == 2
-    back = load_problems(str(out))
-    assert back.format == "fastcrit" and [p.to_dict() for p in back.problems] == [p.to_dict() for p in ps.problems]
-    assert isinstance(back, ProblemSet) and isinstance(back.problems[0], Problem)
-    with pytest.raises(TypeError):
-        save_problems([{"id": "x"}], str(out))
-    assert len(load_problems(str(out), "fastcrit")) == 2  # the failed save left the old file whole
-
-
-def test_cli_convert(tmp_path, capsys):
-    src = write_jsonl(tmp_path / "cc.jsonl", [CC_ROW, {"name": "broken"}, "{oops"])
-    out = tmp_path / "out.jsonl"
-    parser = argparse.ArgumentParser(prog="fastcrit")
-    data_cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["data", "convert", src, str(out), "--tests", "public,private", "--limit", "5"])
-    assert args.func(args) == 0
-    printed = capsys.readouterr()
-    assert "converted 1 problem (codecontests)" in printed.out and "skipped 2" in printed.out
-    assert f"{src}:2: missing field 'description'" in printed.out and f"{src}:3: not valid JSON" in printed.out
-    (p,) = load_problems(str(out), "fastcrit").problems
-    assert len(p.tests) == 3  # public + private only
-    assert data_cli.main(["data", "convert", str(tmp_path / "nope.jsonl"), str(out)]) == 2
-    assert "no such file" in capsys.readouterr().err
-    assert data_cli.main(["data", "convert", src, str(out), "--format", "apps"]) == 2
-    assert "no usable problems" in capsys.readouterr().err
-
-
-def test_problem_files_take_utf8_with_a_bom_json_arrays_and_strict(tmp_path, capsys):
-    bom = tmp_path / "bom.jsonl"
-    bom.write_bytes(("\n".join(json.dumps(r) for r in (APPS_STDIO, APPS_CODEWARS)) + "\n").encode("utf-8-sig"))
-    assert [p.id for p in load_problems(str(bom)).problems] == ["apps/4001", "apps/2401"]
-    arr = tmp_path / "apps.json"
-    arr.write_text("[\n" + ",\n".join(json.dumps(r) for r in (APPS_STDIO, {"question": "x"}, APPS_CODEWARS)) + "\n]")
-    ps = load_problems(str(arr))
-    assert [p.id for p in ps.problems] == ["apps/4001", "apps/2401"]
-    assert ps.skipped == [f"{arr}:3: missing field 'input_output'"]
-    with pytest.raises(DatasetError, match=rf"^{arr}: 1 row skipped and data.strict is true: {arr}:3: "):
-        load_problems(str(arr), strict=True)
-    # the data CLI: a bad byte is one line naming file and line; a row of no format names --format
-    bad = tmp_path / "bad.jsonl"
-    bad.write_bytes(json.dumps(APPS_STDIO).encode() + b"\n" + b'{"question": "\xff"}\n')
-    assert data_cli.main(["data", "convert", str(bad), str(tmp_path / "o.jsonl")]) == 2
-    err = capsys.readouterr().err
-    assert err == f"fastcrit data convert: {bad}:2: not UTF-8 text (byte 0xff at byte 15 of the line); " \
-                  "save the file as UTF-8\n"
-    other = write_jsonl(tmp_path / "other.jsonl", [{"prompt": "x", "answer": "y"}, APPS_STDIO])
-    assert data_cli.main(["data", "convert", other, str(tmp_path / "o.jsonl")]) == 0
-    out = capsys.readouterr().out
-    assert "match no known format (name one with --format, or data.format in a config: fastcrit, " in out
-    assert "fmt=" not in out
-
-
-def test_convert_shows_a_progress_bar_on_a_terminal_only(tmp_path, on_a_terminal):
-    import subprocess
-    import sys
-
-    src = write_jsonl(tmp_path / "apps.jsonl", [APPS_STDIO, APPS_CODEWARS])
-    cmd = [sys.executable, "-m", "fastcrit.data.cli", "data", "convert", src, str(tmp_path / "o.jsonl")]
-    rc, shown = on_a_terminal(cmd)
-    assert rc == 0 and "reading apps.jsonl: 2row [" in shown, shown
-    rc, shown = on_a_terminal(cmd + ["--no-progress"])
-    assert rc == 0 and "reading" not in shown
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0 and p.stderr == ""

@@ -1,5 +1,6 @@
 """The shipped math task: files equal the generator, splits are disjoint, and every SFT target is
 right under the `math` reward, often in a form that only math-verify sees as the reference."""
+
 import json
 import re
 from fractions import Fraction
@@ -45,8 +46,10 @@ def test_sft_rows_are_the_training_problems_with_boxed_targets(shipped):
 
 def test_every_sft_target_scores_1_under_the_math_reward(shipped):
     mgr = get_reward_manager("math")
-    items = [RewardItem(r["prompt"], e.answer, r["answer"])
-             for r, e in zip(shipped["train"], load_dataset("math:sft").examples)]
+    items = [
+        RewardItem(r["prompt"], e.answer, r["answer"])
+        for r, e in zip(shipped["train"], load_dataset("math:sft").examples)
+    ]
     results = mgr(items)
     wrong = [(it.response, it.answer) for it, res in zip(items, results) if res.score != 1.0]
     assert not wrong, wrong[:5]

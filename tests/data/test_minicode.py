@@ -1,5 +1,6 @@
 """The shipped minicode task: files equal the generator, the splits are apart, every bug a coder can
 write fails a test, the coder's misconceptions and its revise rows are what the design says."""
+
 import ast
 import collections
 import json
@@ -8,8 +9,7 @@ import pytest
 
 from fastcrit.data.critique import FINALIZE, apply_edit, parse_judgment, suggested_edit
 from fastcrit.data.datasets import load_dataset
-from fastcrit.data.minicode import (POOL, TEMPLATES, Spec, bugs, edits, evaluate, inputs_for, make_minicode,
-                                    variants)
+from fastcrit.data.minicode import POOL, TEMPLATES, Spec, bugs, edits, evaluate, inputs_for, make_minicode, variants
 from fastcrit.data.problems import Problem
 from fastcrit.data.tasks import task_path
 
@@ -32,7 +32,7 @@ def test_shipped_files_equal_the_generator(made):
 
 
 def test_held_out_and_dev_problems_are_new_combinations_and_enough(made):
-    key = lambda r: (r["meta"]["template"], r["meta"]["a"], r["meta"]["b"])  # noqa: E731
+    key = lambda r: (r["meta"]["template"], r["meta"]["a"], r["meta"]["b"])
     train, dev, test = ({key(r) for r in made[s]} for s in SPLITS)
     assert len(made["test"]) == len(test) == 300 and len(made["dev"]) == len(dev) == 200
     assert not train & test and not train & dev and not dev & test
@@ -48,7 +48,7 @@ def test_every_one_part_change_of_every_shipped_answer_fails_a_test(made):
     for split in SPLITS:
         for row in made[split]:
             spec = spec_of(row)
-            calls = [ast.parse(t[len("assert "):], mode="eval").body.left for t in row["tests"]]
+            calls = [ast.parse(t[len("assert ") :], mode="eval").body.left for t in row["tests"]]
             inputs = [ast.literal_eval(c.args[0]) for c in calls]
             expected = [ast.literal_eval(t.split(" == ")[1]) for t in row["tests"]]
             assert len(row["tests"]) == 5 and inputs == inputs_for(spec)
@@ -58,8 +58,10 @@ def test_every_one_part_change_of_every_shipped_answer_fails_a_test(made):
                 if [evaluate(e, spec.arg, v) for v in inputs] != expected:
                     failing.add(e)
                 else:
-                    assert all(evaluate(e, spec.arg, v) == evaluate(spec.expr, spec.arg, v)
-                               for v in POOL[spec.arg]), (row["id"], e)
+                    assert all(evaluate(e, spec.arg, v) == evaluate(spec.expr, spec.arg, v) for v in POOL[spec.arg]), (
+                        row["id"],
+                        e,
+                    )
             assert bugs(spec) and set(bugs(spec)) <= failing  # the coder's own bugs among them
             checked += len(failing)
     assert checked > 30 * sum(len(made[s]) for s in SPLITS)
@@ -94,8 +96,10 @@ def test_the_coder_s_solve_rows_follow_its_misconceptions(made):
         spec = by_q[r["messages"][0]["content"]]
         answer = r["messages"][1]["content"]
         right = answer == spec.answer()
-        counts["trap" if spec.trap else "plain", "trap" if spec.trap and answer == spec.answer(spec.trap)
-               else "right" if right else "bug"] += 1
+        counts[
+            "trap" if spec.trap else "plain",
+            "trap" if spec.trap and answer == spec.answer(spec.trap) else "right" if right else "bug",
+        ] += 1
         assert right or any(answer == spec.answer(e) for e in bugs(spec))
     trap = sum(v for (k, _), v in counts.items() if k == "trap")
     plain = sum(v for (k, _), v in counts.items() if k == "plain")

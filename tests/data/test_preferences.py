@@ -1,4 +1,5 @@
 """Preference files: bad rows are reported by file and line and skipped, never a crash."""
+
 import json
 
 import pytest
@@ -8,8 +9,12 @@ from fastcrit.data.datasets import DatasetError, load_preferences
 
 def test_bad_rows_are_reported_and_skipped(tmp_path):
     path = tmp_path / "prefs.jsonl"
-    rows = [{"prompt": "p", "chosen": "a", "rejected": "b"}, {"prompt": "p", "chosen": "a"},
-            {"prompt": "p", "chosen": "same", "rejected": "same"}, "not an object"]
+    rows = [
+        {"prompt": "p", "chosen": "a", "rejected": "b"},
+        {"prompt": "p", "chosen": "a"},
+        {"prompt": "p", "chosen": "same", "rejected": "same"},
+        "not an object",
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{broken\n")
     pairs, skipped = load_preferences(str(path))
     assert [(p.prompt, p.chosen, p.rejected) for p in pairs] == [("p", "a", "b")]

@@ -1,4 +1,5 @@
 """``fastcrit data prepare``: a TACO-layout training set filtered as the CTRL paper does."""
+
 import json
 
 import pytest
@@ -8,29 +9,48 @@ from fastcrit.data.prepare import RULES, has_image, normalise, prepare
 from fastcrit.data.problem_files import load_problems
 from fastcrit.data.problems import Problem
 
-EXTRA = {"raw_tags": "[]", "name": None, "source": "codechef", "tags": "[]", "skill_types": "[]",
-         "Expected Auxiliary Space": None, "time_limit": "1 seconds", "date": None, "picture_num": None,
-         "memory_limit": "50000 bytes", "Expected Time Complexity": None, "difficulty": "EASY", "url": "u"}
+EXTRA = {
+    "raw_tags": "[]",
+    "name": None,
+    "source": "codechef",
+    "tags": "[]",
+    "skill_types": "[]",
+    "Expected Auxiliary Space": None,
+    "time_limit": "1 seconds",
+    "date": None,
+    "picture_num": None,
+    "memory_limit": "50000 bytes",
+    "Expected Time Complexity": None,
+    "difficulty": "EASY",
+    "url": "u",
+}
 
 
 def taco(question: str, **kw) -> dict:
-    row = {"question": question, "solutions": json.dumps(["print(int(input()) * 2)"]), "starter_code": "",
-           "input_output": json.dumps({"inputs": ["1\n", "5\n"], "outputs": ["2\n", "10\n"]}), **EXTRA}
+    row = {
+        "question": question,
+        "solutions": json.dumps(["print(int(input()) * 2)"]),
+        "starter_code": "",
+        "input_output": json.dumps({"inputs": ["1\n", "5\n"], "outputs": ["2\n", "10\n"]}),
+        **EXTRA,
+    }
     row.update(kw)
     return row
 
 
 ROWS = [
-    taco("Read an integer n and print twice n."),                                   # kept
-    taco("Read an integer N and print  twice N!"),                                  # duplicate of 0 once normalised
-    taco("Look at the figure <img src='a.png'> and print twice n."),                # image (a tag)
-    taco("Print twice n, as the picture shows.", picture_num="2"),                  # image (TACO's count)
-    taco("Print twice n. " + "Pad " * 3000),                                       # too long
+    taco("Read an integer n and print twice n."),  # kept
+    taco("Read an integer N and print  twice N!"),  # duplicate of 0 once normalised
+    taco("Look at the figure <img src='a.png'> and print twice n."),  # image (a tag)
+    taco("Print twice n, as the picture shows.", picture_num="2"),  # image (TACO's count)
+    taco("Print twice n. " + "Pad " * 3000),  # too long
     taco("No tests here.", input_output=json.dumps({"inputs": [], "outputs": []})),  # not converted
     # HumanEval/0 (has_close_elements) copied, its doctests as the examples
-    taco("Check if in given list of numbers, are any two numbers closer to each other than given threshold. "
-         ">>> has_close_elements([1.0, 2.0, 3.0], 0.5) False "
-         ">>> has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3) True. Read the list and print the answer."),
+    taco(
+        "Check if in given list of numbers, are any two numbers closer to each other than given threshold. "
+        ">>> has_close_elements([1.0, 2.0, 3.0], 0.5) False "
+        ">>> has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3) True. Read the list and print the answer."
+    ),
     # shares only boilerplate with HumanEval/0: kept
     taco("Given list of numbers print the largest. The first line contains an integer t, the number of cases."),
 ]
@@ -62,8 +82,15 @@ def test_normalisation_and_images():
     assert normalise("Ｎ  is\tTWICE—n!") == "n is twice n"
     p = Problem(id="x", question="see ![fig](f.png)", test_kind="stdio", tests=[{"input": "", "output": ""}])
     assert has_image(p)
-    assert not has_image(Problem(id="y", question="print 'png' files", test_kind="stdio",
-                                 tests=[{"input": "", "output": ""}], meta={"picture_num": "0"}))
+    assert not has_image(
+        Problem(
+            id="y",
+            question="print 'png' files",
+            test_kind="stdio",
+            tests=[{"input": "", "output": ""}],
+            meta={"picture_num": "0"},
+        )
+    )
 
 
 def test_bad_options_are_errors():
@@ -80,5 +107,7 @@ def test_cli_reports_each_rule(tmp_path, capsys):
     for rule, n in (("image", 2), ("too_long", 1), ("duplicate", 1), ("overlap", 1)):
         assert f"removed by {rule}: {n}" in text
     assert [p.id for p in load_problems(str(out)).problems] == ["taco/0", "taco/7"]
-    assert data_main(["data", "prepare", write(tmp_path, ROWS), str(out), "--exclude", str(tmp_path / "nope.jsonl")]) == 2
+    assert (
+        data_main(["data", "prepare", write(tmp_path, ROWS), str(out), "--exclude", str(tmp_path / "nope.jsonl")]) == 2
+    )
     assert set(RULES) == {"image", "too_long", "duplicate", "overlap"}

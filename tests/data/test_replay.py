@@ -1,4 +1,5 @@
 """The replay buffer: FIFO keeps the newest, reservoir a uniform sample; its state round-trips."""
+
 import collections
 
 import pytest

@@ -4,6 +4,7 @@ no GPU): ``on_cuda(fn)`` runs such a call on CUDA copies of its tensor arguments
 ``Tensor.to`` (differentiable, so gradients flow back to the test's CPU leaves), and hands the
 tensors it returns back on the CPU. Elsewhere, for every other backend, and for a call whose tensors
 are all on the GPU already, the call is unchanged."""
+
 import functools
 
 import torch

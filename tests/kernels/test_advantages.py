@@ -1,4 +1,5 @@
 """group_advantages against the fp64 loop reference (verl's loop versions), both backends."""
+
 import math
 
 import numpy as np
@@ -57,8 +58,14 @@ def test_pinned_values(backend):
     s = math.sqrt(0.5)
     grpo = group_advantages(scores, ids, "grpo", backend=backend).cpu()
     # group 2: mean 1/3, unbiased std sqrt(1/3)
-    expect = [0.5 / (s + 1e-6), (2 / 3) / (math.sqrt(1 / 3) + 1e-6), -0.5 / (s + 1e-6),
-              -(1 / 3) / (math.sqrt(1 / 3) + 1e-6), -(1 / 3) / (math.sqrt(1 / 3) + 1e-6), 4.0 / (1 + 1e-6)]
+    expect = [
+        0.5 / (s + 1e-6),
+        (2 / 3) / (math.sqrt(1 / 3) + 1e-6),
+        -0.5 / (s + 1e-6),
+        -(1 / 3) / (math.sqrt(1 / 3) + 1e-6),
+        -(1 / 3) / (math.sqrt(1 / 3) + 1e-6),
+        4.0 / (1 + 1e-6),
+    ]
     torch.testing.assert_close(grpo, torch.tensor(expect), atol=1e-6, rtol=1e-6)
     rloo = group_advantages(scores, ids, "rloo", backend=backend).cpu()
     # RLOO = s - mean of the others; the single sample keeps its raw score

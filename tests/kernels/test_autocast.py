@@ -1,6 +1,7 @@
 """The fused kernels inside a caller's autocast region (a bf16 training loop that imports them):
 they choose their own compute precision from their inputs, so autocast changes nothing, forward or
 backward, and a bf16 hidden state against an fp32 head (what an autocast model hands over) works."""
+
 import pytest
 import torch
 
@@ -24,9 +25,11 @@ def _inputs():
 LOSSES = {
     "fused_logprobs": lambda h, w, lab, old, adv, m: (fused_logprobs(h, w, lab, return_entropy=True)[0] * m).sum(),
     "fused_linear_ppo_loss": lambda h, w, lab, old, adv, m: fused_linear_ppo_loss(
-        h, w, lab, old, adv, m, ref_logp=old, kl_coef=0.1)[0],
+        h, w, lab, old, adv, m, ref_logp=old, kl_coef=0.1
+    )[0],
     "fused_linear_pacs_loss": lambda h, w, lab, old, adv, m: fused_linear_pacs_loss(
-        h, w, lab, old, torch.tensor([1.0, 0.0, 1.0]), m, torch.tensor([0, 0, 1]))[0],
+        h, w, lab, old, torch.tensor([1.0, 0.0, 1.0]), m, torch.tensor([0, 0, 1])
+    )[0],
 }
 
 

@@ -1,4 +1,5 @@
 """Backend choice and the checks that would cost a device sync on a GPU (fastcrit_kernels._dispatch)."""
+
 import contextlib
 
 import pytest

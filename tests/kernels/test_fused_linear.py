@@ -3,11 +3,11 @@ log_softmax -> gather -> the fp64 reference losses, on both paths (gradients com
 forward, and the recompute path); and against Liger-Kernel's fused linear GRPO loss. Also: the
 grad-in-forward path costs three logits-sized GEMMs (counted with torch's FLOP counter), and what it
 does not support (a second backward, double backward) fails loudly."""
+
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
 from _triton_on_cuda import on_cuda
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastcrit_kernels import _fused_linear_torch
 from fastcrit_kernels._reference import ref_agg_loss, ref_kl_penalty, ref_pacs_loss, ref_ppo_policy_loss
@@ -51,12 +51,28 @@ def _params(hidden, weight, b):
     return [hidden, weight] + ([b] if b is not None else [])
 
 
-def _naive_ppo(params, labels, mask, old, adv, ref, *, temperature, kl_coef, kl_kind, entropy_coef,
-               clip_c, agg, agg_scale=None, token_weight=None):
+def _naive_ppo(
+    params,
+    labels,
+    mask,
+    old,
+    adv,
+    ref,
+    *,
+    temperature,
+    kl_coef,
+    kl_kind,
+    entropy_coef,
+    clip_c,
+    agg,
+    agg_scale=None,
+    token_weight=None,
+):
     p64 = [p.detach().double().requires_grad_() for p in params]
     lab = torch.where(mask > 0, labels, 0)
-    lp, ent = logprobs_reference(p64[0], p64[1], lab, temperature=temperature,
-                                 bias=p64[2] if len(p64) > 2 else None, return_entropy=True)
+    lp, ent = logprobs_reference(
+        p64[0], p64[1], lab, temperature=temperature, bias=p64[2] if len(p64) > 2 else None, return_entropy=True
+    )
     pg, stats = ref_ppo_policy_loss(lp, old, adv, mask, clip_c=clip_c, agg=agg, agg_scale=agg_scale)
     if token_weight is not None:  # the weighted per-token loss, aggregated as verl does
         pg = ref_agg_loss(_ref_clip_loss(lp, old, adv, clip_c) * token_weight.double(), mask, agg, agg_scale)
@@ -85,8 +101,11 @@ PPO_CASES = {
 }
 # gif: the gradients computed in the forward (three GEMMs), the 21 valid tokens in one chunk or
 # in chunks of 5; recompute: fused_logprobs and the [B, T] losses (the logits recomputed in backward)
-PATHS = {"gif": dict(grad_in_forward=True), "gif_chunks": dict(grad_in_forward=True, chunk_bytes=5 * 4 * 131),
-         "recompute": dict(grad_in_forward=False)}
+PATHS = {
+    "gif": dict(grad_in_forward=True),
+    "gif_chunks": dict(grad_in_forward=True, chunk_bytes=5 * 4 * 131),
+    "recompute": dict(grad_in_forward=False),
+}
 
 
 def _check_grads(params, got, exp, dtype):
@@ -105,17 +124,20 @@ def test_ppo_matches_unfused(case, path, backend, dtype):
     B, T, H, V = 4, 7, 24, 131
     hidden, weight, b, labels, mask, old, ref, g = _batch(B, T, H, V, dtype)
     adv = torch.randn(B, generator=g) if per_seq else torch.randn(B, T, generator=g)
-    kw = dict(kl_coef=kl_coef, kl_kind=kind, entropy_coef=ent_coef, clip_c=clip_c, agg=agg,
-              temperature=temp, agg_scale=scale)
-    loss, stats = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, ref_logp=ref, bias=b,
-                                        backend=backend, **PATHS[path], **kw)
+    kw = dict(
+        kl_coef=kl_coef, kl_kind=kind, entropy_coef=ent_coef, clip_c=clip_c, agg=agg, temperature=temp, agg_scale=scale
+    )
+    loss, stats = fused_linear_ppo_loss(
+        hidden, weight, labels, old, adv, mask, ref_logp=ref, bias=b, backend=backend, **PATHS[path], **kw
+    )
     params = _params(hidden, weight, b)
     want, want_stats, p64 = _naive_ppo(params, labels, mask, old, adv, ref, **kw)
     latol, lrtol, _, _ = TOL[dtype]
     torch.testing.assert_close(loss.double(), want, atol=latol, rtol=lrtol)
     for k in ("pg_loss", "entropy", "kl", "clipfrac", "clipfrac_lower", "approx_kl"):
-        torch.testing.assert_close(stats[k].double(), want_stats[k].double(), atol=latol, rtol=lrtol,
-                                   msg=lambda m, k=k: f"{k}: {m}")
+        torch.testing.assert_close(
+            stats[k].double(), want_stats[k].double(), atol=latol, rtol=lrtol, msg=lambda m, k=k: f"{k}: {m}"
+        )
     assert 0 < float(stats["clipfrac"]) < 1  # the case exercises clipping
     if clip_c is not None:
         assert float(stats["clipfrac_lower"]) > 0  # and the dual clip
@@ -160,8 +182,9 @@ def test_cuda_ppo_at_gpu_shapes(path, dtype):
     hidden, weight, b, labels, mask, old, ref, g = _batch(B, T, H, V, dtype)
     adv = torch.randn(B, generator=g)
     kw = dict(kl_coef=kl_coef, kl_kind=kind, entropy_coef=ent_coef, clip_c=clip_c, agg=agg, temperature=temp)
-    loss, stats = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, ref_logp=ref, bias=b,
-                                        backend="triton", **PATHS[path], **kw)
+    loss, stats = fused_linear_ppo_loss(
+        hidden, weight, labels, old, adv, mask, ref_logp=ref, bias=b, backend="triton", **PATHS[path], **kw
+    )
     params = _params(hidden, weight, b)
     want, want_stats, p64 = _naive_ppo(params, labels, mask, old, adv, ref, **kw)
     latol, lrtol, _, _ = TOL[dtype]
@@ -183,14 +206,16 @@ def test_ppo_token_weight_and_frozen_head(path, backend):
     weight.requires_grad_(False)
     adv = torch.randn(B, T, generator=g)
     tis = torch.rand(B, T, generator=g) * 2 + 0.01
-    kw = dict(kl_coef=0.1, kl_kind="low_var_kl", entropy_coef=0.0, clip_c=3.0, agg="seq-mean-token-sum",
-              temperature=1.0)
-    loss, stats = fused_linear_ppo_loss(hidden, weight, labels, old, adv * tis, mask, ref_logp=ref,
-                                        backend=backend, **PATHS[path], **kw)
+    kw = dict(
+        kl_coef=0.1, kl_kind="low_var_kl", entropy_coef=0.0, clip_c=3.0, agg="seq-mean-token-sum", temperature=1.0
+    )
+    loss, stats = fused_linear_ppo_loss(
+        hidden, weight, labels, old, adv * tis, mask, ref_logp=ref, backend=backend, **PATHS[path], **kw
+    )
     want, want_stats, p64 = _naive_ppo([hidden, weight], labels, mask, old, adv, ref, token_weight=tis, **kw)
     torch.testing.assert_close(loss.double(), want, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(stats["clipfrac"].double(), want_stats["clipfrac"].double())
-    other = (hidden ** 2).sum() * 1e-3
+    other = (hidden**2).sum() * 1e-3
     (got,) = torch.autograd.grad(other - 0.7 * loss, [hidden])
     (exp,) = torch.autograd.grad((p64[0] ** 2).sum() * 1e-3 - 0.7 * want, [p64[0]])
     _check_grads([hidden], [got], [exp], torch.float32)
@@ -204,9 +229,11 @@ PACS_CASES = {
 }
 # PACS chunks hold whole groups: the largest group here has 11 valid tokens, so 4-token chunks
 # take the two-pass route for it (and one pass for the others), 64-token ones hold every group
-PACS_PATHS = {"gif": dict(grad_in_forward=True, chunk_bytes=64 * 4 * 97),
-              "gif_two_pass": dict(grad_in_forward=True, chunk_bytes=4 * 4 * 97),
-              "recompute": dict(grad_in_forward=False)}
+PACS_PATHS = {
+    "gif": dict(grad_in_forward=True, chunk_bytes=64 * 4 * 97),
+    "gif_two_pass": dict(grad_in_forward=True, chunk_bytes=4 * 4 * 97),
+    "recompute": dict(grad_in_forward=False),
+}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -219,8 +246,20 @@ def test_pacs_matches_unfused(case, path, backend, dtype):
     hidden, weight, b, labels, mask, old, _, g = _batch(B, T, H, V, dtype, seed=2)
     scores = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0])
     kw = dict(beta=0.7, reward_method=method, estimator=est, weight_mode=wmode)
-    loss, stats = fused_linear_pacs_loss(hidden, weight, labels, old, scores, mask, index,
-                                         temperature=0.9, bias=b, backend=backend, **PACS_PATHS[path], **kw)
+    loss, stats = fused_linear_pacs_loss(
+        hidden,
+        weight,
+        labels,
+        old,
+        scores,
+        mask,
+        index,
+        temperature=0.9,
+        bias=b,
+        backend=backend,
+        **PACS_PATHS[path],
+        **kw,
+    )
     params = _params(hidden, weight, b)
     p64 = [p.detach().double().requires_grad_() for p in params]
     lp = logprobs_reference(p64[0], p64[1], torch.where(mask > 0, labels, 0), temperature=0.9, bias=p64[2])
@@ -262,11 +301,12 @@ def test_three_gemms_not_four(backend):
     B, T, H, V = 4, 7, 32, 131
     hidden, weight, b, labels, mask, old, ref, g = _batch(B, T, H, V, torch.float32)
     adv = torch.randn(B, generator=g)
-    one = lambda m: 2 * int((m != 0).sum()) * H * V  # noqa: E731  (one logits-sized GEMM)
+    one = lambda m: 2 * int((m != 0).sum()) * H * V  # (one logits-sized GEMM)
 
     def ppo(m, **kw):
-        loss, _ = fused_linear_ppo_loss(hidden, weight, labels % V, old, adv, m, ref_logp=ref, kl_coef=0.1,
-                                        bias=b, backend=backend, **kw)
+        loss, _ = fused_linear_ppo_loss(
+            hidden, weight, labels % V, old, adv, m, ref_logp=ref, kl_coef=0.1, bias=b, backend=backend, **kw
+        )
         loss.backward()
 
     assert _mm_flops(lambda: ppo(mask, grad_in_forward=True)) == 3 * one(mask)
@@ -278,8 +318,19 @@ def test_three_gemms_not_four(backend):
     n = int(mask.sum())
 
     def pacs(index, chunk):
-        loss, _ = fused_linear_pacs_loss(hidden, weight, labels, old, scores, mask, index, bias=b,
-                                         backend=backend, grad_in_forward=True, chunk_bytes=chunk * 4 * V)
+        loss, _ = fused_linear_pacs_loss(
+            hidden,
+            weight,
+            labels,
+            old,
+            scores,
+            mask,
+            index,
+            bias=b,
+            backend=backend,
+            grad_in_forward=True,
+            chunk_bytes=chunk * 4 * V,
+        )
         loss.backward()
 
     assert _mm_flops(lambda: pacs([0, 0, 1, 1], n)) == 3 * one(mask)
@@ -302,8 +353,9 @@ def test_entropy_gradient_where_bias_masks_tokens(backend):
     want, _, p64 = _naive_ppo([hidden, weight, b.detach()], labels, mask, old, adv, ref, **kw)
     exp = torch.autograd.grad(want, p64[:2])
     for path in ("gif", "recompute"):
-        loss, _ = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, bias=b.detach(), backend=backend,
-                                        **PATHS[path], **kw)
+        loss, _ = fused_linear_ppo_loss(
+            hidden, weight, labels, old, adv, mask, bias=b.detach(), backend=backend, **PATHS[path], **kw
+        )
         torch.testing.assert_close(loss.double(), want, atol=2e-5, rtol=1e-5)
         got = torch.autograd.grad(loss, params)
         assert all(torch.isfinite(x).all() for x in got)
@@ -333,10 +385,12 @@ def test_grad_in_forward_limits_and_choice():
     torch.testing.assert_close(nograd, loss.detach())
     none = torch.zeros_like(mask)  # no valid token: loss 0 (PACS: the BCE of advantage 0), zero gradients
     for path in ("gif", "recompute"):
-        ppo, _ = fused_linear_ppo_loss(hidden, weight, labels, old, adv, none, ref_logp=ref, kl_coef=0.1,
-                                       entropy_coef=0.1, **PATHS[path])
-        pacs, _ = fused_linear_pacs_loss(hidden, weight, labels, old, torch.tensor([1.0, 0.0, 1.0]), none,
-                                         [0, 0, 1], **PATHS[path])
+        ppo, _ = fused_linear_ppo_loss(
+            hidden, weight, labels, old, adv, none, ref_logp=ref, kl_coef=0.1, entropy_coef=0.1, **PATHS[path]
+        )
+        pacs, _ = fused_linear_pacs_loss(
+            hidden, weight, labels, old, torch.tensor([1.0, 0.0, 1.0]), none, [0, 0, 1], **PATHS[path]
+        )
         assert float(ppo.detach()) == 0.0
         torch.testing.assert_close(pacs, torch.tensor(2.0).log())
         for gr in torch.autograd.grad(ppo + pacs, [hidden, weight]):
@@ -366,15 +420,33 @@ def test_parity_with_liger_grpo_loss(backend):
     labels = torch.where(mask > 0, labels, 0)
     adv = torch.randn(B, generator=g)
     beta, eps_lo, eps_hi, temp = 0.04, 0.2, 0.28, 0.9
-    loss, stats = fused_linear_ppo_loss(hidden, weight, labels, old, adv, mask, ref_logp=ref,
-                                        kl_coef=beta, kl_kind="low_var_kl", clip_low=eps_lo,
-                                        clip_high=eps_hi, temperature=temp, backend=backend)
+    loss, stats = fused_linear_ppo_loss(
+        hidden,
+        weight,
+        labels,
+        old,
+        adv,
+        mask,
+        ref_logp=ref,
+        kl_coef=beta,
+        kl_kind="low_var_kl",
+        clip_low=eps_lo,
+        clip_high=eps_hi,
+        temperature=temp,
+        backend=backend,
+    )
     h2, w2 = (t.detach().clone().requires_grad_() for t in (hidden, weight))
-    peer = grpo.LigerFusedLinearGRPOLoss(beta=beta, compiled=False, use_ref_model=True, chunk_size=1,
-                                         epsilon_low=eps_lo, epsilon_high=eps_hi, loss_type="bnpo",
-                                         temperature=temp)
-    theirs, metrics = peer(h2, w2, labels, mask.long(), adv, ref_per_token_logps=ref,
-                           old_per_token_logps=old)
+    peer = grpo.LigerFusedLinearGRPOLoss(
+        beta=beta,
+        compiled=False,
+        use_ref_model=True,
+        chunk_size=1,
+        epsilon_low=eps_lo,
+        epsilon_high=eps_hi,
+        loss_type="bnpo",
+        temperature=temp,
+    )
+    theirs, metrics = peer(h2, w2, labels, mask.long(), adv, ref_per_token_logps=ref, old_per_token_logps=old)
     torch.testing.assert_close(loss, theirs, atol=2e-5, rtol=1e-5)
     kl_theirs, clip_theirs = metrics
     torch.testing.assert_close(stats["kl"], kl_theirs, atol=2e-5, rtol=1e-5)
@@ -411,8 +483,7 @@ def test_bad_inputs_name_the_problem(path):
     with pytest.raises(ValueError, match="labels must lie in"):
         fused_linear_ppo_loss(hidden, weight, bad, old, adv, mask2)
     with pytest.raises(ValueError, match="scores must be 0 or 1"):
-        fused_linear_pacs_loss(hidden, weight, labels, old, torch.tensor([0.5, 1.0]), mask, [0, 0],
-                               **PATHS[path])
+        fused_linear_pacs_loss(hidden, weight, labels, old, torch.tensor([0.5, 1.0]), mask, [0, 0], **PATHS[path])
     with pytest.raises(ValueError, match="labels must lie in"):
         fused_linear_pacs_loss(hidden, weight, bad, old, torch.tensor([0.0, 1.0]), mask2, [0, 0], **PATHS[path])
 

@@ -21,6 +21,7 @@ in another session can stand in for a fresh compile.
 Run with ``-s`` to see the table of every compilation (shared memory, registers, spills, tensor-core
 instructions, compile time).
 """
+
 import contextlib
 import importlib
 import inspect
@@ -72,14 +73,18 @@ pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"cannot compile fo
 def _modules():
     import fastcrit_kernels
 
-    return [importlib.import_module(f"fastcrit_kernels.{m.name}")
-            for m in pkgutil.iter_modules(fastcrit_kernels.__path__)]
+    return [
+        importlib.import_module(f"fastcrit_kernels.{m.name}") for m in pkgutil.iter_modules(fastcrit_kernels.__path__)
+    ]
 
 
 def _kernels(module):
     """The launchable Triton kernels a module defines (named ``*_kernel``; helpers are inlined)."""
-    return {name: obj for name, obj in vars(module).items()
-            if name.endswith("_kernel") and hasattr(obj, "fn") and obj.fn.__module__ == module.__name__}
+    return {
+        name: obj
+        for name, obj in vars(module).items()
+        if name.endswith("_kernel") and hasattr(obj, "fn") and obj.fn.__module__ == module.__name__
+    }
 
 
 def _variants():
@@ -98,17 +103,18 @@ def _compile_one(job):
     v = _variants()[index]
     names = list(inspect.signature(v.kernel.fn).parameters)
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in v.aligned}
-    src = triton.compiler.ASTSource(fn=v.kernel, signature=v.signature, constexprs=v.constexprs,
-                                    attrs=attrs)
-    rec = dict(index=index, arch=arch, kernel=v.kernel.__name__, name=v.name, dtype=v.dtype,
-               tensor_cores=v.tensor_cores)
+    src = triton.compiler.ASTSource(fn=v.kernel, signature=v.signature, constexprs=v.constexprs, attrs=attrs)
+    rec = dict(
+        index=index, arch=arch, kernel=v.kernel.__name__, name=v.name, dtype=v.dtype, tensor_cores=v.tensor_cores
+    )
     knobs.nvidia.dump_ptxas_log = True  # ptxas -v: registers and spills, printed to stdout
     log = io.StringIO()
     start = time.perf_counter()
     try:
         with contextlib.redirect_stdout(log):
-            k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                               options=dict(num_warps=v.num_warps, num_stages=v.num_stages))
+            k = triton.compile(
+                src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=v.num_warps, num_stages=v.num_stages)
+            )
     except Exception as e:
         rec["error"] = f"{type(e).__name__}: {e}"[-3000:]
         return rec
@@ -117,8 +123,10 @@ def _compile_one(job):
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
     ptx = k.asm["ptx"]
     rec.update(
-        seconds=round(time.perf_counter() - start, 2), shared=k.metadata.shared,
-        num_warps=k.metadata.num_warps, regs=int(regs[-1]) if regs else None,
+        seconds=round(time.perf_counter() - start, 2),
+        shared=k.metadata.shared,
+        num_warps=k.metadata.num_warps,
+        regs=int(regs[-1]) if regs else None,
         spill_stores=int(spills[-1][0]) if spills else None,
         spill_loads=int(spills[-1][1]) if spills else None,
         mma=len(re.findall(r"^\s*mma\.sync\.", ptx, re.M)),
@@ -145,20 +153,23 @@ def compiled(tmp_path_factory):
     env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))
     workers = str(max(1, min(2, os.cpu_count() or 1)))
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, __file__, workers], capture_output=True, text=True,
-                         env=env, timeout=1200)
+    out = subprocess.run([sys.executable, __file__, workers], capture_output=True, text=True, env=env, timeout=1200)
     assert out.returncode == 0, out.stderr[-5000:]
     records = json.loads(out.stdout.strip().splitlines()[-1])
     wall = time.perf_counter() - start
-    print(f"\ncompiled {len(records)} kernels in {wall:.0f} s "
-          f"(sum of compile times {sum(r.get('seconds', 0) for r in records):.0f} s, {workers} workers)")
+    print(
+        f"\ncompiled {len(records)} kernels in {wall:.0f} s "
+        f"(sum of compile times {sum(r.get('seconds', 0) for r in records):.0f} s, {workers} workers)"
+    )
     print(f"{'kernel variant':<100} {'arch':>5} {'smem':>7} {'regs':>4} {'spill':>5} {'mma':>4} {'wgmma':>5}")
     for r in records:
         if "error" in r:
             print(f"{r['name']:<100} sm_{r['arch']:<2} ERROR")
         else:
-            print(f"{r['name']:<100} sm_{r['arch']:<2} {r['shared']:>7} {r['regs']:>4} "
-                  f"{r['spill_stores']:>5} {r['mma']:>4} {r['wgmma']:>5}")
+            print(
+                f"{r['name']:<100} sm_{r['arch']:<2} {r['shared']:>7} {r['regs']:>4} "
+                f"{r['spill_stores']:>5} {r['mma']:>4} {r['wgmma']:>5}"
+            )
     return records
 
 
@@ -197,12 +208,15 @@ def test_compiles_fits_and_does_not_spill(compiled, kernel):
         if r["spill_stores"] is None or r["regs"] is None:
             problems.append(f"{where}: no ptxas resource report")
         elif r["spill_stores"] or r["spill_loads"]:
-            problems.append(f"{where}: spills {r['spill_stores']} B stored / {r['spill_loads']} B loaded "
-                            f"at {r['regs']} registers")
+            problems.append(
+                f"{where}: spills {r['spill_stores']} B stored / {r['spill_loads']} B loaded at {r['regs']} registers"
+            )
         uses_tc = r["mma"] + r["wgmma"] > 0
         if uses_tc != r["tensor_cores"]:
-            problems.append(f"{where}: tensor-core instructions {'missing' if r['tensor_cores'] else 'present'} "
-                            f"(mma {r['mma']}, wgmma {r['wgmma']})")
+            problems.append(
+                f"{where}: tensor-core instructions {'missing' if r['tensor_cores'] else 'present'} "
+                f"(mma {r['mma']}, wgmma {r['wgmma']})"
+            )
     assert not problems, "\n".join(problems)
 
 
@@ -212,13 +226,20 @@ def test_default_tiles_fit_sm86(compiled):
     Triton takes the same pipelining and layout decisions for both; not compiled for sm_86 here)."""
     from fastcrit_kernels import logprobs
 
-    firsts = {(t.BLOCK_N, t.BLOCK_V, t.BLOCK_H, t.num_warps, t.num_stages)
-              for t in (logprobs._TILES_16BIT[0], logprobs._TILES_FP32[0])}
+    firsts = {
+        (t.BLOCK_N, t.BLOCK_V, t.BLOCK_H, t.num_warps, t.num_stages)
+        for t in (logprobs._TILES_16BIT[0], logprobs._TILES_FP32[0])
+    }
     checked = 0
     for r in compiled:
         v = _variants()[r["index"]]
-        tile = (v.constexprs.get("BLOCK_N"), v.constexprs.get("BLOCK_V"), v.constexprs.get("BLOCK_H"),
-                v.num_warps, v.num_stages)
+        tile = (
+            v.constexprs.get("BLOCK_N"),
+            v.constexprs.get("BLOCK_V"),
+            v.constexprs.get("BLOCK_H"),
+            v.num_warps,
+            v.num_stages,
+        )
         if r["arch"] == 80 and "BLOCK_V" in v.constexprs and tile in firsts:
             checked += 1
             assert r["shared"] <= SHARED_LIMIT_SM86, r["name"]

@@ -1,4 +1,5 @@
 """kl_penalty against the fp64 reference (verl's kl_penalty), both backends, values and gradients."""
+
 import math
 
 import pytest

@@ -1,10 +1,11 @@
 """fused_logprobs against the full-logits fp64 reference, on both backends (Triton under the
 interpreter on CPU), plus parity with Liger-Kernel's chunked log-prob forward."""
+
 import pytest
 import torch
+from _triton_on_cuda import on_cuda
 
 import fastcrit_kernels.logprobs as L
-from _triton_on_cuda import on_cuda
 from fastcrit_kernels import fused_logprobs, resolve_backend
 from fastcrit_kernels.logprobs import logprobs_reference
 
@@ -38,16 +39,18 @@ def _inputs(lead, H, V, dtype, *, bias=False, seed=0, scale=1.0, ignore=()):
     return hidden, weight, b, labels
 
 
-def _compare(backend, dtype, lead, H, V, *, temperature=1.0, bias=False, entropy=True, ignore=(),
-             chunk_bytes=None, scale=1.0):
+def _compare(
+    backend, dtype, lead, H, V, *, temperature=1.0, bias=False, entropy=True, ignore=(), chunk_bytes=None, scale=1.0
+):
     hidden, weight, b, labels = _inputs(lead, H, V, dtype, bias=bias, ignore=ignore, scale=scale)
     kw = dict(temperature=temperature, bias=b, return_entropy=entropy)
     out = fused_logprobs(hidden, weight, labels, backend=backend, chunk_bytes=chunk_bytes, **kw)
     params = [hidden, weight] + ([b] if bias else [])
     # the oracle: fp64 copies of the same (possibly bf16-rounded) values
     p64 = [p.detach().double().requires_grad_() for p in params]
-    ref = logprobs_reference(p64[0], p64[1], labels, temperature=temperature,
-                             bias=p64[2] if bias else None, return_entropy=entropy)
+    ref = logprobs_reference(
+        p64[0], p64[1], labels, temperature=temperature, bias=p64[2] if bias else None, return_entropy=entropy
+    )
     out = out if entropy else (out,)
     ref = ref if entropy else (ref,)
     g = torch.Generator().manual_seed(1)
@@ -78,8 +81,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_reference(case, backend, dtype):
     lead, H, V, temp, bias, ent, ignore = CASES[case]
-    out, grads, labels = _compare(backend, dtype, lead, H, V, temperature=temp, bias=bias,
-                                  entropy=ent, ignore=ignore)
+    out, grads, labels = _compare(backend, dtype, lead, H, V, temperature=temp, bias=bias, entropy=ent, ignore=ignore)
     ignored = labels == -100
     for o in out:
         assert (o[ignored] == 0).all()
@@ -131,8 +133,9 @@ def test_torch_path_fp64_gradcheck():
     labels = torch.tensor([3, -100, 0, 10])
 
     def f(h, w, b):
-        lp, ent = fused_logprobs(h, w, labels, bias=b, temperature=0.8, return_entropy=True,
-                                 backend="torch", chunk_bytes=4 * 4 * 3)
+        lp, ent = fused_logprobs(
+            h, w, labels, bias=b, temperature=0.8, return_entropy=True, backend="torch", chunk_bytes=4 * 4 * 3
+        )
         return lp, ent
 
     assert torch.autograd.gradcheck(f, (h, w, b))
@@ -149,12 +152,32 @@ def test_torch_path_row_blocks(monkeypatch, case, dtype):
 
     lead, H, V, temperature, bias, entropy, ignore = CASES[case]
     chunk = 4 * 7 * (lead[0] if len(lead) == 1 else lead[0] * lead[1])
-    whole = _compare("torch", dtype, lead, H, V, temperature=temperature, bias=bias, entropy=entropy,
-                     ignore=ignore, chunk_bytes=chunk)
+    whole = _compare(
+        "torch",
+        dtype,
+        lead,
+        H,
+        V,
+        temperature=temperature,
+        bias=bias,
+        entropy=entropy,
+        ignore=ignore,
+        chunk_bytes=chunk,
+    )
     monkeypatch.setattr(tp, "_BLOCK_BYTES", 4 * 7 * 2)  # 2 rows of a 7-column chunk
     assert tp.block_rows(7, torch.float32) == 2
-    blocked = _compare("torch", dtype, lead, H, V, temperature=temperature, bias=bias, entropy=entropy,
-                       ignore=ignore, chunk_bytes=chunk)
+    blocked = _compare(
+        "torch",
+        dtype,
+        lead,
+        H,
+        V,
+        temperature=temperature,
+        bias=bias,
+        entropy=entropy,
+        ignore=ignore,
+        chunk_bytes=chunk,
+    )
     for a, b in zip(whole[0] + whole[1], blocked[0] + blocked[1]):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
 
@@ -170,15 +193,18 @@ def test_frozen_weight_and_entropy_only_for_logging():
     torch.testing.assert_close(lp.double(), ref.detach(), atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("bad, msg", [
-    (dict(labels=torch.tensor([0, 99])), "labels must lie in"),
-    (dict(labels=torch.tensor([0])), "labels must have shape"),
-    (dict(labels=torch.tensor([0.0, 1.0])), "integer"),
-    (dict(weight=torch.randn(10, 3)), "does not match weight"),
-    (dict(temperature=0.0), "temperature"),
-    (dict(bias=torch.randn(9)), "bias must be"),
-    (dict(backend="cuda"), "backend must be one of"),
-])
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        (dict(labels=torch.tensor([0, 99])), "labels must lie in"),
+        (dict(labels=torch.tensor([0])), "labels must have shape"),
+        (dict(labels=torch.tensor([0.0, 1.0])), "integer"),
+        (dict(weight=torch.randn(10, 3)), "does not match weight"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(bias=torch.randn(9)), "bias must be"),
+        (dict(backend="cuda"), "backend must be one of"),
+    ],
+)
 def test_bad_inputs_name_the_problem(bad, msg):
     args = dict(hidden=torch.randn(2, 4), weight=torch.randn(10, 4), labels=torch.tensor([1, 2]))
     args.update(bad)
@@ -209,8 +235,9 @@ def test_cuda_kernels_at_gpu_shapes(dtype):
     """test_matches_reference's check at a shape the GPU launchers take (H a multiple of 16; V not a
     multiple of any tile, so the last tile is padded), with bias, temperature and ignored labels,
     forced into several vocab splits and backward chunks."""
-    _compare("triton", dtype, (4, 75), 128, 3001, temperature=0.8, bias=True, ignore=(0, 5, 299),
-             chunk_bytes=4 * 300 * 512)
+    _compare(
+        "triton", dtype, (4, 75), 128, 3001, temperature=0.8, bias=True, ignore=(0, 5, 299), chunk_bytes=4 * 300 * 512
+    )
 
 
 @pytest.mark.gpu
@@ -223,8 +250,9 @@ def test_cuda_triton_matches_reference(dtype):
     weight = (torch.randn(V, H, device="cuda") / 8).to(dtype).requires_grad_()
     labels = torch.randint(0, V, (N,), device="cuda")
     labels[::7] = -100
-    lp, ent = fused_logprobs(hidden, weight, labels, temperature=0.9, return_entropy=True,
-                             backend="triton", chunk_bytes=4 * N * 1024)
+    lp, ent = fused_logprobs(
+        hidden, weight, labels, temperature=0.9, return_entropy=True, backend="triton", chunk_bytes=4 * N * 1024
+    )
     p64 = [hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()]
     rlp, rent = logprobs_reference(p64[0], p64[1], labels, temperature=0.9, return_entropy=True)
     torch.testing.assert_close(lp.double(), rlp, atol=1e-3, rtol=1e-4)
@@ -251,8 +279,9 @@ def test_everything_ignored_strided_hidden_int32_labels(backend):
     assert (hidden.grad == 0).all() and (weight.grad == 0).all()
     labels = torch.tensor([0, 49, 7, 7, 30, 1], dtype=torch.int32)
     lp = fused_logprobs(hidden, weight, labels, backend=backend)
-    torch.testing.assert_close(lp.double(), logprobs_reference(hidden, weight, labels.long()).detach(),
-                               atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        lp.double(), logprobs_reference(hidden, weight, labels.long()).detach(), atol=2e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -268,8 +297,9 @@ def test_minus_inf_bias_masks_whole_tiles(backend):
     b = b.requires_grad_()
     labels = 150 + labels % 50
     labels[2] = 10  # a masked label: log-prob -inf, as torch's
-    lp, ent = fused_logprobs(hidden, weight, labels, bias=b, temperature=0.9, return_entropy=True,
-                             backend=backend, chunk_bytes=4 * N * 50)
+    lp, ent = fused_logprobs(
+        hidden, weight, labels, bias=b, temperature=0.9, return_entropy=True, backend=backend, chunk_bytes=4 * N * 50
+    )
     z = (hidden.detach().double() @ weight.detach().double().t() + b.detach().double()) / 0.9
     want_lp = torch.log_softmax(z, -1).gather(-1, labels[:, None]).squeeze(-1)
     want_ent = torch.distributions.Categorical(logits=z).entropy()
@@ -281,8 +311,7 @@ def test_minus_inf_bias_masks_whole_tiles(backend):
     u = torch.randn(N, generator=torch.Generator().manual_seed(2)) * 1.7 + 0.3
     got = torch.autograd.grad((lp * u)[keep].sum() + (ent * u).sum(), [hidden, weight, b])
     p64 = [t.detach().double().requires_grad_() for t in (hidden, weight, b)]
-    rlp, rent = logprobs_reference(p64[0], p64[1], labels, bias=p64[2], temperature=0.9,
-                                   return_entropy=True)
+    rlp, rent = logprobs_reference(p64[0], p64[1], labels, bias=p64[2], temperature=0.9, return_entropy=True)
     want = torch.autograd.grad((rlp * u.double())[keep].sum() + (rent * u.double()).sum(), p64)
     for a, e in zip(got, want):
         assert torch.isfinite(a).all()
@@ -328,14 +357,24 @@ def test_gpu_launch_path_every_tile_under_the_interpreter(monkeypatch, tiles):
     monkeypatch.setattr(L, "_sm_count", lambda device: 3)
     launched = []
     real_tuned = L.tuned
-    monkeypatch.setattr(L, "tuned", lambda kernel, tiles, key: (
-        launched.append(tiles[0]), real_tuned(kernel, tiles, key))[1])
+    monkeypatch.setattr(
+        L, "tuned", lambda kernel, tiles, key: (launched.append(tiles[0]), real_tuned(kernel, tiles, key))[1]
+    )
     tile_set = getattr(L, tiles)
     for i in range(len(tile_set)):
         monkeypatch.setattr(L, "_gpu_tiles", lambda dtype, i=i: tile_set[i:] + tile_set[:i])
         launched.clear()
-        _compare("triton", torch.float32, (3, 47), 48, 700, temperature=0.8, bias=True, ignore=(5,),
-                 chunk_bytes=4 * 141 * 256)
+        _compare(
+            "triton",
+            torch.float32,
+            (3, 47),
+            48,
+            700,
+            temperature=0.8,
+            bias=True,
+            ignore=(5,),
+            chunk_bytes=4 * 141 * 256,
+        )
         assert set(launched) == {tile_set[i]} and len(launched) == 1 + 3  # forward, 3 chunks
     # H = 40 is not a multiple of 16: a GPU sends it to the torch path (no kernel compiled for it)
     launched.clear()
@@ -350,8 +389,11 @@ def test_fp32_dot_is_exact_unless_tf32_is_asked_for(monkeypatch):
     interpreter ignores input_precision; test_gpu_compile.py checks what each one compiles to.)"""
     seen = []
     real = L._launch
-    monkeypatch.setattr(L, "_launch", lambda kernel, h, grid, args, precision: (
-        seen.append(precision), real(kernel, h, grid, args, precision))[1])
+    monkeypatch.setattr(
+        L,
+        "_launch",
+        lambda kernel, h, grid, args, precision: (seen.append(precision), real(kernel, h, grid, args, precision))[1],
+    )
 
     def run(dtype, **kw):
         seen.clear()
@@ -399,15 +441,18 @@ def test_triton_backward_reads_no_unwritten_d_logits(monkeypatch):
 
         @staticmethod
         def empty(*shape, **kw):
-            return torch.full(shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape,
-                              float("nan"), **kw)
+            return torch.full(
+                shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape, float("nan"), **kw
+            )
 
     hidden, weight, b, labels = _inputs((37,), 33, 203, torch.bfloat16, bias=True, ignore=(3, 20))
-    want = torch.autograd.grad(fused_logprobs(hidden, weight, labels, temperature=0.7, bias=b,
-                                              backend="torch").sum(), [hidden, weight, b])
+    want = torch.autograd.grad(
+        fused_logprobs(hidden, weight, labels, temperature=0.7, bias=b, backend="torch").sum(), [hidden, weight, b]
+    )
     monkeypatch.setattr(L, "torch", Poisoned())
-    got = torch.autograd.grad(fused_logprobs(hidden, weight, labels, temperature=0.7, bias=b,
-                                             backend="triton").sum(), [hidden, weight, b])
+    got = torch.autograd.grad(
+        fused_logprobs(hidden, weight, labels, temperature=0.7, bias=b, backend="triton").sum(), [hidden, weight, b]
+    )
     for g, w in zip(got, want):
         assert torch.isfinite(g.float()).all()
         torch.testing.assert_close(g.float(), w.float(), atol=0.1, rtol=0.05)

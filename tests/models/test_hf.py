@@ -12,8 +12,16 @@ def tiny(tmp_path_factory):
     from fastcrit.models.tokenizer import default_corpus
 
     d = str(tmp_path_factory.mktemp("tiny") / "m")
-    return build_tiny_model(d, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab_size=300,
-                            corpus=default_corpus(use_human_eval=False))
+    return build_tiny_model(
+        d,
+        hidden=32,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=64,
+        vocab_size=300,
+        corpus=default_corpus(use_human_eval=False),
+    )
 
 
 def test_missing_paths_are_named(tmp_path):
@@ -56,8 +64,9 @@ def test_save_state_dict_loads_back(tiny, tmp_path, tie):
         state = {k: v * 1.5 for k, v in model.state_dict().items()}  # a trainer-side state dict (copies)
     if tie:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    out = save_pretrained_safetensors(state, tok, str(tmp_path / "ckpt"), config=model.config,
-                                      generation_config=model.generation_config)
+    out = save_pretrained_safetensors(
+        state, tok, str(tmp_path / "ckpt"), config=model.config, generation_config=model.generation_config
+    )
     assert os.path.exists(os.path.join(out, "model.safetensors"))
     again = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
     ids = torch.tensor([[3, 50, 60, 7]])
@@ -83,8 +92,9 @@ def _save_with_a_dtensor(ctx, tiny, directory):
 
     model = load_model(tiny)
     state = dict(model.state_dict())
-    state["model.norm.weight"] = distribute_tensor(state["model.norm.weight"], init_device_mesh("cpu", (1,)),
-                                                   [Shard(0)])
+    state["model.norm.weight"] = distribute_tensor(
+        state["model.norm.weight"], init_device_mesh("cpu", (1,)), [Shard(0)]
+    )
     with pytest.raises(TypeError, match="'model.norm.weight' is a sharded DTensor"):
         save_pretrained_safetensors(state, None, directory, config=model.config)
     assert not os.path.exists(directory)  # refused before anything was written
@@ -128,8 +138,16 @@ def test_flash_attn_2_that_does_not_import_is_refused(flash_attn_site):
     from fastcrit.models.hf import flash_attn_2_problem
 
     # a build for another torch: its extension does not load
-    flash_attn_site.dist("flash-attn", "2.8.3.post2", {**FA2_OK, "flash_attn/__init__.py": (
-        "raise ImportError('flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEab')\n")})
+    flash_attn_site.dist(
+        "flash-attn",
+        "2.8.3.post2",
+        {
+            **FA2_OK,
+            "flash_attn/__init__.py": (
+                "raise ImportError('flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEab')\n"
+            ),
+        },
+    )
     problem = flash_attn_2_problem()
     assert "flash-attn 2.8.3.post2 is installed but does not import" in problem
     assert "undefined symbol" in problem and "pip install flash-attn --no-build-isolation" in problem
@@ -161,6 +179,7 @@ def test_a_working_flash_attn_2_passes(flash_attn_site, with_fa4):
 
 # --- checkpoints that transformers 4.51-4.57 and 5 read the same ------------------------------------
 
+
 def _as_v4_reads(directory):
     """What transformers 4.51-4.57 take from a saved directory, by their code: Qwen2Config's
     ``rope_theta`` (default 10000) and ``rope_scaling`` (None = plain rope), and the tokenizer's
@@ -176,12 +195,16 @@ def _as_v4_reads(directory):
     extra = tok.get("extra_special_tokens", {})
     named = list(extra.keys())  # AttributeError on a list, as in 4.x
     assert tok.get("tokenizer_class") in (None, "PreTrainedTokenizerFast", "Qwen2Tokenizer", "Qwen2TokenizerFast")
-    return {"rope_theta": config.get("rope_theta", 10000.0), "rope_scaling": config.get("rope_scaling"),
-            "special": named + list(tok.get("additional_special_tokens") or [])}
+    return {
+        "rope_theta": config.get("rope_theta", 10000.0),
+        "rope_scaling": config.get("rope_scaling"),
+        "special": named + list(tok.get("additional_special_tokens") or []),
+    }
 
 
-@pytest.mark.parametrize("rope", [{"rope_type": "default", "rope_theta": 1e6},
-                                  {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}])
+@pytest.mark.parametrize(
+    "rope", [{"rope_type": "default", "rope_theta": 1e6}, {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}]
+)
 def test_a_saved_directory_reads_the_same_in_transformers_4_and_5(tiny, tmp_path, rope):
     import json
 
@@ -249,8 +272,14 @@ def test_export_writes_the_model_alone(tiny, tmp_path, capsys):
     out = str(tmp_path / "exported")
     assert main(["export", str(tmp_path / "run"), out, "--dtype", "bf16"]) == 0  # a run: its newest
     assert step in capsys.readouterr().out
-    assert sorted(os.listdir(out)) == ["chat_template.jinja", "config.json", "generation_config.json",
-                                       "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(os.listdir(out)) == [
+        "chat_template.jinja",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     with open(os.path.join(out, "config.json")) as f:
         assert json.load(f)["dtype"] == "bfloat16"
     assert _as_v4_reads(out)["rope_theta"] == model.config.rope_parameters["rope_theta"]

@@ -5,6 +5,7 @@ On CPU only Liger's RoPE runs (under TRITON_INTERPRET=1); its RMSNorm and SwiGLU
 CUDA GPU only. Liger patches the transformers modeling module for the whole process; every test
 restores what it patched.
 """
+
 import os
 
 import pytest
@@ -22,7 +23,8 @@ NOT_UNDER_INTERPRETER = (
     "passes float kernel arguments on as Python floats (runtime/interpreter.py:1359 _implicit_cvt converts "
     "only ints, bools and tensors) and both kernels call .to() on one (liger ops/rms_norm.py:117-126 "
     "eps/offset, ops/swiglu.py:72 gate_multiplier); past that, RMSNorm's libdevice rsqrt (ops/rms_norm.py:42) "
-    "yields None in the interpreter")
+    "yields None in the interpreter"
+)
 
 
 @pytest.fixture()
@@ -62,8 +64,11 @@ def test_unsupported_architectures_are_left_alone():
     assert apply_liger(object()) == []
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors need the interpreter, which is off on a GPU "
-                    "machine; test_all_patches_keep_the_loss_on_gpu checks RoPE there")
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="CPU tensors need the interpreter, which is off on a GPU "
+    "machine; test_all_patches_keep_the_loss_on_gpu checks RoPE there",
+)
 def test_rope_patch_keeps_the_loss(tiny_model_path, qwen2_module):
     """Liger's RoPE kernel (the one patch that runs under the interpreter) in a tiny Qwen2: same
     log-probs, loss and gradients as transformers' RoPE."""

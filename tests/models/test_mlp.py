@@ -18,7 +18,10 @@ def test_function_matches_the_eager_formula(rows, monkeypatch):
     monkeypatch.setattr(mlp_mod, "_BLOCK_BYTES", 3 * 4 * 24)
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 5, 16, generator=g, dtype=torch.float64).requires_grad_()
-    ws = [(torch.randn(*s, generator=g, dtype=torch.float64) * 0.5).requires_grad_() for s in ((24, 16), (24, 16), (16, 24))]
+    ws = [
+        (torch.randn(*s, generator=g, dtype=torch.float64) * 0.5).requires_grad_()
+        for s in ((24, 16), (24, 16), (16, 24))
+    ]
     dy = torch.randn(rows, 5, 16, generator=g, dtype=torch.float64)
     got = SwiGLUFunction.apply(x, *ws)
     want = _eager(x, *ws)
@@ -33,8 +36,9 @@ def test_function_matches_the_eager_formula(rows, monkeypatch):
 def test_keeps_fewer_tensors_for_backward():
     """Hugging Face's MLP keeps x and four [tokens, intermediate] tensors; the function keeps x, g
     and u (counted by autograd's saved-tensor hooks, weights left out)."""
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
     from types import SimpleNamespace
+
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
     m = Qwen2MLP(SimpleNamespace(hidden_size=16, intermediate_size=40, hidden_act="silu"))
     x = torch.randn(3, 7, 16, requires_grad=True)
@@ -71,8 +75,9 @@ def test_patched_model_gives_the_same_logprobs_and_gradients(model_dir, patched_
     x = torch.randn(2, 3, lm.config.hidden_size).bfloat16()
     torch.testing.assert_close(mlp(x), type(mlp).forward(mlp, x), atol=0, rtol=0)
 
-    from transformers.models.llama.modeling_llama import LlamaMLP
     from types import SimpleNamespace
+
+    from transformers.models.llama.modeling_llama import LlamaMLP
 
     cfg = SimpleNamespace(hidden_size=16, intermediate_size=40, hidden_act="silu", mlp_bias=True)
     assert patch_swiglu_mlps(LlamaMLP(cfg)) == 0

@@ -1,4 +1,3 @@
-import pytest
 import torch
 
 from fastcrit.models.norm import RMSNormFunction, patch_rms_norms

@@ -31,10 +31,11 @@ def test_build_loads_with_transformers(tmp_path, corpus):
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (32, 2, 4, 2)
     assert cfg.vocab_size == len(tok) <= 300
     assert model.generation_config.eos_token_id == tok.eos_token_id
-    ids = torch.tensor([tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
-                                                return_dict=False)])
+    ids = torch.tensor(
+        [tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, return_dict=False)]
+    )
     out = model.generate(ids, max_new_tokens=5, do_sample=False)
-    assert out.shape == (1, ids.shape[1] + 5) or tok.eos_token_id in out[0, ids.shape[1]:].tolist()
+    assert out.shape == (1, ids.shape[1] + 5) or tok.eos_token_id in out[0, ids.shape[1] :].tolist()
 
 
 def test_deterministic_given_seed(tmp_path, corpus):

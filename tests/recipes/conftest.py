@@ -17,4 +17,3 @@ def _assert_same_checkpoint(run_a: str, run_b: str, step: int) -> None:
 @pytest.fixture
 def same_checkpoint():
     return _assert_same_checkpoint
-

@@ -1,4 +1,5 @@
 """Helpers the recipe tests share: run the CLI in-process, read metrics rows."""
+
 import os
 
 

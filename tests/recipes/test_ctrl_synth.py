@@ -4,6 +4,7 @@ two-rank run killed with SIGKILL in
 the middle of the stage (each rank with one chunk written and the next one half written) resumes,
 with two ranks or with one, doing only the chunks that were not finished, and ends with the files
 of the uninterrupted run."""
+
 import json
 import os
 import re
@@ -13,10 +14,10 @@ import sys
 import time
 
 import pytest
+from recipe_cli import run_cli
 
 from fastcrit.data.problems import Problem
 from fastcrit.data.tasks import task_path
-from recipe_cli import run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU_CONFIG = os.path.join(ROOT, "configs", "cpu", "ctrl.yaml")
@@ -71,12 +72,21 @@ def setup(tmp_path_factory):
     from fastcrit.models.hf import resolve_model_path
 
     model = resolve_model_path("tiny:hidden=64,layers=2,heads=2,kv_heads=1,intermediate=128")
-    sets = [f"model.path={model}", f"proxy.model.path={model}",
-            f"data.train={write_problems(d / 'train.jsonl', 'train', TRAIN)}",
-            f"data.val={write_problems(d / 'val.jsonl', 'test', VAL)}", f"data.val_size={VAL}",
-            f"ctrl.solutions_per_problem={K}", f"ctrl.synth_chunk={CHUNK}", "ctrl.solution_temperature=1.0",
-            "proxy.rollout.max_new_tokens=8", "trainer.seed=1", "trainer.compute_threads=1",
-            "trainer.progress=false", "sandbox.workers=1"]
+    sets = [
+        f"model.path={model}",
+        f"proxy.model.path={model}",
+        f"data.train={write_problems(d / 'train.jsonl', 'train', TRAIN)}",
+        f"data.val={write_problems(d / 'val.jsonl', 'test', VAL)}",
+        f"data.val_size={VAL}",
+        f"ctrl.solutions_per_problem={K}",
+        f"ctrl.synth_chunk={CHUNK}",
+        "ctrl.solution_temperature=1.0",
+        "proxy.rollout.max_new_tokens=8",
+        "trainer.seed=1",
+        "trainer.compute_threads=1",
+        "trainer.progress=false",
+        "sandbox.workers=1",
+    ]
     hooks = d / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
@@ -86,16 +96,25 @@ def setup(tmp_path_factory):
 
 
 def start(setup, out: str, log: str, nproc: int, **env) -> subprocess.Popen:
-    argv = [sys.executable, "-c", CHILD, CPU_CONFIG, *setup["sets"], f"trainer.output_dir={out}",
-            f"trainer.nproc={nproc}"]
+    argv = [
+        sys.executable,
+        "-c",
+        CHILD,
+        CPU_CONFIG,
+        *setup["sets"],
+        f"trainer.output_dir={out}",
+        f"trainer.nproc={nproc}",
+    ]
     child_env = dict(os.environ, OMP_NUM_THREADS="1", **env)  # the ranks compute as the reference does
-    child_env["PYTHONPATH"] = os.pathsep.join([setup["hooks"], ROOT, os.path.join(ROOT, "kernels"),
-                                               child_env.get("PYTHONPATH", "")])
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        [setup["hooks"], ROOT, os.path.join(ROOT, "kernels"), child_env.get("PYTHONPATH", "")]
+    )
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         child_env.pop(k, None)
     with open(log, "w") as f:  # a session of its own: the kill reaches the ranks it spawns
-        return subprocess.Popen(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=child_env,
-                                start_new_session=True)
+        return subprocess.Popen(
+            argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=child_env, start_new_session=True
+        )
 
 
 def finish(proc: subprocess.Popen, log: str) -> str:
@@ -142,8 +161,9 @@ def test_synth_samples_do_not_depend_on_the_chunks_that_draw_them(setup, tmp_pat
     generate call, as a single process drew them before stage 1 was cut into chunks) writes the
     same files as chunks of two problems."""
     out = str(tmp_path / "whole")
-    assert run_cli("ctrl-synth", CPU_CONFIG, setup["sets"], f"trainer.output_dir={out}",
-                   f"ctrl.synth_chunk={TRAIN}") == 0
+    assert (
+        run_cli("ctrl-synth", CPU_CONFIG, setup["sets"], f"trainer.output_dir={out}", f"ctrl.synth_chunk={TRAIN}") == 0
+    )
     assert_same_files(setup["ref"], os.path.join(out, "synth"))
 
 
@@ -162,7 +182,7 @@ def test_killed_synth_resumes_without_redoing_finished_chunks(setup, tmp_path, c
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
-    finished = sorted(n[:-len(".jsonl")] for n in os.listdir(parts) if n.endswith(".jsonl") and n[0] != ".")
+    finished = sorted(n[: -len(".jsonl")] for n in os.listdir(parts) if n.endswith(".jsonl") and n[0] != ".")
     assert finished == [CHUNKS[0], CHUNKS[1]]  # each rank's first chunk
     assert len([n for n in os.listdir(parts) if n.endswith(".killed.tmp")]) == 2  # and half of its second
     assert not os.path.exists(os.path.join(out, "synth", "COMPLETE"))
@@ -170,8 +190,12 @@ def test_killed_synth_resumes_without_redoing_finished_chunks(setup, tmp_path, c
 
     capsys.readouterr()
     # Other settings than the chunks were made with: refused, naming the setting; nothing touched.
-    assert run_cli("ctrl-synth", CPU_CONFIG, setup["sets"], f"trainer.output_dir={out}",
-                   f"ctrl.solutions_per_problem={K + 1}") == 2
+    assert (
+        run_cli(
+            "ctrl-synth", CPU_CONFIG, setup["sets"], f"trainer.output_dir={out}", f"ctrl.solutions_per_problem={K + 1}"
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"splits.train.solutions_per_problem: {K} there, {K + 1} now" in err and "Restore the settings" in err
     assert sorted(os.listdir(parts)) == sorted(before)

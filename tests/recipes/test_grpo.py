@@ -1,4 +1,5 @@
 """End-to-end GRPO through the CLI on a tiny model: outputs, exact resume, loadable checkpoints."""
+
 import dataclasses
 import json
 import os
@@ -9,11 +10,26 @@ from safetensors.torch import load_file
 
 from fastcrit.cli import main
 
-SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model.tiny.heads=2",
-        "model.tiny.kv_heads=1", "model.tiny.intermediate=128",
-        "data.prompts_per_step=2", "data.val_size=4", "rollout.n=4", "rollout.max_new_tokens=6",
-        "sft.steps=3", "sft.batch_size=8", "optim.lr=1e-3", "algorithm.kl_coef=0.01", "algorithm.entropy_coef=0.01",
-        "trainer.micro_batch_size=3", "trainer.progress=false", "trainer.seed=3"]
+SETS = [
+    "model.path=tiny",
+    "model.tiny.hidden=64",
+    "model.tiny.layers=2",
+    "model.tiny.heads=2",
+    "model.tiny.kv_heads=1",
+    "model.tiny.intermediate=128",
+    "data.prompts_per_step=2",
+    "data.val_size=4",
+    "rollout.n=4",
+    "rollout.max_new_tokens=6",
+    "sft.steps=3",
+    "sft.batch_size=8",
+    "optim.lr=1e-3",
+    "algorithm.kl_coef=0.01",
+    "algorithm.entropy_coef=0.01",
+    "trainer.micro_batch_size=3",
+    "trainer.progress=false",
+    "trainer.seed=3",
+]
 CPU_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "cpu", "grpo.yaml")
 VOLATILE = ("time/", "throughput/", "memory/")
 
@@ -40,9 +56,20 @@ def test_run_writes_config_metrics_checkpoints_and_summary(tmp_path):
     train(out, "trainer.total_steps=2", "trainer.save_every=1")
     r = rows(out)
     assert [x["step"] for x in r] == [1, 2]
-    for key in ("reward/mean", "loss/policy", "kl/mean", "response_len/mean", "time/rollout_s",
-                "time/reward_s", "time/ref_s", "time/update_s", "time/sync_s",
-                "throughput/tokens_per_s", "logprob/gap_mean", "logprob/gap_max"):
+    for key in (
+        "reward/mean",
+        "loss/policy",
+        "kl/mean",
+        "response_len/mean",
+        "time/rollout_s",
+        "time/reward_s",
+        "time/ref_s",
+        "time/update_s",
+        "time/sync_s",
+        "throughput/tokens_per_s",
+        "logprob/gap_mean",
+        "logprob/gap_max",
+    ):
         assert all(isinstance(x[key], float) for x in r), key
     # Memory per phase (CPU: resident set; the peak since the phase began, when Linux lets it be reset).
     peak = "peak" if "memory/update_peak_mb" in r[0] else "process_peak"
@@ -64,8 +91,9 @@ def test_run_writes_config_metrics_checkpoints_and_summary(tmp_path):
     ckpt = summary["checkpoint"]
     model = AutoModelForCausalLM.from_pretrained(ckpt, local_files_only=True)
     tok = AutoTokenizer.from_pretrained(ckpt, local_files_only=True)
-    text = tok.apply_chat_template([{"role": "user", "content": "Reverse the letters: a b c d e"}],
-                                   tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Reverse the letters: a b c d e"}], tokenize=False, add_generation_prompt=True
+    )
     ids = tok(text, return_tensors="pt").input_ids
     gen = model.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=tok.pad_token_id)
     assert gen.shape[1] > ids.shape[1]
@@ -107,8 +135,10 @@ class ShiftedEngine:
         self.inner, self.shift = inner, shift
 
     def generate(self, prompts, params):
-        return [dataclasses.replace(r, logprobs=[x - self.shift for x in r.logprobs])
-                for r in self.inner.generate(prompts, params)]
+        return [
+            dataclasses.replace(r, logprobs=[x - self.shift for x in r.logprobs])
+            for r in self.inner.generate(prompts, params)
+        ]
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -125,8 +155,14 @@ def test_old_logprobs_come_from_the_trainer_or_the_engine(tmp_path, monkeypatch,
     monkeypatch.setattr(scaffold, "make_engine", lambda *a, **k: ShiftedEngine(real(*a, **k), 0.05))
     out = str(tmp_path / "run")
     tis = ["algorithm.tis_cap=1.02"] if recompute else []
-    train(out, "trainer.total_steps=1", "trainer.save_every=0", "algorithm.mini_batches=1",
-          f"algorithm.recompute_old_logprobs={str(recompute).lower()}", *tis)
+    train(
+        out,
+        "trainer.total_steps=1",
+        "trainer.save_every=0",
+        "algorithm.mini_batches=1",
+        f"algorithm.recompute_old_logprobs={str(recompute).lower()}",
+        *tis,
+    )
     (r,) = rows(out)
     assert r["logprob/gap_mean"] == pytest.approx(0.05, abs=1e-4)
     assert r["logprob/gap_max"] == pytest.approx(0.05, abs=1e-4)
@@ -147,13 +183,21 @@ def test_forward_only_passes_take_their_own_micro_batch_size(tmp_path, monkeypat
     import fastcrit.recipes.scaffold as scaffold
 
     seen, real = [], scaffold.compute_logprobs
-    monkeypatch.setattr(scaffold, "compute_logprobs", lambda m, b, t, micro, *a: seen.append(micro) or real(m, b, t, micro, *a))
+    monkeypatch.setattr(
+        scaffold, "compute_logprobs", lambda m, b, t, micro, *a: seen.append(micro) or real(m, b, t, micro, *a)
+    )
     sizes = []
     real_update = scaffold.update_policy
-    monkeypatch.setattr(scaffold, "update_policy",
-                        lambda *a, **k: sizes.append(k["micro_batch_size"]) or real_update(*a, **k))
-    train(str(tmp_path / "run"), "trainer.total_steps=1", "trainer.save_every=0",
-          "algorithm.recompute_old_logprobs=true", "trainer.logprob_micro_batch_size=5")
+    monkeypatch.setattr(
+        scaffold, "update_policy", lambda *a, **k: sizes.append(k["micro_batch_size"]) or real_update(*a, **k)
+    )
+    train(
+        str(tmp_path / "run"),
+        "trainer.total_steps=1",
+        "trainer.save_every=0",
+        "algorithm.recompute_old_logprobs=true",
+        "trainer.logprob_micro_batch_size=5",
+    )
     assert seen == [5, 5] and sizes == [3]  # old and reference passes; SETS' micro_batch_size=3
 
 

@@ -1,6 +1,7 @@
 """A GRPO run killed with SIGKILL at random moments, once inside a save, resumes every time and ends
 with the metrics and weights of a run that was never interrupted; what the killed saves left is
 removed, and only trainer.keep_last checkpoints stay."""
+
 import os
 import random
 import signal
@@ -9,18 +10,36 @@ import sys
 import time
 
 import pytest
+from recipe_cli import metric_rows as rows
+from recipe_cli import run_cli, stable
 
 from fastcrit.train.checkpoint import complete_checkpoints
-from recipe_cli import metric_rows as rows, run_cli, stable
 
 STEPS = 8
-SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model.tiny.heads=2",
-        "model.tiny.kv_heads=1", "model.tiny.intermediate=128",
-        "data.prompts_per_step=2", "data.val_size=4", "rollout.n=4", "rollout.max_new_tokens=6",
-        "sft.steps=3", "sft.batch_size=8", "optim.lr=1e-3", "algorithm.kl_coef=0.01",
-        "algorithm.entropy_coef=0.01", "trainer.micro_batch_size=3", "trainer.progress=false",
-        "trainer.seed=3", "trainer.compute_threads=1", f"trainer.total_steps={STEPS}",
-        "trainer.save_every=1", "trainer.keep_last=2"]
+SETS = [
+    "model.path=tiny",
+    "model.tiny.hidden=64",
+    "model.tiny.layers=2",
+    "model.tiny.heads=2",
+    "model.tiny.kv_heads=1",
+    "model.tiny.intermediate=128",
+    "data.prompts_per_step=2",
+    "data.val_size=4",
+    "rollout.n=4",
+    "rollout.max_new_tokens=6",
+    "sft.steps=3",
+    "sft.batch_size=8",
+    "optim.lr=1e-3",
+    "algorithm.kl_coef=0.01",
+    "algorithm.entropy_coef=0.01",
+    "trainer.micro_batch_size=3",
+    "trainer.progress=false",
+    "trainer.seed=3",
+    "trainer.compute_threads=1",
+    f"trainer.total_steps={STEPS}",
+    "trainer.save_every=1",
+    "trainer.keep_last=2",
+]
 CPU_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "cpu", "grpo.yaml")
 
 # `fastcrit train` in a child process. With PAUSE_IN set, the real save into that directory stops
@@ -46,8 +65,9 @@ def start(out, log, **env):
     for s in [*SETS, f"trainer.output_dir={out}"]:
         argv += ["--set", s]
     with open(log, "w") as f:  # a session of its own: the kill reaches every process it started
-        return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **env},
-                                start_new_session=True)
+        return subprocess.Popen(
+            argv, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True
+        )
 
 
 def wait_for(cond, proc, log, timeout=300.0):
@@ -113,5 +133,8 @@ def test_killed_runs_resume_to_the_uninterrupted_run(tmp_path, same_checkpoint):
     for x, y in zip(a, b):
         assert stable(x) == stable(y)  # bit for bit: the same numbers, not close ones
     same_checkpoint(ref, out, STEPS)
-    assert sorted(os.listdir(ckpts)) == sorted(os.listdir(os.path.join(ref, "checkpoints"))) \
+    assert (
+        sorted(os.listdir(ckpts))
+        == sorted(os.listdir(os.path.join(ref, "checkpoints")))
         == [f"step_{STEPS - 1}", f"step_{STEPS}"]
+    )

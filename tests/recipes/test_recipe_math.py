@@ -1,6 +1,7 @@
 """GRPO on the shipped math task with the `math` reward, end to end through the CLI (a few steps,
 a small tiny model): the warm start reads math:sft, every score comes from math-verify, and each
 reference is the shipped answer of the prompt it was scored for."""
+
 import json
 import os
 
@@ -9,11 +10,25 @@ from recipe_cli import metric_rows, run_cli
 from fastcrit.data.tasks import task_path
 from fastcrit.reward.math_answer import MathReward
 
-SETS = ["model.tiny.hidden=64", "model.tiny.layers=2", "model.tiny.heads=2", "model.tiny.kv_heads=1",
-        "model.tiny.intermediate=128", "data.prompts_per_step=2", "data.val_size=4", "rollout.n=4",
-        "rollout.max_new_tokens=8", "sft.steps=2", "sft.batch_size=8", "trainer.micro_batch_size=4",
-        "trainer.total_steps=2", "trainer.save_every=0", "trainer.eval_every=0",
-        "trainer.progress=false", "trainer.compute_threads=1"]
+SETS = [
+    "model.tiny.hidden=64",
+    "model.tiny.layers=2",
+    "model.tiny.heads=2",
+    "model.tiny.kv_heads=1",
+    "model.tiny.intermediate=128",
+    "data.prompts_per_step=2",
+    "data.val_size=4",
+    "rollout.n=4",
+    "rollout.max_new_tokens=8",
+    "sft.steps=2",
+    "sft.batch_size=8",
+    "trainer.micro_batch_size=4",
+    "trainer.total_steps=2",
+    "trainer.save_every=0",
+    "trainer.eval_every=0",
+    "trainer.progress=false",
+    "trainer.compute_threads=1",
+]
 CPU_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "cpu", "math.yaml")
 
 

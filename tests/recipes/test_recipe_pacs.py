@@ -1,17 +1,32 @@
 """PACS end to end through the CLI on a tiny model: its metrics, exact resume, and a clear error
 when the reward is not 0/1."""
+
 import json
 import os
 
 import pytest
+from recipe_cli import metric_rows as rows
+from recipe_cli import run_cli, stable
 
-from recipe_cli import metric_rows as rows, run_cli, stable
-
-SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model.tiny.heads=2",
-        "model.tiny.kv_heads=1", "model.tiny.intermediate=128",
-        "data.prompts_per_step=2", "data.val_size=4", "rollout.n=4", "rollout.max_new_tokens=6",
-        "sft.steps=3", "sft.batch_size=8", "optim.lr=1e-3", "algorithm.kl_coef=0.01",
-        "trainer.micro_batch_size=3", "trainer.progress=false", "trainer.seed=3"]
+SETS = [
+    "model.path=tiny",
+    "model.tiny.hidden=64",
+    "model.tiny.layers=2",
+    "model.tiny.heads=2",
+    "model.tiny.kv_heads=1",
+    "model.tiny.intermediate=128",
+    "data.prompts_per_step=2",
+    "data.val_size=4",
+    "rollout.n=4",
+    "rollout.max_new_tokens=6",
+    "sft.steps=3",
+    "sft.batch_size=8",
+    "optim.lr=1e-3",
+    "algorithm.kl_coef=0.01",
+    "trainer.micro_batch_size=3",
+    "trainer.progress=false",
+    "trainer.seed=3",
+]
 CPU_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "cpu", "pacs.yaml")
 
 
@@ -23,8 +38,17 @@ def test_pacs_logs_its_metrics_and_resumes_exactly(tmp_path, same_checkpoint):
     straight, resumed = str(tmp_path / "a"), str(tmp_path / "b")
     assert train(straight, "trainer.total_steps=3", "trainer.save_every=2") == 0
     r = rows(straight)
-    for key in ("pacs/loss", "pacs/pos_frac", "pacs/logit_pos", "pacs/logit_neg", "pacs/accuracy",
-                "kl/mean", "reward/mean", "actor/grad_norm", "time/update_s"):
+    for key in (
+        "pacs/loss",
+        "pacs/pos_frac",
+        "pacs/logit_pos",
+        "pacs/logit_neg",
+        "pacs/accuracy",
+        "kl/mean",
+        "reward/mean",
+        "actor/grad_norm",
+        "time/update_s",
+    ):
         assert all(isinstance(x[key], float) for x in r), key
     assert all(0.0 <= x["pacs/pos_frac"] <= 1.0 for x in r)
     assert all(x["pacs/pos_frac"] == x["reward/mean"] for x in r)  # exact_match: labels are the rewards

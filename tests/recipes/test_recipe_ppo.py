@@ -1,20 +1,40 @@
 """PPO with a critic and a reward model, end to end through the CLI on a tiny model: `fastcrit rm`
 trains a reward model that loads back; `fastcrit train` logs the critic's and the reward model's
 metrics, checkpoints the critic as a transformers model, and resumes exactly (critic included)."""
+
 import json
 import os
 
 import pytest
+from recipe_cli import metric_rows as rows
+from recipe_cli import run_cli, stable
 
-from recipe_cli import metric_rows as rows, run_cli, stable
 from fastcrit.cli import main
 
-SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model.tiny.heads=2",
-        "model.tiny.kv_heads=1", "model.tiny.intermediate=128",
-        "data.prompts_per_step=2", "data.val_size=4", "rollout.n=2", "rollout.max_new_tokens=6",
-        "sft.steps=3", "sft.batch_size=8", "rm.steps=3", "rm.batch_size=8", "rm.val_fraction=0.01",
-        "optim.lr=1e-3", "ppo.critic_lr=1e-3", "ppo.kl_in_reward_coef=0.05", "algorithm.kl_coef=0.01",
-        "trainer.micro_batch_size=3", "trainer.progress=false", "trainer.seed=3"]
+SETS = [
+    "model.path=tiny",
+    "model.tiny.hidden=64",
+    "model.tiny.layers=2",
+    "model.tiny.heads=2",
+    "model.tiny.kv_heads=1",
+    "model.tiny.intermediate=128",
+    "data.prompts_per_step=2",
+    "data.val_size=4",
+    "rollout.n=2",
+    "rollout.max_new_tokens=6",
+    "sft.steps=3",
+    "sft.batch_size=8",
+    "rm.steps=3",
+    "rm.batch_size=8",
+    "rm.val_fraction=0.01",
+    "optim.lr=1e-3",
+    "ppo.critic_lr=1e-3",
+    "ppo.kl_in_reward_coef=0.05",
+    "algorithm.kl_coef=0.01",
+    "trainer.micro_batch_size=3",
+    "trainer.progress=false",
+    "trainer.seed=3",
+]
 # The KL penalty's coefficient adapted (verl's AdaptiveKLController), with a horizon short enough for it
 # to move visibly in a few steps of 4 to 8 sequences.
 ADAPTIVE = ["algorithm.kl_ctrl=adaptive", "algorithm.kl_target=0.01", "algorithm.kl_horizon=10"]
@@ -31,8 +51,9 @@ def follows_the_controller(r: list[dict], seqs: int) -> None:
 
     assert r[0]["reward/kl_coef"] == pytest.approx(0.05)  # ppo.kl_in_reward_coef, where it starts
     for x, y in zip(r, r[1:]):
-        want = next_kl_coef(x["reward/kl_coef"], x["reward/kl_penalty"], seqs, ctrl="adaptive", target=0.01,
-                            horizon=10.0)
+        want = next_kl_coef(
+            x["reward/kl_coef"], x["reward/kl_penalty"], seqs, ctrl="adaptive", target=0.01, horizon=10.0
+        )
         assert y["reward/kl_coef"] == pytest.approx(want, rel=1e-6) and y["reward/kl_coef"] != x["reward/kl_coef"]
 
 
@@ -49,8 +70,19 @@ def test_rm_then_ppo_with_critic_metrics_and_exact_resume(tmp_path, same_checkpo
     assert run("train", straight, "trainer.total_steps=3", "trainer.save_every=2", *ADAPTIVE) == 0  # reuses the rm
     r = rows(straight)
     follows_the_controller(r, seqs=4)
-    for key in ("critic/value_loss", "critic/vf_clipfrac", "critic/explained_var", "rm/score_mean",
-                "reward/kl_penalty", "reward/kl_coef", "reward/rule", "loss/policy", "kl/mean", "time/values_s", "time/critic_s"):
+    for key in (
+        "critic/value_loss",
+        "critic/vf_clipfrac",
+        "critic/explained_var",
+        "rm/score_mean",
+        "reward/kl_penalty",
+        "reward/kl_coef",
+        "reward/rule",
+        "loss/policy",
+        "kl/mean",
+        "time/values_s",
+        "time/critic_s",
+    ):
         assert all(isinstance(x[key], float) for x in r), key
     assert all(x["reward/mean"] == pytest.approx(x["reward/rule"]) for x in r)  # weights [model 0, rule 1]
     assert all(x["rm/score_mean"] == pytest.approx(x["reward/model"]) for x in r)
@@ -63,8 +95,8 @@ def test_rm_then_ppo_with_critic_metrics_and_exact_resume(tmp_path, same_checkpo
     for x, y in zip(r, rows(resumed)):
         assert stable(x) == pytest.approx(stable(y), rel=1e-5, abs=1e-6)
     same_checkpoint(straight, resumed, 3)
-    from safetensors.torch import load_file
     import torch
+    from safetensors.torch import load_file
 
     wa = load_file(os.path.join(ckpt, "model.safetensors"))
     wb = load_file(os.path.join(resumed, "checkpoints", "step_3", "critic", "model.safetensors"))
@@ -82,8 +114,16 @@ def test_two_processes_train_as_one_process(tmp_path):
     rm = str(tmp_path / "rm")
     assert run("rm", rm) == 0  # one reward model, read by both runs
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    same = ["data.prompts_per_step=4", "sft.steps=0", "trainer.total_steps=2", "trainer.eval_every=0",
-            "trainer.save_every=0", f"reward.model_path={rm}/rm/final", "reward.weights=[0.5, 1.0]", *ADAPTIVE]
+    same = [
+        "data.prompts_per_step=4",
+        "sft.steps=0",
+        "trainer.total_steps=2",
+        "trainer.eval_every=0",
+        "trainer.save_every=0",
+        f"reward.model_path={rm}/rm/final",
+        "reward.weights=[0.5, 1.0]",
+        *ADAPTIVE,
+    ]
     assert run("train", one, *same) == 0
     assert run("train", two, *same, "trainer.nproc=2") == 0
     for name in ("model.safetensors", "critic/model.safetensors"):
@@ -105,11 +145,23 @@ def test_two_processes_train_as_one_process(tmp_path):
 
 
 def test_a_missing_reward_model_is_named(tmp_path, capsys):
-    rc = main(["train", CPU_CONFIG, "--set", "reward.model_path=/nowhere/rm", "--set",
-               f"trainer.output_dir={tmp_path}", "--set", "trainer.progress=false"])
+    rc = main(
+        [
+            "train",
+            CPU_CONFIG,
+            "--set",
+            "reward.model_path=/nowhere/rm",
+            "--set",
+            f"trainer.output_dir={tmp_path}",
+            "--set",
+            "trainer.progress=false",
+        ]
+    )
     assert rc == 2
-    assert "reward.model_path '/nowhere/rm' holds no reward model; train one with `fastcrit rm CONFIG`" \
+    assert (
+        "reward.model_path '/nowhere/rm' holds no reward model; train one with `fastcrit rm CONFIG`"
         in capsys.readouterr().err
+    )
 
 
 def test_the_reward_model_is_the_runs_own_by_default(tmp_path, monkeypatch):
@@ -127,16 +179,28 @@ def test_the_reward_model_is_the_runs_own_by_default(tmp_path, monkeypatch):
     (other / "config.json").write_text("not a reward model")
     assert run_cli("train", CPU_CONFIG, SETS, "trainer.output_dir=b", *short) == 0
     assert os.path.isfile("b/rm/final/COMPLETE") and rows("b")[0]["rm/score_mean"] == pytest.approx(
-        rows("b")[0]["reward/model"])
+        rows("b")[0]["reward/model"]
+    )
 
 
 def test_rm_on_policy_pairs_are_ranked_by_the_label_reward(tmp_path, monkeypatch, capsys):
-    (tmp_path / "label_fn.py").write_text("def longer(prompt, response, answer, meta):\n"
-                                           "    return float(len(response))\n")
+    (tmp_path / "label_fn.py").write_text(
+        "def longer(prompt, response, answer, meta):\n    return float(len(response))\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     out = str(tmp_path / "op")
-    assert run("rm", out, "rm.label_reward=label_fn:longer", "rm.samples_per_prompt=3", "rm.prompts=40",
-               "rm.val_fraction=0.2", "rollout.temperature=1.5") == 0
+    assert (
+        run(
+            "rm",
+            out,
+            "rm.label_reward=label_fn:longer",
+            "rm.samples_per_prompt=3",
+            "rm.prompts=40",
+            "rm.val_fraction=0.2",
+            "rollout.temperature=1.5",
+        )
+        == 0
+    )
     pairs = [json.loads(line) for line in open(os.path.join(out, "rm", "pairs.jsonl"))]
     assert pairs and all(len(p["chosen"]) > len(p["rejected"]) for p in pairs)
     summary = json.load(open(os.path.join(out, "rm", "summary.json")))
@@ -153,22 +217,36 @@ def test_shipped_preference_pairs_prefer_the_better_answer():
 
     pairs, skipped = load_preferences("reverse:prefs")
     assert not skipped and len(pairs) == 8000
-    answers = {r["prompt"]: r["answer"] for r in map(json.loads, open(
-        os.path.join(os.path.dirname(__file__), "..", "..", "fastcrit", "data", "tasks", "reverse_train.jsonl")))}
-    assert all(reverse_reward(p.chosen, answers[p.prompt]) > reverse_reward(p.rejected, answers[p.prompt])
-               for p in pairs)
+    answers = {
+        r["prompt"]: r["answer"]
+        for r in map(
+            json.loads,
+            open(
+                os.path.join(os.path.dirname(__file__), "..", "..", "fastcrit", "data", "tasks", "reverse_train.jsonl")
+            ),
+        )
+    }
+    assert all(
+        reverse_reward(p.chosen, answers[p.prompt]) > reverse_reward(p.rejected, answers[p.prompt]) for p in pairs
+    )
 
 
-def test_online_reward_model_refreshes_on_the_policys_pairs_and_resumes_exactly(tmp_path, same_checkpoint,
-                                                                                monkeypatch):
+def test_online_reward_model_refreshes_on_the_policys_pairs_and_resumes_exactly(tmp_path, same_checkpoint, monkeypatch):
     """ppo.rm_refresh_every: the reward model trains on pairs of the policy's answers ranked by
     rm.label_reward, then scores with the new weights; its weights, optimizer and the pairs gathered
     since the last refresh come back on resume."""
-    (tmp_path / "len_label.py").write_text("def longer(prompt, response, answer, meta):\n"
-                                           "    return float(len(response))\n")
+    (tmp_path / "len_label.py").write_text(
+        "def longer(prompt, response, answer, meta):\n    return float(len(response))\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    online = ["reward.weights=[1.0, 0.0]", "ppo.rm_refresh_every=2", "ppo.rm_refresh_steps=2",
-              "rm.label_reward=len_label:longer", "rollout.n=4", "rollout.temperature=1.5"]
+    online = [
+        "reward.weights=[1.0, 0.0]",
+        "ppo.rm_refresh_every=2",
+        "ppo.rm_refresh_steps=2",
+        "rm.label_reward=len_label:longer",
+        "rollout.n=4",
+        "rollout.temperature=1.5",
+    ]
     straight, resumed = str(tmp_path / "a"), str(tmp_path / "b")
     assert run("rm", straight) == 0
     assert run("train", straight, "trainer.total_steps=5", "trainer.save_every=3", *online) == 0
@@ -178,8 +256,8 @@ def test_online_reward_model_refreshes_on_the_policys_pairs_and_resumes_exactly(
     for x in refreshed:
         assert x["rm/pairs"] > 0 and 0.0 <= x["rm/onpolicy_acc"] <= 1.0 and x["rm/refresh_loss"] > 0
     # the policy is scored by the refreshed reward model: it no longer scores as the file it started from
-    from safetensors.torch import load_file
     import torch
+    from safetensors.torch import load_file
 
     start = load_file(os.path.join(straight, "rm", "final", "model.safetensors"))
     after = load_file(os.path.join(straight, "checkpoints", "step_5", "rm", "model.safetensors"))
@@ -218,8 +296,9 @@ def test_online_reward_model_needs_a_model_part_and_a_label():
     with pytest.raises(ConfigError, match="rm.label_reward"):
         load_config(CPU_CONFIG, ["ppo.rm_refresh_every=5"])
     with pytest.raises(ConfigError, match="no `model` part"):
-        load_config(CPU_CONFIG, ["ppo.rm_refresh_every=5", "reward.name=rule", "reward.weights=[]",
-                                 "rm.label_reward=rule"])
+        load_config(
+            CPU_CONFIG, ["ppo.rm_refresh_every=5", "reward.name=rule", "reward.weights=[]", "rm.label_reward=rule"]
+        )
 
 
 def test_ranked_pairs_prefer_the_higher_score_per_prompt():
@@ -237,20 +316,33 @@ def test_rm_on_policy_sampling_is_dealt_over_ranks_and_reused(tmp_path, monkeypa
     import subprocess
     import sys
 
-    (tmp_path / "label_fn.py").write_text("def longer(prompt, response, answer, meta):\n"
-                                           "    return float(len(response))\n")
+    (tmp_path / "label_fn.py").write_text(
+        "def longer(prompt, response, answer, meta):\n    return float(len(response))\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    extra = ["rm.label_reward=label_fn:longer", "rm.samples_per_prompt=3", "rm.prompts=24", "rm.chunk_prompts=8",
-             "rm.val_fraction=0.2", "rollout.temperature=1.5", "sft.steps=0", "trainer.compute_threads=1"]
+    extra = [
+        "rm.label_reward=label_fn:longer",
+        "rm.samples_per_prompt=3",
+        "rm.prompts=24",
+        "rm.chunk_prompts=8",
+        "rm.val_fraction=0.2",
+        "rollout.temperature=1.5",
+        "sft.steps=0",
+        "trainer.compute_threads=1",
+    ]
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     assert run("rm", one, *extra, "rm.chunk_prompts=24") == 0
     argv = [sys.executable, "-m", "fastcrit.cli", "rm", CPU_CONFIG]
     for s in [*SETS, f"trainer.output_dir={two}", f"reward.model_path={two}/rm/final", *extra, "trainer.nproc=2"]:
         argv += ["--set", s]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, OMP_NUM_THREADS="1",  # the ranks compute as this process does (compute_threads=1)
-               PYTHONPATH=os.pathsep.join([str(tmp_path), root, os.path.join(root, "kernels"),
-                                           os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",  # the ranks compute as this process does (compute_threads=1)
+        PYTHONPATH=os.pathsep.join(
+            [str(tmp_path), root, os.path.join(root, "kernels"), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         env.pop(k, None)
     proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=300)

@@ -7,6 +7,7 @@ the SFT warm start stops there, unsaved; a second SIGINT stops at once.
 Every run is a real `fastcrit train configs/cpu/grpo.yaml` in a process of its own, in a session of
 its own, as a terminal starts a job: a Ctrl-C is a SIGINT to that process group (os.killpg); a
 scheduler's SIGTERM goes to the launcher alone (os.kill)."""
+
 from __future__ import annotations
 
 import os
@@ -17,18 +18,34 @@ import sys
 import time
 
 import pytest
+from recipe_cli import metric_rows as rows
+from recipe_cli import stable
 
 from fastcrit.train.checkpoint import complete_checkpoints
-from recipe_cli import metric_rows as rows, stable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "cpu", "grpo.yaml")
-SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model.tiny.heads=2",
-        "model.tiny.kv_heads=1", "model.tiny.intermediate=128",
-        "data.prompts_per_step=2", "data.val_size=4", "rollout.n=4", "rollout.max_new_tokens=6",
-        "sft.steps=3", "sft.batch_size=8", "optim.lr=1e-3", "algorithm.kl_coef=0.01",
-        "trainer.micro_batch_size=3", "trainer.progress=false", "trainer.seed=3",
-        "trainer.compute_threads=1", "trainer.save_every=0"]
+SETS = [
+    "model.path=tiny",
+    "model.tiny.hidden=64",
+    "model.tiny.layers=2",
+    "model.tiny.heads=2",
+    "model.tiny.kv_heads=1",
+    "model.tiny.intermediate=128",
+    "data.prompts_per_step=2",
+    "data.val_size=4",
+    "rollout.n=4",
+    "rollout.max_new_tokens=6",
+    "sft.steps=3",
+    "sft.batch_size=8",
+    "optim.lr=1e-3",
+    "algorithm.kl_coef=0.01",
+    "trainer.micro_batch_size=3",
+    "trainer.progress=false",
+    "trainer.seed=3",
+    "trainer.compute_threads=1",
+    "trainer.save_every=0",
+]
 
 
 def _env() -> dict:
@@ -47,11 +64,20 @@ def _args(out: str, steps: int, *extra: str) -> list[str]:
 
 
 def _start(args: list[str], log: str, torchrun: bool = False) -> subprocess.Popen:
-    head = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"] \
-        if torchrun else [sys.executable]
+    head = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        if torchrun
+        else [sys.executable]
+    )
     with open(log, "w") as f:
-        return subprocess.Popen([*head, "-m", "fastcrit.cli", *args], cwd=ROOT, env=_env(), stdout=f,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [*head, "-m", "fastcrit.cli", *args],
+            cwd=ROOT,
+            env=_env(),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _finish(p: subprocess.Popen, log: str, rc: int = 0) -> str:
@@ -91,10 +117,10 @@ def _stop(p: subprocess.Popen, log: str, out: str, send, rc: int) -> tuple[int, 
     assert complete_checkpoints(out)[-1][0] == step, text[-3000:]
     assert f"newest checkpoint: {os.path.join(out, 'checkpoints', f'step_{step}')}" in text, text[-3000:]
     (line,) = [x for x in text.splitlines() if x.startswith("resume with: ")]
-    command = shlex.split(line[len("resume with: "):])
+    command = shlex.split(line[len("resume with: ") :])
     head = ["torchrun", "TORCHRUN_OPTIONS", "-m", "fastcrit.cli"] if command[0] == "torchrun" else ["fastcrit"]
-    assert command[:len(head)] == head and command[len(head):len(head) + 4] == ["train", CONFIG, "--resume", out]
-    return step, command[len(head):]  # the arguments after the program
+    assert command[: len(head)] == head and command[len(head) : len(head) + 4] == ["train", CONFIG, "--resume", out]
+    return step, command[len(head) :]  # the arguments after the program
 
 
 def _terminal_ctrl_c(pid: int) -> None:
@@ -154,17 +180,17 @@ TWO_RANK_STEPS = 6
 
 
 @pytest.mark.slow
-def test_two_spawned_ranks_stop_together_and_resume_to_the_uninterrupted_run(tmp_path, two_rank_run,
-                                                                             same_checkpoint):
+def test_two_spawned_ranks_stop_together_and_resume_to_the_uninterrupted_run(tmp_path, two_rank_run, same_checkpoint):
     out = str(tmp_path / "run")
     log = str(tmp_path / "a.log")
     # A terminal's Ctrl-C reaches the launcher's process group, which the ranks have left: each gets
     # it once, from the launcher (twice would have stopped them at once, unsaved).
-    step, command = _stop(_start(_args(out, TWO_RANK_STEPS, "trainer.nproc=2"), log), log, out,
-                          _terminal_ctrl_c, 130)
+    step, command = _stop(_start(_args(out, TWO_RANK_STEPS, "trainer.nproc=2"), log), log, out, _terminal_ctrl_c, 130)
     assert step < TWO_RANK_STEPS and "trainer.nproc=2" in command
-    assert sorted(f for f in os.listdir(os.path.join(out, "checkpoints", f"step_{step}"))
-                  if f.startswith("rng_")) == ["rng_rank0.pt", "rng_rank1.pt"]
+    assert sorted(f for f in os.listdir(os.path.join(out, "checkpoints", f"step_{step}")) if f.startswith("rng_")) == [
+        "rng_rank0.pt",
+        "rng_rank1.pt",
+    ]
     log = str(tmp_path / "b.log")
     _finish(_start(command, log), log)
     _same_run(two_rank_run, out, TWO_RANK_STEPS, same_checkpoint, exact_metrics=False)
@@ -180,8 +206,10 @@ def test_torchrun_workers_save_their_shards_and_resume(tmp_path, two_rank_run, s
     step, command = _stop(_start(_args(out, TWO_RANK_STEPS), log, torchrun=True), log, out, _scheduler_sigterm, 1)
     text = open(log).read()
     assert text.count("resume with: ") == 1  # rank 0 speaks for both
-    assert sorted(f for f in os.listdir(os.path.join(out, "checkpoints", f"step_{step}"))
-                  if f.startswith("rng_")) == ["rng_rank0.pt", "rng_rank1.pt"]
+    assert sorted(f for f in os.listdir(os.path.join(out, "checkpoints", f"step_{step}")) if f.startswith("rng_")) == [
+        "rng_rank0.pt",
+        "rng_rank1.pt",
+    ]
     log = str(tmp_path / "b.log")
     _finish(_start(command, log, torchrun=True), log)
     _same_run(two_rank_run, out, TWO_RANK_STEPS, same_checkpoint, exact_metrics=False)
@@ -198,7 +226,7 @@ def test_a_signal_in_the_sft_warm_start_stops_unsaved_and_a_second_sigint_at_onc
     text = _finish(p, log, 143)
     assert "stopped by SIGTERM before the first RL step; nothing to resume from" in text, text[-3000:]
     (line,) = [x for x in text.splitlines() if x.startswith("start again with: ")]
-    assert shlex.split(line[len("start again with: "):])[:3] == ["fastcrit", "train", CONFIG]
+    assert shlex.split(line[len("start again with: ") :])[:3] == ["fastcrit", "train", CONFIG]
     assert not os.path.exists(os.path.join(out, "sft", "final")) and not complete_checkpoints(out)
     n_sft = sum(1 for _ in open(sft_rows))
     assert 1 <= n_sft < 400

@@ -1,12 +1,13 @@
 """The scaffold's engine seeds: every sample's seed (seed + its index) stays below 2**63 whatever
 trainer.seed and the step, both engines take it, and the seeds that fitted before are unchanged."""
+
 import itertools
 
 import pytest
 import torch
 
 from fastcrit.recipes.scaffold import sampling_seed
-from fastcrit.rollout.native import uniforms
+from fastcrit.rollout.sampling import uniforms
 from fastcrit.rollout.sglang import request_params
 from fastcrit.types import SamplingParams
 

@@ -1,5 +1,6 @@
 """A user reward function named by import path: loaded, called per response, and failing loudly
 only where the user can fix it (the import), never on one bad response."""
+
 import math
 
 import pytest
@@ -7,7 +8,7 @@ import pytest
 from fastcrit.config import ConfigError
 from fastcrit.reward import RewardItem, get_reward_manager
 
-MODULE = '''
+MODULE = """
 def length(prompt, response, answer, meta):
     return len(response) / 10
 
@@ -22,7 +23,7 @@ def flaky(prompt, response, answer, meta):
     if response == "text":
         return "high"
     return 0.5
-'''
+"""
 
 
 @pytest.fixture
@@ -35,14 +36,14 @@ def user_module(tmp_path, monkeypatch):
 def test_user_function_scores_and_info(user_module):
     out = get_reward_manager(f"{user_module}:length")([RewardItem("p", "abcde", "")])
     assert out[0].score == 0.5 and out[0].info["error"] is False
-    out = get_reward_manager(f"{user_module}:detailed")([RewardItem("p", "x", "x", {"task": "t"}),
-                                                         RewardItem("p", "y", "x")])
+    out = get_reward_manager(f"{user_module}:detailed")(
+        [RewardItem("p", "x", "x", {"task": "t"}), RewardItem("p", "y", "x")]
+    )
     assert [r.score for r in out] == [1.0, 0.0] and out[0].info["seen_task"] == "t"
 
 
 def test_one_bad_response_is_a_zero_with_a_reason(user_module):
-    out = get_reward_manager(f"{user_module}:flaky")(
-        [RewardItem("p", r, "") for r in ("ok", "boom", "nan", "text")])
+    out = get_reward_manager(f"{user_module}:flaky")([RewardItem("p", r, "") for r in ("ok", "boom", "nan", "text")])
     assert [r.score for r in out] == [0.5, 0.0, 0.0, 0.0]
     assert [r.info["error"] for r in out] == [False, True, True, True]
     assert "raised RuntimeError: cannot score this" in out[1].info["reason"]
@@ -51,11 +52,14 @@ def test_one_bad_response_is_a_zero_with_a_reason(user_module):
     assert all(math.isfinite(r.score) for r in out)
 
 
-@pytest.mark.parametrize("name,message", [
-    ("no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),
-    ("my_rewards:missing", "has no function 'missing'"),
-    ("my_rewards:", "is named 'module:function'"),
-])
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),
+        ("my_rewards:missing", "has no function 'missing'"),
+        ("my_rewards:", "is named 'module:function'"),
+    ],
+)
 def test_bad_paths_stop_at_once_naming_them(user_module, name, message):
     with pytest.raises(ConfigError, match=message):
         get_reward_manager(name)

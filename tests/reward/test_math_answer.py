@@ -1,5 +1,6 @@
 """The `math` reward: symbolic equivalence by math-verify, and a score with a reason (never an
 exception) for responses without an answer or with LaTeX that does not parse."""
+
 import threading
 
 import pytest
@@ -8,14 +9,17 @@ from fastcrit.reward import RewardItem, get_reward_manager
 from fastcrit.reward.math_answer import math_score
 
 
-@pytest.mark.parametrize("response,answer", [
-    ("so the answer is \\boxed{\\frac{1}{2}}", "0.5"),
-    ("The answer is 1/2", "\\frac12"),
-    ("x = 3, so the answer is $4$", "4"),
-    ("\\boxed{x^2+2x+1}", "(x+1)^2"),
-    ("first \\boxed{7}, no wait: \\boxed{3}", "\\boxed{3}"),  # the last boxed answer counts
-    ("The result is 12.", "12"),
-])
+@pytest.mark.parametrize(
+    "response,answer",
+    [
+        ("so the answer is \\boxed{\\frac{1}{2}}", "0.5"),
+        ("The answer is 1/2", "\\frac12"),
+        ("x = 3, so the answer is $4$", "4"),
+        ("\\boxed{x^2+2x+1}", "(x+1)^2"),
+        ("first \\boxed{7}, no wait: \\boxed{3}", "\\boxed{3}"),  # the last boxed answer counts
+        ("The result is 12.", "12"),
+    ],
+)
 def test_equivalent_answers_score_1(response, answer):
     r = math_score(response, answer)
     assert r.score == 1.0 and r.info["correct"] is True and r.info["no_answer"] is False
@@ -33,11 +37,14 @@ def test_one_half_in_any_form_matches_any_other(said, reference):
     assert math_score(f"\\boxed{{{said}}}", "1/3").score == 0.0
 
 
-@pytest.mark.parametrize("response,answer", [
-    ("\\boxed{2}", "3"),
-    ("\\boxed{3}, or maybe \\boxed{2}", "3"),
-    ("1/3", "0.33"),  # not string-close: symbolically different
-])
+@pytest.mark.parametrize(
+    "response,answer",
+    [
+        ("\\boxed{2}", "3"),
+        ("\\boxed{3}, or maybe \\boxed{2}", "3"),
+        ("1/3", "0.33"),  # not string-close: symbolically different
+    ],
+)
 def test_different_answers_score_0(response, answer):
     assert math_score(response, answer).score == 0.0
 

@@ -1,6 +1,7 @@
 """The `model` reward reads each row's last valid token, by its attention mask: for a token- and a
 sequence-classification head, with pad == EOS or no pad id in the model's config, rows padded on
 the left or on the right, against a slow oracle that scores every row alone, without padding."""
+
 import pytest
 import torch
 
@@ -54,8 +55,11 @@ def padded(rows: list[list[int]], pad_id: int, side: str) -> tuple[torch.Tensor,
     return ids, mask
 
 
-ITEMS = [RewardItem("abc", "cba", "cba", {}), RewardItem("hello there", "ereht", "", {}),
-         RewardItem("x", "a much longer answer than the others", "", {})]
+ITEMS = [
+    RewardItem("abc", "cba", "cba", {}),
+    RewardItem("hello there", "ereht", "", {}),
+    RewardItem("x", "a much longer answer than the others", "", {}),
+]
 
 
 @pytest.mark.parametrize("head", list(HEADS))

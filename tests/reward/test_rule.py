@@ -4,16 +4,19 @@ from fastcrit.reward import RewardItem, get_reward_manager, known_reward_manager
 from fastcrit.reward.rule import reverse_reward
 
 
-@pytest.mark.parametrize("response,answer,expected", [
-    ("e d c b a", "e d c b a", 1.0),
-    ("  e d c b a \n", "e d c b a", 1.0),
-    ("e d c b x", "e d c b a", 0.8),
-    ("a b c d e", "e d c b a", 0.2),  # only the middle letter is in place
-    ("e d c b a a a a a a", "e d c b a", 0.5),  # extra tokens cost credit
-    ("e d", "e d c b a", 0.4),
-    ("", "e d c b a", 0.0),
-    ("edcba", "e d c b a", 0.0),
-])
+@pytest.mark.parametrize(
+    "response,answer,expected",
+    [
+        ("e d c b a", "e d c b a", 1.0),
+        ("  e d c b a \n", "e d c b a", 1.0),
+        ("e d c b x", "e d c b a", 0.8),
+        ("a b c d e", "e d c b a", 0.2),  # only the middle letter is in place
+        ("e d c b a a a a a a", "e d c b a", 0.5),  # extra tokens cost credit
+        ("e d", "e d c b a", 0.4),
+        ("", "e d c b a", 0.0),
+        ("edcba", "e d c b a", 0.0),
+    ],
+)
 def test_reverse_reward(response, answer, expected):
     assert reverse_reward(response, answer) == pytest.approx(expected)
 
@@ -27,8 +30,11 @@ def test_managers_by_name():
 
 
 def test_rule_uses_each_rows_own_rule():
-    items = [RewardItem("p", "e d c b x", "e d c b a", {"task": "reverse"}),
-             RewardItem("p", " 42 ", "42", {}), RewardItem("p", "41", "42", {})]
+    items = [
+        RewardItem("p", "e d c b x", "e d c b a", {"task": "reverse"}),
+        RewardItem("p", " 42 ", "42", {}),
+        RewardItem("p", "41", "42", {}),
+    ]
     out = get_reward_manager("rule")(items)
     assert [r.score for r in out] == pytest.approx([0.8, 1.0, 0.0])
     assert [r.info["exact"] for r in out] == [False, True, False]

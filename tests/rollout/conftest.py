@@ -1,4 +1,5 @@
 """Fixtures the native engine's test files share: a tiny model, its tokenizer, an engine, prompts."""
+
 import pytest
 
 from fastcrit.rollout.native import NativeEngine
@@ -10,8 +11,17 @@ def model_dir(tmp_path_factory):
     from fastcrit.models.tokenizer import default_corpus
 
     d = str(tmp_path_factory.mktemp("tiny") / "m")
-    return build_tiny_model(d, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab_size=300,
-                            seed=1, corpus=default_corpus(use_human_eval=False))
+    return build_tiny_model(
+        d,
+        hidden=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=128,
+        vocab_size=300,
+        seed=1,
+        corpus=default_corpus(use_human_eval=False),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -29,5 +39,7 @@ def engine(model_dir):
 @pytest.fixture(scope="module")
 def prompts(tok):
     texts = ["reverse abc", "hi", "what is 12 + 35? answer with a number only", "x"]
-    return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                    return_dict=False) for t in texts]
+    return [
+        tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, return_dict=False)
+        for t in texts
+    ]

@@ -1,4 +1,5 @@
 """Sampling parameters the native engine's test files share."""
+
 from fastcrit.types import SamplingParams
 
 

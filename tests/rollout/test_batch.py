@@ -6,9 +6,11 @@ from fastcrit.types import Rollout
 
 
 def test_collate_pads_prompts_left_and_responses_right():
-    rs = [Rollout(0, [5, 6, 7], [8, 9], [-0.5, -0.25], "stop"),
-          Rollout(0, [5, 6, 7], [10], [-1.0], "length"),
-          Rollout(1, [4], [], [], "stop")]
+    rs = [
+        Rollout(0, [5, 6, 7], [8, 9], [-0.5, -0.25], "stop"),
+        Rollout(0, [5, 6, 7], [10], [-1.0], "length"),
+        Rollout(1, [4], [], [], "stop"),
+    ]
     b = collate(rs, pad_id=0, group_offset=10)
     assert b.prompts.tolist() == [[5, 6, 7], [5, 6, 7], [0, 0, 4]]
     assert b.responses.tolist() == [[8, 9], [10, 0], [0, 0]]

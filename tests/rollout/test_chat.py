@@ -1,16 +1,24 @@
 import json
-from collections import Counter
 import socket
 import threading
 import urllib.error
 import urllib.request
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
 
-from fastcrit.rollout.chat import (ChatError, ChatModel, ChatOutput, ConversationError, HTTPChat, LocalChat,
-                                   _unbroken_runs, chat_completions_url)
+from fastcrit.rollout.chat import (
+    ChatError,
+    ChatModel,
+    ChatOutput,
+    ConversationError,
+    HTTPChat,
+    LocalChat,
+    _unbroken_runs,
+    chat_completions_url,
+)
 from fastcrit.rollout.native import NativeEngine
 from fastcrit.rollout.serve import serve
 from fastcrit.types import SamplingParams
@@ -21,31 +29,38 @@ SOME = 3
 
 
 def ctrl_conversation(problem: str, solution: str, critique: str) -> list[dict]:
-    return [{"role": "user", "content": problem},
-            {"role": "assistant", "content": solution},
-            {"role": "user", "content": f"{critique}\n\n{FINALIZE}"}]
+    return [
+        {"role": "user", "content": problem},
+        {"role": "assistant", "content": solution},
+        {"role": "user", "content": f"{critique}\n\n{FINALIZE}"},
+    ]
 
 
 # Eight conversations of clearly different lengths (CTRL's revision prompt, plus two short chats).
 CONVERSATIONS = [
     ctrl_conversation("Reverse the letters: a b c d e", "e d c b a", "Analysis: correct.\nOverall judgment: Correct"),
     [{"role": "user", "content": "hi"}],
-    ctrl_conversation("What is 12 + 35?", "Answer: 48", "Analysis: 12 + 35 is 47, not 48.\n"
-                      "Improvement suggestions: add again.\nOverall judgment: Incorrect"),
+    ctrl_conversation(
+        "What is 12 + 35?",
+        "Answer: 48",
+        "Analysis: 12 + 35 is 47, not 48.\nImprovement suggestions: add again.\nOverall judgment: Incorrect",
+    ),
     [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "x"}],
-    ctrl_conversation("Write a function add(a, b) that returns the sum.\n" * 3,
-                      "def add(a, b):\n    return a - b\n",
-                      "Analysis: the loop misses the last element and the sign is wrong. " * 4
-                      + "\nOverall judgment: Incorrect"),
-    ctrl_conversation("Reverse \"abcde\".", "edcba", "Overall judgment: Correct"),
+    ctrl_conversation(
+        "Write a function add(a, b) that returns the sum.\n" * 3,
+        "def add(a, b):\n    return a - b\n",
+        "Analysis: the loop misses the last element and the sign is wrong. " * 4 + "\nOverall judgment: Incorrect",
+    ),
+    ctrl_conversation('Reverse "abcde".', "edcba", "Overall judgment: Correct"),
     ctrl_conversation("The quick brown fox jumps over the lazy dog. " * 6, "dog lazy the over", "Incorrect"),
     [{"role": "user", "content": "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 25 50 100 1000"}],
 ]
 
 
 def prompt_ids(tok) -> list[list[int]]:
-    return [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False)
-            for c in CONVERSATIONS]
+    return [
+        tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False) for c in CONVERSATIONS
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +118,10 @@ def test_local_chat_equals_direct_engine_decode(engine, tok, local, local_output
     ids = prompt_ids(tok)
     assert len(set(map(len, ids))) >= 6  # the lengths really differ, so left padding is exercised
     rollouts = engine.generate(ids, SamplingParams(n=1, max_new_tokens=MAX_NEW, temperature=0.0))
-    expected = [ChatOutput(tok.decode(r.output_ids, skip_special_tokens=True), r.finish_reason, len(p),
-                           len(r.output_ids)) for p, r in zip(ids, rollouts)]
+    expected = [
+        ChatOutput(tok.decode(r.output_ids, skip_special_tokens=True), r.finish_reason, len(p), len(r.output_ids))
+        for p, r in zip(ids, rollouts)
+    ]
     assert local_outputs == expected
     assert any(o.text for o in local_outputs)
     assert {o.finish_reason for o in local_outputs} == {"stop", "length"}  # both ends are exercised
@@ -160,8 +177,9 @@ def test_sampled_conversation_draws_from_its_seed_and_place_when_others_are_too_
     real_generate = engine.generate
     engine.generate = lambda prompts, params: calls.append(params.seed) or real_generate(prompts, params)
     try:
-        out = LocalChat(engine, tok, max_prompt_len=limit).chat(CONVERSATIONS, max_new_tokens=MAX_NEW,
-                                                                temperature=1.0, seed=100)
+        out = LocalChat(engine, tok, max_prompt_len=limit).chat(
+            CONVERSATIONS, max_new_tokens=MAX_NEW, temperature=1.0, seed=100
+        )
     finally:
         del engine.generate
     everyone = local.chat(CONVERSATIONS, max_new_tokens=MAX_NEW, temperature=1.0, seed=100)
@@ -214,8 +232,10 @@ def test_serve_validates_requests_and_lists_the_model(server):
         ({"messages": ok, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"messages": ok, "response_format": {"type": "json_schema"}}, "response_format"),
         ({"messages": ok, "top_logprobs": 2}, "top_logprobs"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-         "messages[0].content[0].type"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages[0].content[0].type",
+        ),
         ({"messages": ok, "temperature": -0.5}, "temperature"),
     ]
     for body, param in cases:
@@ -250,8 +270,11 @@ def test_http_chat_server_down_fails_after_retries():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
     client = HTTPChat(f"http://127.0.0.1:{port}", "m", retries=2, backoff_s=0.01, timeout_s=5)
-    with pytest.raises(ChatError, match=rf"POST http://127\.0\.0\.1:{port}/v1/chat/completions: no answer "
-                                        r"\(.*\) after 3 attempt\(s\)"):
+    with pytest.raises(
+        ChatError,
+        match=rf"POST http://127\.0\.0\.1:{port}/v1/chat/completions: no answer "
+        r"\(.*\) after 3 attempt\(s\)",
+    ):
         client.chat(CONVERSATIONS[:1], max_new_tokens=4)
 
 
@@ -268,7 +291,7 @@ class ScriptedServer:
             def log_message(self, *args):
                 pass
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):  # the name BaseHTTPRequestHandler dispatches POST to
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append((self.path, dict(self.headers), body))
                 status, reply = outer.script.pop(0) if len(outer.script) > 1 else outer.script[0]
@@ -298,8 +321,7 @@ def answer(content="fixed", finish="stop", usage=None):
 
 
 def test_http_chat_retries_503_and_429_then_succeeds():
-    script = [(503, b"overloaded"), (429, {"error": {"message": "slow down"}}),
-              (200, answer("revised", "eos_token"))]
+    script = [(503, b"overloaded"), (429, {"error": {"message": "slow down"}}), (200, answer("revised", "eos_token"))]
     with ScriptedServer(script) as fake:
         client = HTTPChat(fake.url + "/v1", "gen", api_key="k1", retries=3, backoff_s=0.01)
         out = client.chat(CONVERSATIONS[:1], max_new_tokens=7, seed=5)
@@ -307,36 +329,48 @@ def test_http_chat_retries_503_and_429_then_succeeds():
         assert len(fake.requests) == 3
         path, headers, body = fake.requests[-1]
         assert path == "/v1/chat/completions" and headers["Authorization"] == "Bearer k1"
-        assert body == {"model": "gen", "messages": CONVERSATIONS[0], "max_tokens": 7, "temperature": 0.0,
-                        "n": 1, "seed": 5}
+        assert body == {
+            "model": "gen",
+            "messages": CONVERSATIONS[0],
+            "max_tokens": 7,
+            "temperature": 0.0,
+            "n": 1,
+            "seed": 5,
+        }
     with ScriptedServer([(200, answer("a", "length", {"prompt_tokens": 9, "completion_tokens": 4}))]) as fake:
         out = HTTPChat(fake.url, "gen").chat(CONVERSATIONS[:2], max_new_tokens=4)
         assert out == [ChatOutput("a", "length", 9, 4)] * 2
         assert all("seed" not in body for _, _, body in fake.requests)
     with ScriptedServer([(200, answer("s"))]) as fake:  # conversation k asks for seed + k, as LocalChat draws
-        HTTPChat(fake.url, "gen", concurrency=1).chat(CONVERSATIONS[:3], max_new_tokens=4, temperature=1.0,
-                                                     seed=40)
-        assert sorted((body["seed"], json.dumps(body["messages"])) for _, _, body in fake.requests) == \
-            sorted((40 + k, json.dumps(c)) for k, c in enumerate(CONVERSATIONS[:3]))
+        HTTPChat(fake.url, "gen", concurrency=1).chat(CONVERSATIONS[:3], max_new_tokens=4, temperature=1.0, seed=40)
+        assert sorted((body["seed"], json.dumps(body["messages"])) for _, _, body in fake.requests) == sorted(
+            (40 + k, json.dumps(c)) for k, c in enumerate(CONVERSATIONS[:3])
+        )
     with ScriptedServer([(502, b"<html>bad gateway</html>")]) as fake:
         with pytest.raises(ChatError, match=r"HTTP 502 after 3 attempt\(s\); body '<html>bad gateway</html>'"):
             HTTPChat(fake.url, "gen", retries=2, backoff_s=0.01).chat(CONVERSATIONS[:1], max_new_tokens=4)
         assert len(fake.requests) == 3
 
 
-@pytest.mark.parametrize("status, reply, what", [
-    (200, b"<html>not json</html>", "the body is not JSON"),
-    (200, [1, 2], "the body is a JSON list"),
-    (200, {"object": "chat.completion"}, "no choices list"),
-    (200, {"choices": []}, "no choices list"),
-    (200, {"choices": [{"message": {"role": "assistant"}, "finish_reason": "stop"}]},
-     r"choices\[0\]\.message\.content is missing"),
-    (200, {"choices": [{"text": "completion-style"}]}, r"choices\[0\]\.message is missing"),
-    (200, answer(finish="abort"), r"finish_reason='abort'"),
-    (200, answer(finish=None), r"finish_reason=None"),
-    (200, answer(usage={"prompt_tokens": "9", "completion_tokens": 1}), r"usage\.prompt_tokens='9'"),
-    (404, {"error": {"message": "The model `gen` does not exist."}}, "HTTP 404; server says: The model `gen`"),
-])
+@pytest.mark.parametrize(
+    "status, reply, what",
+    [
+        (200, b"<html>not json</html>", "the body is not JSON"),
+        (200, [1, 2], "the body is a JSON list"),
+        (200, {"object": "chat.completion"}, "no choices list"),
+        (200, {"choices": []}, "no choices list"),
+        (
+            200,
+            {"choices": [{"message": {"role": "assistant"}, "finish_reason": "stop"}]},
+            r"choices\[0\]\.message\.content is missing",
+        ),
+        (200, {"choices": [{"text": "completion-style"}]}, r"choices\[0\]\.message is missing"),
+        (200, answer(finish="abort"), r"finish_reason='abort'"),
+        (200, answer(finish=None), r"finish_reason=None"),
+        (200, answer(usage={"prompt_tokens": "9", "completion_tokens": 1}), r"usage\.prompt_tokens='9'"),
+        (404, {"error": {"message": "The model `gen` does not exist."}}, "HTTP 404; server says: The model `gen`"),
+    ],
+)
 def test_http_chat_malformed_answers_raise_clear_errors(status, reply, what):
     with ScriptedServer([(status, reply)]) as fake:
         with pytest.raises(ChatError, match=what) as info:
@@ -346,9 +380,13 @@ def test_http_chat_malformed_answers_raise_clear_errors(status, reply, what):
 
 
 def test_http_chat_maps_context_length_400_to_prompt_too_long():
-    vllm = {"object": "error", "message": "This model's maximum context length is 4096 tokens. However, you "
-            "requested 5000 tokens (4990 in the messages, 10 in the completion).", "type": "BadRequestError",
-            "code": 400}
+    vllm = {
+        "object": "error",
+        "message": "This model's maximum context length is 4096 tokens. However, you "
+        "requested 5000 tokens (4990 in the messages, 10 in the completion).",
+        "type": "BadRequestError",
+        "code": 400,
+    }
     with ScriptedServer([(400, vllm)]) as fake:
         out = HTTPChat(fake.url, "gen").chat(CONVERSATIONS[:2], max_new_tokens=10)
     assert out == [ChatOutput("", "prompt_too_long", 0, 0)] * 2
@@ -368,8 +406,9 @@ def test_top_p_reaches_the_engine_and_the_server(engine, tok):
     real_generate = engine.generate
     engine.generate = lambda prompts, params: seen.append(params.top_p) or real_generate(prompts, params)
     try:
-        LocalChat(engine, tok, max_prompt_len=4096).chat(CONVERSATIONS[:2], max_new_tokens=MAX_NEW, temperature=0.7,
-                                                        seed=3, top_p=0.8)
+        LocalChat(engine, tok, max_prompt_len=4096).chat(
+            CONVERSATIONS[:2], max_new_tokens=MAX_NEW, temperature=0.7, seed=3, top_p=0.8
+        )
     finally:
         del engine.generate
     assert seen and set(seen) == {0.8}

@@ -3,13 +3,12 @@ import math
 
 import pytest
 import torch
+from native_params import greedy
 
 from fastcrit.rollout.base import Engine
 from fastcrit.rollout.batch import collate
 from fastcrit.rollout.native import NativeEngine
 from fastcrit.types import SamplingParams
-
-from native_params import greedy
 
 
 def test_protocol_shapes_and_order(engine, prompts):
@@ -30,7 +29,8 @@ def test_n_samples_share_one_prefill(model_dir, prompts, static):
     assert (engine.static_decode_off is None) == static
     calls = []  # the token embedding sees every forward's input ids, on both decode paths
     hook = engine.model.model.embed_tokens.register_forward_pre_hook(
-        lambda mod, args: calls.append(tuple(args[0].shape)))
+        lambda mod, args: calls.append(tuple(args[0].shape))
+    )
     try:
         out = engine.generate(prompts, greedy(n=4, max_new=5))
     finally:
@@ -39,7 +39,7 @@ def test_n_samples_share_one_prefill(model_dir, prompts, static):
     assert prefills == [(len(prompts), max(map(len, prompts)))]  # one prefill, one row per prompt
     assert all(c == (len(prompts) * 4, 1) for c in calls[1:])  # decode runs all samples together
     for i in range(len(prompts)):  # greedy copies of a shared prefix must agree
-        assert len({tuple(r.output_ids) for r in out[i * 4:(i + 1) * 4]}) == 1
+        assert len({tuple(r.output_ids) for r in out[i * 4 : (i + 1) * 4]}) == 1
 
 
 def test_static_decode_matches_the_hugging_face_forward(model_dir, prompts):
@@ -47,8 +47,11 @@ def test_static_decode_matches_the_hugging_face_forward(model_dir, prompts):
     and sampled with one seed (the same random draws on near-identical logits), with log-probs
     within float rounding, through row compaction (stops) and n > 1."""
     fast, slow = NativeEngine(model_dir), NativeEngine(model_dir, static_decode=False)
-    for params in (greedy(n=2, max_new=10), SamplingParams(n=3, max_new_tokens=12, temperature=1.0, seed=7),
-                   SamplingParams(n=2, max_new_tokens=9, temperature=0.8, top_p=0.9, top_k=20, seed=3)):
+    for params in (
+        greedy(n=2, max_new=10),
+        SamplingParams(n=3, max_new_tokens=12, temperature=1.0, seed=7),
+        SamplingParams(n=2, max_new_tokens=9, temperature=0.8, top_p=0.9, top_k=20, seed=3),
+    ):
         a, b = fast.generate(prompts, params), slow.generate(prompts, params)
         assert [r.output_ids for r in a] == [r.output_ids for r in b]
         assert [r.finish_reason for r in a] == [r.finish_reason for r in b]
@@ -61,9 +64,18 @@ def test_static_decode_matches_hugging_face_on_qwen3(model_dir, prompts):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     base = NativeEngine(model_dir).model.config
-    cfg = Qwen3Config(vocab_size=base.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                      eos_token_id=base.eos_token_id, pad_token_id=base.pad_token_id)
+    cfg = Qwen3Config(
+        vocab_size=base.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        eos_token_id=base.eos_token_id,
+        pad_token_id=base.pad_token_id,
+    )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).float()
     with torch.no_grad():  # visible norms, not the ones they start at
@@ -90,7 +102,7 @@ def test_fixed_shape_decode_steps_match_the_sliced_ones(model_dir, prompts):
     ids = torch.full((len(prompts), plen), engine.pad_token_id)
     mask = torch.zeros((len(prompts), plen), dtype=torch.long)
     for r, p in enumerate(prompts):
-        ids[r, plen - len(p):], mask[r, plen - len(p):] = torch.tensor(p), 1
+        ids[r, plen - len(p) :], mask[r, plen - len(p) :] = torch.tensor(p), 1
     sliced = StaticDecoder(engine.model, len(prompts), plen, new)
     fixed = StaticDecoder(engine.model, len(prompts), plen, new, fixed=True)
     a, b = sliced.prefill(ids, mask), fixed.prefill(ids, mask)
@@ -122,7 +134,7 @@ def test_shared_prompt_cache_through_uneven_compaction(model_dir, prompts):
     ids = torch.full((len(prompts), plen), engine.pad_token_id)
     mask = torch.zeros((len(prompts), plen), dtype=torch.long)
     for r, p in enumerate(prompts):
-        ids[r, plen - len(p):], mask[r, plen - len(p):] = torch.tensor(p), 1
+        ids[r, plen - len(p) :], mask[r, plen - len(p) :] = torch.tensor(p), 1
     ours, ref = StaticDecoder(engine.model, len(prompts), plen, 8), _HFDecoder(engine.model)
     with torch.inference_mode():
         a, b = ours.prefill(ids, mask), ref.prefill(ids, mask)
@@ -132,8 +144,11 @@ def test_shared_prompt_cache_through_uneven_compaction(model_dir, prompts):
         a = a.repeat_interleave(n, 0)
         assert ours.kp[0].shape[0] == len(prompts)  # the prompt part is not copied
         # before the first step (the engine compacts after sampling the first token), then twice more
-        keeps = {0: torch.tensor([0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11]), 2: torch.tensor([0, 2, 3, 4, 5, 10]),
-                 5: torch.tensor([0, 1, 5])}
+        keeps = {
+            0: torch.tensor([0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11]),
+            2: torch.tensor([0, 2, 3, 4, 5, 10]),
+            5: torch.tensor([0, 1, 5]),
+        }
         for t in range(7):
             if t in keeps:
                 ours.select(keeps[t])
@@ -158,8 +173,11 @@ def test_mkl_packed_projections_decode_as_the_plain_ones(model_dir, prompts):
     ids = torch.full((len(prompts), plen), engine.pad_token_id)
     mask = torch.zeros((len(prompts), plen), dtype=torch.long)
     for r, p in enumerate(prompts):
-        ids[r, plen - len(p):], mask[r, plen - len(p):] = torch.tensor(p), 1
-    packed, plain = StaticDecoder(engine.model, len(prompts), plen, new), StaticDecoder(engine.model, len(prompts), plen, new)
+        ids[r, plen - len(p) :], mask[r, plen - len(p) :] = torch.tensor(p), 1
+    packed, plain = (
+        StaticDecoder(engine.model, len(prompts), plen, new),
+        StaticDecoder(engine.model, len(prompts), plen, new),
+    )
     assert not packed.packing  # hidden 64: too narrow for packing to pay (decode._PACK_MIN_HIDDEN)
     packed.packing = True
     with torch.inference_mode():
@@ -240,10 +258,10 @@ def test_greedy_matches_hf_generate(engine, tok, prompts):
     enc = tok.pad([{"input_ids": p} for p in prompts], return_tensors="pt")
     with torch.no_grad():
         ref = engine.model.generate(**enc, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
-    ref = ref[:, enc["input_ids"].shape[1]:].tolist()
+    ref = ref[:, enc["input_ids"].shape[1] :].tolist()
     for r, h in zip(out, ref):
         if tok.eos_token_id in h:
-            h = h[:h.index(tok.eos_token_id) + 1]
+            h = h[: h.index(tok.eos_token_id) + 1]
         assert r.output_ids == h
     # Batching and padding change nothing: each prompt alone gives the same tokens.
     for p, r in zip(prompts, out):
@@ -282,17 +300,20 @@ def test_finished_rows_leave_the_batch_without_changing_results(model_dir, promp
 
 
 def test_logprobs_match_full_forward(engine, tok, prompts):
-    for params in (SamplingParams(n=3, max_new_tokens=10, temperature=0.7, top_k=20, top_p=0.9, seed=3),
-                   SamplingParams(n=2, max_new_tokens=10, temperature=1.3, seed=4),
-                   greedy(max_new=10, stop_token_ids=[engine.generate(prompts[:1], greedy())[0].output_ids[2]])):
+    for params in (
+        SamplingParams(n=3, max_new_tokens=10, temperature=0.7, top_k=20, top_p=0.9, seed=3),
+        SamplingParams(n=2, max_new_tokens=10, temperature=1.3, seed=4),
+        greedy(max_new=10, stop_token_ids=[engine.generate(prompts[:1], greedy())[0].output_ids[2]]),
+    ):
         rollouts = engine.generate(prompts, params)
         batch = collate(rollouts, tok.pad_token_id)
         temp = params.temperature or 1.0
         with torch.no_grad():
-            logits = engine.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                  position_ids=batch.position_ids).logits.float()
+            logits = engine.model(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+            ).logits.float()
         P, R = batch.prompts.shape[1], batch.responses.shape[1]
-        lp = torch.log_softmax(logits[:, P - 1:P + R - 1] / temp, dim=-1)
+        lp = torch.log_softmax(logits[:, P - 1 : P + R - 1] / temp, dim=-1)
         lp = lp.gather(2, batch.responses[:, :, None]).squeeze(2)
         m = batch.response_mask.bool()
         assert torch.allclose(lp[m], batch.old_logprobs[m], atol=1e-4, rtol=0)
@@ -328,8 +349,9 @@ def test_stop_set_is_the_one_sglang_is_sent(model_dir):
 
     from fastcrit.models.hf import eos_token_ids, model_eos_token_ids
 
-    assert eos_token_ids(SimpleNamespace(eos_token_id=5), SimpleNamespace(eos_token_id=[7, 5]),
-                         SimpleNamespace(eos_token_id=None), None) == [5, 7]
+    assert eos_token_ids(
+        SimpleNamespace(eos_token_id=5), SimpleNamespace(eos_token_id=[7, 5]), SimpleNamespace(eos_token_id=None), None
+    ) == [5, 7]
     assert NativeEngine(model_dir).eos_token_ids == model_eos_token_ids(model_dir)
 
 
@@ -350,15 +372,18 @@ def test_a_seeded_sample_does_not_depend_on_its_batch(model_dir, prompts):
     params = SamplingParams(n=3, max_new_tokens=8, temperature=1.0, top_k=50, seed=2**40 + 5)
     whole = NativeEngine(model_dir).generate(prompts, params)
     small = NativeEngine(model_dir, max_batch=2)
-    parts = [r for i, p in enumerate(prompts)
-             for r in small.generate([p], dataclasses.replace(params, seed=params.seed + 3 * i))]
+    parts = [
+        r
+        for i, p in enumerate(prompts)
+        for r in small.generate([p], dataclasses.replace(params, seed=params.seed + 3 * i))
+    ]
     assert [r.output_ids for r in whole] == [r.output_ids for r in parts]
     for a, b in zip(whole, parts):
         torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
 
 
 def test_counter_based_uniforms_are_uniform_and_independent():
-    from fastcrit.rollout.native import uniforms
+    from fastcrit.rollout.sampling import uniforms
 
     u = uniforms(-7, torch.arange(4000), 50)  # a negative seed wraps mod 2**64
     assert u.dtype == torch.float64 and u.min() >= 0 and u.max() < 1
@@ -494,11 +519,18 @@ def test_sleep_gives_cuda_memory_back(model_dir, prompts):
         eng.generate(prompts, greedy())
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(n=0), "n=0"), (dict(max_new_tokens=0), "max_new_tokens=0"), (dict(temperature=-1.0), "temperature"),
-    (dict(top_p=0.0), "top_p"), (dict(top_k=0), "top_k"), (dict(stop_token_ids=[10**6]), "stop_token_ids"),
-    (dict(max_new_tokens=10**5), "max_position_embeddings"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(n=0), "n=0"),
+        (dict(max_new_tokens=0), "max_new_tokens=0"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_k=0), "top_k"),
+        (dict(stop_token_ids=[10**6]), "stop_token_ids"),
+        (dict(max_new_tokens=10**5), "max_position_embeddings"),
+    ],
+)
 def test_bad_params_are_named(engine, prompts, bad, match):
     with pytest.raises(ValueError, match=match):
         engine.generate(prompts, SamplingParams(**bad))
@@ -520,10 +552,11 @@ def test_bfloat16_engine_generates(model_dir, prompts):
 def _full_forward_logits(engine, tok, rollouts):
     batch = collate(rollouts, tok.pad_token_id)
     with torch.no_grad():
-        logits = engine.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                              position_ids=batch.position_ids).logits.float()
+        logits = engine.model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+        ).logits.float()
     P, R = batch.prompts.shape[1], batch.responses.shape[1]
-    return logits[:, P - 1:P + R - 1], batch
+    return logits[:, P - 1 : P + R - 1], batch
 
 
 @pytest.mark.parametrize("top_k, top_p", [(3, 1.0), (-1, 0.3), (5, 0.5)])
@@ -547,7 +580,7 @@ def test_samples_stay_inside_top_k_top_p(engine, tok, prompts, top_k, top_p):
 
 
 def test_inverse_cdf_draw_follows_the_distribution_and_skips_zeros():
-    from fastcrit.rollout.native import draw
+    from fastcrit.rollout.sampling import draw
 
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.2, 0.3, 0.0]]).repeat(40000, 1)
     got = draw(probs, torch.rand(40000, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
@@ -560,6 +593,8 @@ def test_inverse_cdf_draw_follows_the_distribution_and_skips_zeros():
     assert set(out[:, 1].tolist()) == {2}
     assert 0.70 < (out[:, 0] == 2).float().mean() < 0.80 and (out[:, 0] == 1).sum() == 0
     # u that rounds to 1 in the cdf's dtype picks the last positive entry, not past the end or a zero
-    edge = draw(torch.tensor([[0.25, 0.75, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]),
-                torch.tensor([1.0 - 2.0**-60, 0.0], dtype=torch.float64))
+    edge = draw(
+        torch.tensor([[0.25, 0.75, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]),
+        torch.tensor([1.0 - 2.0**-60, 0.0], dtype=torch.float64),
+    )
     assert edge.tolist() == [1, 1]

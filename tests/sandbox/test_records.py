@@ -1,4 +1,5 @@
 """The signed result channel between an execution and its worker."""
+
 import json
 import os
 import tempfile
@@ -25,15 +26,16 @@ def verify(data, key, piece=None):
     else:
         recs = []
         for i in range(0, len(data), piece):
-            recs += reader.feed(data[i:i + piece])
+            recs += reader.feed(data[i : i + piece])
     assert reader.total == len(data)
     return recs, reader.tampered
 
 
 def test_roundtrip_keeps_fields_and_values():
     key = os.urandom(32)
-    data = _records(key, [{"k": "loaded"},
-                          {"k": "test", "i": 0, "s": "passed", "m": "a\nb\x1fc", "v": [1, "x|y", None]}])
+    data = _records(
+        key, [{"k": "loaded"}, {"k": "test", "i": 0, "s": "passed", "m": "a\nb\x1fc", "v": [1, "x|y", None]}]
+    )
     recs, tampered = verify(data, key)
     assert not tampered and [r["k"] for r in recs] == ["loaded", "test"]
     # The value stays JSON text: the worker passes it on, the pool decodes it.
@@ -54,8 +56,8 @@ def test_records_arriving_in_pieces_are_read_as_they_complete():
         assert json.loads(recs[1]["vj"]) == big and recs[2]["s"] == "failed"
     reader = RecordReader(key)
     first_end = data.index(b"\n") + 1
-    assert [r["k"] for r in reader.feed(data[:first_end + 10])] == ["loaded"]
-    assert reader.feed(data[first_end + 10:first_end + 20]) == []  # the value is still coming
+    assert [r["k"] for r in reader.feed(data[: first_end + 10])] == ["loaded"]
+    assert reader.feed(data[first_end + 10 : first_end + 20]) == []  # the value is still coming
 
 
 def test_a_record_cut_short_is_no_record_and_no_tampering():

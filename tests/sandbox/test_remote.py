@@ -1,5 +1,6 @@
 """The SandboxFusion backend against a small real server on 127.0.0.1 that speaks the same API
 (/run_code, /submit with CommonOJDataset) and really runs the code (in subprocesses)."""
+
 import json
 import subprocess
 import sys
@@ -16,13 +17,24 @@ from fastcrit.sandbox.pool import new_event_loop
 
 def _run(code, stdin, timeout):
     try:
-        p = subprocess.run([sys.executable, "-I", "-c", code], input=stdin, capture_output=True, text=True,
-                           timeout=timeout)
+        p = subprocess.run(
+            [sys.executable, "-I", "-c", code], input=stdin, capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
-        return {"status": "TimeLimitExceeded", "execution_time": timeout, "return_code": None, "stdout": "",
-                "stderr": ""}
-    return {"status": "Finished", "execution_time": 0.0, "return_code": p.returncode, "stdout": p.stdout,
-            "stderr": p.stderr}
+        return {
+            "status": "TimeLimitExceeded",
+            "execution_time": timeout,
+            "return_code": None,
+            "stdout": "",
+            "stderr": "",
+        }
+    return {
+        "status": "Finished",
+        "execution_time": 0.0,
+        "return_code": p.returncode,
+        "stdout": p.stdout,
+        "stderr": p.stderr,
+    }
 
 
 class Server(ThreadingHTTPServer):
@@ -82,8 +94,11 @@ class Handler(BaseHTTPRequestHandler):
                 if not accepted and not cfg.get("extra", {}).get("run_all_cases", True):
                     break
                 rr = _run(code, t["input"]["stdin"], cfg["run_timeout"])
-                passed = (rr["status"] == "Finished" and rr["return_code"] == 0
-                          and stdout_matches(rr["stdout"], t["output"]["stdout"]))
+                passed = (
+                    rr["status"] == "Finished"
+                    and rr["return_code"] == 0
+                    and stdout_matches(rr["stdout"], t["output"]["stdout"])
+                )
                 accepted &= passed
                 tests.append({"passed": passed, "exec_info": {"status": "Success", "run_result": rr}})
             return 200, {"id": req["id"], "accepted": accepted, "tests": tests}
@@ -111,8 +126,13 @@ def run(coro):
 JOBS = [
     Job(code="def f(x):\n    return x * 2\n", kind="assert", tests=["assert f(2) == 4", "assert f(3) == 7"], id="a"),
     Job(code="print(int(input()) + 1)\n", kind="stdio", tests=[["1\n", "2\n"], ["5\n", "7\n"]], id="s"),
-    Job(code="def g(a, b):\n    return [a, b / 2]\n", kind="call", tests=[[[1, 3], [1, 1.5]], [[1, 3], [1, 2]]],
-        entry_point="g", id="c"),
+    Job(
+        code="def g(a, b):\n    return [a, b / 2]\n",
+        kind="call",
+        tests=[[[1, 3], [1, 1.5]], [[1, 3], [1, 2]]],
+        entry_point="g",
+        id="c",
+    ),
     Job(code="import os\nos._exit(0)\n", kind="call", tests=[[[1], 1]], entry_point="f", id="exit"),
     Job(code="while True: pass\n", kind="assert", tests=["pass"], timeout_s=0.5, id="t"),
 ]
@@ -165,9 +185,11 @@ def test_remote_return_values_are_results(server):
     each is a verdict from run(), not an exception."""
     cfg = SandboxConfig(backend="remote", remote_url=f"http://127.0.0.1:{server.server_port}")
     nested = "def f():\n    v = 1\n    for _ in range(990):\n        v = [v]\n    return v\n"
-    jobs = [Job(code=nested, kind="call", tests=[[[], [1]]], entry_point="f", id="deep"),
-            Job(code="def f():\n    return 1e308\n", kind="call", tests=[[[], 10 ** 400]], entry_point="f", id="big"),
-            Job(code="def f():\n    return 8 / 2\n", kind="call", tests=[[[], 4]], entry_point="f", id="float")]
+    jobs = [
+        Job(code=nested, kind="call", tests=[[[], [1]]], entry_point="f", id="deep"),
+        Job(code="def f():\n    return 1e308\n", kind="call", tests=[[[], 10**400]], entry_point="f", id="big"),
+        Job(code="def f():\n    return 8 / 2\n", kind="call", tests=[[[], 4]], entry_point="f", id="float"),
+    ]
 
     async def go():
         async with make_pool(cfg) as pool:

@@ -1,4 +1,5 @@
 """run_many / stream never wait forever: a job whose run fails inside our own code is an error."""
+
 import asyncio
 
 from fastcrit.sandbox import Job
@@ -10,7 +11,8 @@ def test_a_failing_run_becomes_an_error_result_not_a_hang():
         if job.id == 1:
             raise RuntimeError("boom")
         await asyncio.sleep(0)
-        from fastcrit.sandbox.types import summarise, TestResult
+        from fastcrit.sandbox.types import TestResult, summarise
+
         return summarise(job.id, [TestResult("passed")])
 
     jobs = [Job(code="", kind="assert", tests=["pass", "pass"], id=i) for i in range(3)]

@@ -5,9 +5,9 @@ next: not its files (HOME, TMPDIR, the current directory), not its processes, no
 a broken scratch directory. A program that damages its worker scores 0 and the jobs after it run
 as if nothing happened. Every pool here has one worker, so consecutive jobs share it.
 """
+
 import os
 import time
-import warnings
 
 import pytest
 
@@ -28,16 +28,16 @@ def worker_pid(pool) -> int:
     return pid
 
 
-WRITE_EVERYWHERE = '''
+WRITE_EVERYWHERE = """
 import os, tempfile
 def f():
     for d in (os.environ["HOME"], os.environ["TMPDIR"], tempfile.gettempdir(), os.getcwd()):
         with open(os.path.join(d, "carried-over.txt"), "w") as fh:
             fh.write("job 1 was here")
     return 1
-'''
+"""
 
-LOOK_EVERYWHERE = '''
+LOOK_EVERYWHERE = """
 import os, tempfile
 def f():
     found = []
@@ -46,7 +46,7 @@ def f():
         for root, dirs, files in os.walk(d):
             found += [os.path.join(root, n) for n in files if n.startswith("carried-over")]
     return sorted(set(found))
-'''
+"""
 
 
 def test_files_do_not_reach_the_next_job(one_worker):
@@ -58,13 +58,15 @@ def test_files_do_not_reach_the_next_job(one_worker):
 
 def test_tests_of_one_stdio_job_get_fresh_scratch_each(one_worker):
     """Each test of a stdio job is its own execution, with its own empty scratch directory."""
-    code = ("import os\nif os.path.exists('state'):\n    print('second')\nelse:\n"
-            "    open('state', 'w').write('x')\n    print('first')\n")
+    code = (
+        "import os\nif os.path.exists('state'):\n    print('second')\nelse:\n"
+        "    open('state', 'w').write('x')\n    print('first')\n"
+    )
     r = one_worker.run(Job(code=code, kind="stdio", tests=[["", "first"], ["", "first"], ["", "first"]]))
     assert r.all_passed, r.tests
 
 
-HONEST_WRITER = '''
+HONEST_WRITER = """
 import os
 def f(n):
     with open("out.txt", "w") as fh:
@@ -72,16 +74,18 @@ def f(n):
     with open(os.path.join(os.environ["HOME"], ".cache"), "w") as fh:
         fh.write("y" * n)
     return os.path.getsize("out.txt")
-'''
+"""
 HONEST_STDIO = "import sys\nopen('input.copy', 'w').write(sys.stdin.read())\nprint(open('input.copy').read().strip())\n"
 
 
 def next_jobs_pass(pool):
     """Honest programs that write files in their scratch directory, of each kind."""
-    jobs = [Job(code=HONEST_WRITER, kind="call", tests=[[[1 << 20], 1 << 20]], entry_point="f"),
-            Job(code=HONEST_WRITER, kind="assert", tests=["assert f(10) == 10"], entry_point="f"),
-            Job(code=HONEST_WRITER + "assert f(3) == 3\n", kind="assert", tests=["assert f(5) == 5"]),
-            Job(code=HONEST_STDIO, kind="stdio", tests=[["hello\n", "hello"], ["again\n", "again"]])]
+    jobs = [
+        Job(code=HONEST_WRITER, kind="call", tests=[[[1 << 20], 1 << 20]], entry_point="f"),
+        Job(code=HONEST_WRITER, kind="assert", tests=["assert f(10) == 10"], entry_point="f"),
+        Job(code=HONEST_WRITER + "assert f(3) == 3\n", kind="assert", tests=["assert f(5) == 5"]),
+        Job(code=HONEST_STDIO, kind="stdio", tests=[["hello\n", "hello"], ["again\n", "again"]]),
+    ]
     bad = [(r.status, r.message, r.tests) for r in (pool.run(j) for j in jobs) if not r.all_passed]
     assert not bad, bad
 
@@ -110,8 +114,12 @@ def test_saboteur_result_is_never_cached(jail_probe, tmp_path):
     stored, so the program is judged again next time."""
     if not jail_probe.ok:
         pytest.skip(f"no jail here: {jail_probe.describe()}")
-    job = Job(code=SABOTEURS["chmod 0500 HOME"] + "def f(x):\n    return x + 1\n", kind="call",
-              tests=[[[1], 2]], entry_point="f")
+    job = Job(
+        code=SABOTEURS["chmod 0500 HOME"] + "def f(x):\n    return x + 1\n",
+        kind="call",
+        tests=[[[1], 2]],
+        entry_point="f",
+    )
     with SyncSandboxPool(SandboxConfig(workers=1, cache_path=str(tmp_path / "cache.sqlite"))) as p:
         first, second = p.run(job), p.run(job)
         assert len(p.pool.cache) == 0
@@ -122,7 +130,7 @@ def test_saboteur_result_is_never_cached(jail_probe, tmp_path):
 def test_filled_scratch_is_freed_for_the_next_job(one_worker):
     """Filling the scratch tmpfs through HOME is the program's own business (its own writes fail);
     the space is back for the next job."""
-    fill = '''
+    fill = """
 import os
 def f():
     written, i = 0, 0
@@ -136,13 +144,13 @@ def f():
     except OSError:
         pass
     return written >= 24 << 20
-'''
+"""
     r = one_worker.run(Job(code=fill, kind="call", tests=[[[], True]], entry_point="f", timeout_s=20))
     assert r.all_passed, r.tests
     next_jobs_pass(one_worker)
 
 
-COUNT_FORKS = '''
+COUNT_FORKS = """
 import os, time
 def f():
     n = 0
@@ -156,7 +164,7 @@ def f():
             os._exit(0)
         n += 1
     return n
-'''
+"""
 
 
 def test_process_limit_is_whole_after_a_fork_bomb(one_worker):
@@ -164,45 +172,59 @@ def test_process_limit_is_whole_after_a_fork_bomb(one_worker):
     after a fork bomb, or children that take a while to die (128 MiB each to tear down), orphans,
     zombies and escaped daemons, the next job can still start its 31 children."""
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-    heavy = ("import os, time\nr, w = os.pipe()\nfor _ in range(31):\n    if os.fork() == 0:\n"
-             "        b = b'x' * (128 << 20)\n        os.write(w, b'.')\n        time.sleep(60)\n"
-             "for _ in range(31):\n    os.read(r, 1)\ndef f(): return 1\n")
-    leave = ("import os, time\nfor _ in range(10):\n    if os.fork() == 0:\n        os._exit(0)\n"
-             "for _ in range(10):\n    if os.fork() == 0:\n        os.setsid()\n"
-             "        if os.fork() == 0:\n            time.sleep(60)\n        os._exit(0)\n"
-             "def f(): return 1\n")
+    heavy = (
+        "import os, time\nr, w = os.pipe()\nfor _ in range(31):\n    if os.fork() == 0:\n"
+        "        b = b'x' * (128 << 20)\n        os.write(w, b'.')\n        time.sleep(60)\n"
+        "for _ in range(31):\n    os.read(r, 1)\ndef f(): return 1\n"
+    )
+    leave = (
+        "import os, time\nfor _ in range(10):\n    if os.fork() == 0:\n        os._exit(0)\n"
+        "for _ in range(10):\n    if os.fork() == 0:\n        os.setsid()\n"
+        "        if os.fork() == 0:\n            time.sleep(60)\n        os._exit(0)\n"
+        "def f(): return 1\n"
+    )
     # Heavy children three times: how long they take to die varies, and one try could be lucky.
-    for name, code, limit in (("fork bomb", bomb, 1), ("heavy children", heavy, 5), ("heavy children", heavy, 5),
-                              ("heavy children", heavy, 5), ("orphans and daemons", leave, 1)):
+    for name, code, limit in (
+        ("fork bomb", bomb, 1),
+        ("heavy children", heavy, 5),
+        ("heavy children", heavy, 5),
+        ("heavy children", heavy, 5),
+        ("orphans and daemons", leave, 1),
+    ):
         one_worker.run(Job(code=code, kind="call", tests=[[[], 1]], entry_point="f", timeout_s=limit))
         r = one_worker.run(Job(code=COUNT_FORKS, kind="call", tests=[[[], 31]], entry_point="f", timeout_s=5))
         assert r.all_passed, (name, r.tests)
 
 
-SYSV = '''
+SYSV = """
 import ctypes, sys
 libc = ctypes.CDLL(None, use_errno=True)
 KEY = 0x5eed
-'''
+"""
 
 
 def test_ipc_objects_do_not_reach_the_next_job(one_worker):
     """SysV message queues outlive their process in the worker's IPC namespace; the jail refuses
     them (and shared memory, semaphores, POSIX queues)."""
-    leave = SYSV + ("q = libc.msgget(KEY, 0o1600)\n"  # IPC_CREAT | 0600
-                    "print('created' if q >= 0 else 'refused')\n")
+    leave = SYSV + (
+        "q = libc.msgget(KEY, 0o1600)\n"  # IPC_CREAT | 0600
+        "print('created' if q >= 0 else 'refused')\n"
+    )
     find = SYSV + "print('found' if libc.msgget(KEY, 0) >= 0 else 'absent')\n"
     one_worker.run(Job(code=leave, kind="stdio", tests=[["", "created"]]))
     r = one_worker.run(Job(code=find, kind="stdio", tests=[["", "absent"]]))
     assert r.all_passed, r.tests
-    probes = SYSV + ("import os\nout = []\n"
-                     "for name, args in (('shmget', (KEY, 4096, 0o1600)), ('semget', (KEY, 1, 0o1600)),\n"
-                     "                   ('msgget', (KEY, 0o1600))):\n"
-                     "    out.append(name + (' refused' if getattr(libc, name)(*args) < 0 else ' allowed'))\n"
-                     "mq = libc.mq_open(b'/fastcrit-probe', os.O_CREAT | os.O_RDWR, 0o600, None)\n"
-                     "out.append('mq_open' + (' refused' if mq < 0 else ' allowed'))\nprint(' '.join(out))\n")
-    r = one_worker.run(Job(code=probes, kind="stdio",
-                           tests=[["", "shmget refused semget refused msgget refused mq_open refused"]]))
+    probes = SYSV + (
+        "import os\nout = []\n"
+        "for name, args in (('shmget', (KEY, 4096, 0o1600)), ('semget', (KEY, 1, 0o1600)),\n"
+        "                   ('msgget', (KEY, 0o1600))):\n"
+        "    out.append(name + (' refused' if getattr(libc, name)(*args) < 0 else ' allowed'))\n"
+        "mq = libc.mq_open(b'/fastcrit-probe', os.O_CREAT | os.O_RDWR, 0o600, None)\n"
+        "out.append('mq_open' + (' refused' if mq < 0 else ' allowed'))\nprint(' '.join(out))\n"
+    )
+    r = one_worker.run(
+        Job(code=probes, kind="stdio", tests=[["", "shmget refused semget refused msgget refused mq_open refused"]])
+    )
     assert r.all_passed, r.tests
 
 
@@ -218,8 +240,9 @@ def test_worker_that_cannot_be_restored_is_replaced(one_worker):
     home = f"/proc/{old}/root{one_worker.pool._workers[0].scratch}/home"
     os.mkdir(os.path.join(home, "planted"), 0o700)
     open(os.path.join(home, "planted", "stuck"), "w").close()
-    jobs = [Job(code=f"def f():\n    return {i}\n", kind="call", tests=[[[], i]], entry_point="f", id=i)
-            for i in range(4)]
+    jobs = [
+        Job(code=f"def f():\n    return {i}\n", kind="call", tests=[[[], i]], entry_point="f", id=i) for i in range(4)
+    ]
     res = one_worker.run_many(jobs)
     assert res[0].passed == 0 and "replaced" in res[0].message, (res[0].status, res[0].message)
     assert all(r.all_passed for r in res[1:]), [(r.id, r.status, r.message) for r in res[1:]]
@@ -227,10 +250,10 @@ def test_worker_that_cannot_be_restored_is_replaced(one_worker):
     next_jobs_pass(one_worker)
 
 
-BIG = '''
+BIG = """
 def f(n):
     return list(range(n))
-'''
+"""
 
 
 def test_large_return_values_pass(one_worker):
@@ -239,11 +262,19 @@ def test_large_return_values_pass(one_worker):
     n = 150_000  # "0, 1, ..., 149999" is ~1 MiB of JSON
     # A generous limit: the value must be read as it is written, long before the deadline (a
     # worker that reads only at deadlines returns, if at all, after the whole 30 s).
-    r = one_worker.run(Job(code=BIG, kind="call", tests=[[[n], list(range(n))], [[3], [0, 1, 2]]],
-                           entry_point="f", timeout_s=30))
+    r = one_worker.run(
+        Job(code=BIG, kind="call", tests=[[[n], list(range(n))], [[3], [0, 1, 2]]], entry_point="f", timeout_s=30)
+    )
     assert r.all_passed and r.elapsed_s < 15, (r.elapsed_s, r.tests)
-    r = one_worker.run(Job(code=BIG, kind="assert", entry_point="f", timeout_s=30,
-                           tests=[f"assert f({n}) == list(range({n}))", "assert f(2) == [0, 1]"]))
+    r = one_worker.run(
+        Job(
+            code=BIG,
+            kind="assert",
+            entry_point="f",
+            timeout_s=30,
+            tests=[f"assert f({n}) == list(range({n}))", "assert f(2) == [0, 1]"],
+        )
+    )
     assert r.all_passed and r.judged_in == "judge" and r.elapsed_s < 15, (r.elapsed_s, r.judged_in, r.tests)
 
 
@@ -252,8 +283,16 @@ def test_return_value_over_the_limit_is_output_limit(one_worker):
     has read that much: not a timeout, not a hang. The other tests still run."""
     code = "def f(n):\n    return 'x' * n\n"
     limit = 16 << 20  # the documented default (docs/sandbox.md)
-    r = one_worker.run(Job(code=code, kind="call", tests=[[[limit + 1024], "x"], [[2], "xx"]], entry_point="f",
-                           timeout_s=60, memory_mb=1024))
+    r = one_worker.run(
+        Job(
+            code=code,
+            kind="call",
+            tests=[[[limit + 1024], "x"], [[2], "xx"]],
+            entry_point="f",
+            timeout_s=60,
+            memory_mb=1024,
+        )
+    )
     assert [t.status for t in r.tests] == ["output_limit", "passed"], r.tests
     assert "return values over" in r.tests[0].message, r.tests[0].message
     assert SandboxConfig().max_result_bytes == limit
@@ -263,6 +302,7 @@ def test_return_value_over_the_limit_is_output_limit(one_worker):
 def test_big_results_do_not_leave_the_worker_bigger(one_worker):
     """The worker forks every execution, copying page tables for all it holds: a job's big
     return values must not leave it grown for the jobs after it."""
+
     def rss_mb():
         with open(f"/proc/{worker_pid(one_worker)}/status") as fh:
             return next(int(ln.split()[1]) for ln in fh if ln.startswith("VmRSS:")) / 1024
@@ -279,15 +319,17 @@ def test_big_results_do_not_leave_the_worker_bigger(one_worker):
 def test_a_forged_record_time_cannot_put_off_the_deadline(one_worker):
     """A `call` execution holds the key of its records: a program can find it and sign records
     dated far in the future. The worker never takes a record's time past now."""
-    code = ("import gc, os, time, hashlib\n"
-            "def f(x):\n"
-            "    for o in gc.get_objects():\n"
-            "        if type(o).__name__ == 'Reporter':\n"
-            "            body = '\\x1f'.join(('loaded', '-1', '', repr(time.monotonic() + 1e9), '', '')).encode()\n"
-            "            mac = hashlib.blake2b(b'%d:' % o._seq + body, key=o._key, digest_size=16).hexdigest().encode()\n"
-            "            os.write(o._fd, body + b'\\t' + mac + b'\\n')\n"
-            "            o._seq += 1\n"
-            "    time.sleep(60)\n")
+    code = (
+        "import gc, os, time, hashlib\n"
+        "def f(x):\n"
+        "    for o in gc.get_objects():\n"
+        "        if type(o).__name__ == 'Reporter':\n"
+        "            body = '\\x1f'.join(('loaded', '-1', '', repr(time.monotonic() + 1e9), '', '')).encode()\n"
+        "            mac = hashlib.blake2b(b'%d:' % o._seq + body, key=o._key, digest_size=16).hexdigest().encode()\n"
+        "            os.write(o._fd, body + b'\\t' + mac + b'\\n')\n"
+        "            o._seq += 1\n"
+        "    time.sleep(60)\n"
+    )
     t0 = time.monotonic()
     r = one_worker.run(Job(code=code, kind="call", tests=[[[1], 1]], entry_point="f", timeout_s=1.0))
     assert r.tests[0].status == "timeout" and time.monotonic() - t0 < 10, (r.tests, time.monotonic() - t0)

@@ -12,8 +12,15 @@ from fastcrit.train.actor import balance_ranks, build_actor, compute_logprobs, l
 from fastcrit.train.dist import all_reduce_mean, launch
 from fastcrit.types import Rollout, RolloutBatch
 
-ALGO = AlgorithmConfig(clip_low=0.2, clip_high=0.28, clip_c=3.0, loss_agg="token-mean", kl_coef=0.1,
-                       kl_kind="low_var_kl", entropy_coef=0.01)
+ALGO = AlgorithmConfig(
+    clip_low=0.2,
+    clip_high=0.28,
+    clip_c=3.0,
+    loss_agg="token-mean",
+    kl_coef=0.1,
+    kl_kind="low_var_kl",
+    entropy_coef=0.01,
+)
 UPDATE = dict(temperature=0.7, grad_clip=1.0)
 
 
@@ -40,10 +47,9 @@ def _logprobs_match_hf(ctx, path):
     got = compute_logprobs(actor, b, temperature=0.7, micro_batch_size=3)
     lm = load_model(path)
     with torch.no_grad():
-        logits = lm(input_ids=b.input_ids, attention_mask=b.attention_mask,
-                    position_ids=b.position_ids).logits.float()
+        logits = lm(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits.float()
     R = b.responses.shape[1]
-    lp = torch.log_softmax(logits[:, -R - 1:-1] / 0.7, -1).gather(-1, b.responses[..., None])[..., 0]
+    lp = torch.log_softmax(logits[:, -R - 1 : -1] / 0.7, -1).gather(-1, b.responses[..., None])[..., 0]
     torch.testing.assert_close(got, lp * b.response_mask, atol=1e-4, rtol=1e-4)
 
 
@@ -51,17 +57,18 @@ def test_actor_logprobs_equal_a_plain_forward(tiny_model_path):
     launch(_logprobs_match_hf, (tiny_model_path,), 1, "cpu")
 
 
-def _grads_after_update(ctx, path, micro, out_file, rank_slice, algo=ALGO, equal_halves=True, max_tokens=0,
-                        packed=False):
+def _grads_after_update(
+    ctx, path, micro, out_file, rank_slice, algo=ALGO, equal_halves=True, max_tokens=0, packed=False
+):
     torch.manual_seed(0)
-    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
-                        optim=OptimConfig(lr=1e-2))
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size, optim=OptimConfig(lr=1e-2))
     b = make_batch(1, equal_halves=equal_halves)
     if rank_slice:
         half = len(b) // ctx.world_size
         b = b.select(torch.arange(ctx.rank * half, (ctx.rank + 1) * half))
-    stats = all_reduce_mean(update_policy(actor, b, algo, micro_batch_size=micro, max_tokens=max_tokens,
-                                          packed=packed, **UPDATE))
+    stats = all_reduce_mean(
+        update_policy(actor, b, algo, micro_batch_size=micro, max_tokens=max_tokens, packed=packed, **UPDATE)
+    )
     _save_grads(ctx, actor, stats, out_file)
 
 
@@ -69,8 +76,10 @@ def _save_grads(ctx, actor, stats, out_file) -> None:
     """The full gradients (gathered from the shards) and ``stats``, saved by rank 0. Gradients, not
     Adam's first step: that is ~lr * sign(grad), which turns rounding noise in a near-zero gradient
     into a full lr-sized difference."""
-    full = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-            for n, p in actor.module.lm.named_parameters()}
+    full = {
+        n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+        for n, p in actor.module.lm.named_parameters()
+    }
     if ctx.is_main:
         torch.save({"params": full, "stats": stats}, out_file)
 
@@ -136,8 +145,7 @@ def _uneven_ranks(ctx, path, out_file, balance=False):
     micro-batches until the ranks agree (or FSDP's gathers would hang). With ``balance``, the rows
     first move between the ranks by work."""
     torch.manual_seed(0)
-    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
-                        optim=OptimConfig(lr=1e-2))
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size, optim=OptimConfig(lr=1e-2))
     b = make_batch(1)
     order = torch.argsort(b.attention_mask.sum(-1), descending=True, stable=True)
     if ctx.world_size == 2:
@@ -298,8 +306,15 @@ def _pacs_grads(ctx, path, micro, mini_batches, out_file):
 
     recording.agg, recording.whole_groups, recording.entropy = objective.agg, True, False
     recording.check = objective.check
-    stats = update_policy(actor, b, algo, micro_batch_size=micro, objective=recording,
-                          generator=torch.Generator().manual_seed(0), **UPDATE)
+    stats = update_policy(
+        actor,
+        b,
+        algo,
+        micro_batch_size=micro,
+        objective=recording,
+        generator=torch.Generator().manual_seed(0),
+        **UPDATE,
+    )
     grads = {n: p.grad.clone() for n, p in actor.module.lm.named_parameters()}
     torch.save({"grads": grads, "stats": stats, "seen": seen}, out_file)
 
@@ -338,8 +353,14 @@ def make_grouped_batch(seed: int, n: int = 4):
 
 def _shared_prompts(ctx, path, share, out_file, rank_slice=False):
     torch.manual_seed(0)
-    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
-                        optim=OptimConfig(lr=1e-2), share_prompts=share)
+    actor = build_actor(
+        path,
+        dtype="float32",
+        device=ctx.device,
+        world_size=ctx.world_size,
+        optim=OptimConfig(lr=1e-2),
+        share_prompts=share,
+    )
     b = make_grouped_batch(4)
     if rank_slice:  # rank 0: the first two groups, rank 1: the rest
         b = b.select(torch.arange(0, 8) if ctx.rank == 0 else torch.arange(8, len(b)))
@@ -373,8 +394,9 @@ def test_shared_prompt_hidden_equals_the_whole_rows_and_steps_aside_without_shar
     b = make_grouped_batch(5)
     R = b.responses.shape[1]
     with torch.no_grad():
-        whole = m.base(input_ids=b.input_ids, attention_mask=b.attention_mask,
-                       position_ids=b.position_ids).last_hidden_state[:, -R - 1:-1]
+        whole = m.base(
+            input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids
+        ).last_hidden_state[:, -R - 1 : -1]
         got = m.shared_prompt_hidden(b.input_ids, b.attention_mask, b.position_ids, R)
     valid = b.response_mask.bool()
     torch.testing.assert_close(got[valid], whole[valid], atol=1e-5, rtol=1e-5)
@@ -396,10 +418,11 @@ def test_shared_prompt_pass_packs_short_responses_end_to_end(tiny_model_path, mo
     """Short responses of one prompt run end to end in one row of the responses' pass (a
     block-causal mask, each segment at its own positions): fewer rows, and the same log-probs and
     parameter gradients as the rows run one by one."""
+    from types import SimpleNamespace as NS
+
     from fastcrit.models.hf import load_model
     from fastcrit.train import policy
     from fastcrit.train.policy import CausalLMLogprobs
-    from types import SimpleNamespace as NS
 
     # which models pack: SDPA over full attention, no sliding window in use
     assert policy._packable(NS(_attn_implementation="sdpa", sliding_window=None))
@@ -409,8 +432,7 @@ def test_shared_prompt_pass_packs_short_responses_end_to_end(tiny_model_path, mo
     assert not policy._packable(NS(_attn_implementation="sdpa", layer_types=["full_attention", "sliding_attention"]))
     b = make_grouped_batch(5)
     R = b.responses.shape[1]
-    _, inverse = torch.unique(torch.cat([b.input_ids[:, :-R], b.attention_mask[:, :-R]], 1), dim=0,
-                              return_inverse=True)
+    _, inverse = torch.unique(torch.cat([b.input_ids[:, :-R], b.attention_mask[:, :-R]], 1), dim=0, return_inverse=True)
     lead, row, col, src, seg = policy._pack_responses(b.attention_mask[:, -R:], inverse, R - 1)
     assert len(lead) < len(b)  # rows of lengths 3 + 2 etc. share a row
     runs = (b.attention_mask[:, -R:].sum(1) - 1).clamp(min=0)
@@ -418,15 +440,23 @@ def test_shared_prompt_pass_packs_short_responses_end_to_end(tiny_model_path, mo
     assert torch.equal(inverse[src[0]], inverse[lead[row]])  # a packed row holds one prompt's responses
     calls = []
     packed = policy.CausalLMLogprobs._packed_responses
-    monkeypatch.setattr(policy.CausalLMLogprobs, "_packed_responses",
-                        lambda self, *a: calls.append(1) or packed(self, *a))
+    monkeypatch.setattr(
+        policy.CausalLMLogprobs, "_packed_responses", lambda self, *a: calls.append(1) or packed(self, *a)
+    )
 
     def run(pack: bool):
         monkeypatch.setattr(policy, "_packable", lambda config: pack)
         torch.manual_seed(0)
         m = CausalLMLogprobs(load_model(tiny_model_path))
-        lp = m(b.input_ids, b.attention_mask, b.position_ids, b.responses, b.response_mask,
-               temperature=0.7, share_prompts=True)
+        lp = m(
+            b.input_ids,
+            b.attention_mask,
+            b.position_ids,
+            b.responses,
+            b.response_mask,
+            temperature=0.7,
+            share_prompts=True,
+        )
         (lp * torch.linspace(0.5, 1.5, lp.numel()).view_as(lp)).sum().backward()
         return lp.detach(), {n: p.grad for n, p in m.named_parameters()}
 
@@ -442,8 +472,13 @@ def test_shared_prompt_pass_packs_short_responses_end_to_end(tiny_model_path, mo
     assert policy._pack_responses(torch.tensor([[1, 0, 1], [1, 0, 0]]), torch.tensor([0, 0]), 2) is None
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none"))]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none"),
+    ),
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -451,13 +486,18 @@ def test_a_plain_module_steps_with_fused_adamw_like_foreach(tiny_model_path, dev
     """One fp32 process gives the plain module torch's fused AdamW: three steps on the same
     gradients leave the weights where the foreach AdamW (FSDP2's) leaves them."""
     optim = OptimConfig(lr=1e-2, weight_decay=0.1)
-    actor = build_actor(tiny_model_path, dtype="float32", device=torch.device(device), world_size=1,
-                        optim=optim)
+    actor = build_actor(tiny_model_path, dtype="float32", device=torch.device(device), world_size=1, optim=optim)
     assert actor.optimizer.defaults["fused"] and not actor.optimizer.defaults["foreach"]
     start = [p.detach().clone() for p in actor.module.parameters()]
     twin = [p.detach().clone().requires_grad_(True) for p in actor.module.parameters()]
-    ref = torch.optim.AdamW(twin, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
-                            weight_decay=optim.weight_decay, foreach=True)
+    ref = torch.optim.AdamW(
+        twin,
+        lr=optim.lr,
+        betas=(optim.beta1, optim.beta2),
+        eps=optim.eps,
+        weight_decay=optim.weight_decay,
+        foreach=True,
+    )
     g = torch.Generator().manual_seed(0)
     for _ in range(3):
         for p, q in zip(actor.module.parameters(), twin):

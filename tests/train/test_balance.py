@@ -11,7 +11,7 @@ from fastcrit.train.balance import imbalance, karmarkar_karp, split_to, token_mi
 
 
 def test_workload_is_verls_linear_plus_quadratic_cost():
-    assert workload([1, 100]).tolist() == [24576 + 1, 24576 * 100 + 100 ** 2]
+    assert workload([1, 100]).tolist() == [24576 + 1, 24576 * 100 + 100**2]
 
 
 def test_karmarkar_karp_partitions_every_item_once_and_near_optimally():

@@ -1,6 +1,7 @@
 """Checkpoint directories without a model: what counts as complete, what a start removes, pruning by
 trainer.keep_last, `--resume RUN_DIR` and its errors, and a metrics line cut short by a kill.
 (Real saves and a run killed at random moments: tests/recipes/test_recipe_kill.py.)"""
+
 import json
 import os
 
@@ -8,8 +9,13 @@ import pytest
 
 from fastcrit.cli import main
 from fastcrit.config import ConfigError, load_config
-from fastcrit.train.checkpoint import (complete_checkpoints, latest_checkpoint, prune_checkpoints,
-                                       remove_partial_checkpoints, resume_output_dir)
+from fastcrit.train.checkpoint import (
+    complete_checkpoints,
+    latest_checkpoint,
+    prune_checkpoints,
+    remove_partial_checkpoints,
+    resume_output_dir,
+)
 from fastcrit.train.metrics import RunLog
 
 
@@ -53,8 +59,9 @@ def test_a_start_removes_what_killed_saves_left(tmp_path):
     assert remove_partial_checkpoints(str(tmp_path / "no-run-yet")) == []
 
 
-@pytest.mark.parametrize("keep_last, kept", [(2, [4, 5, 9]), (1, [5, 9]), (3, [3, 4, 5, 9]),
-                                             (0, [1, 3, 4, 5, 9]), (None, [1, 3, 4, 5, 9])])
+@pytest.mark.parametrize(
+    "keep_last, kept", [(2, [4, 5, 9]), (1, [5, 9]), (3, [3, 4, 5, 9]), (0, [1, 3, 4, 5, 9]), (None, [1, 3, 4, 5, 9])]
+)
 def test_pruning_keeps_the_newest_and_never_the_one_just_written(tmp_path, keep_last, kept):
     out = str(tmp_path)
     for s in (1, 3, 4, 5, 9):
@@ -63,8 +70,9 @@ def test_pruning_keeps_the_newest_and_never_the_one_just_written(tmp_path, keep_
     # step 5 was just written; step_9 is a later step left by an earlier run (trainer.resume=false)
     removed = prune_checkpoints(out, keep_last, 5)
     assert [s for s, _ in complete_checkpoints(out)] == kept
-    assert sorted(removed) == sorted(os.path.join(out, "checkpoints", f"step_{s}")
-                                     for s in (1, 3, 4, 5, 9) if s not in kept)
+    assert sorted(removed) == sorted(
+        os.path.join(out, "checkpoints", f"step_{s}") for s in (1, 3, 4, 5, 9) if s not in kept
+    )
     assert not any(n.startswith(".tmp_") for n in names(out))
 
 
@@ -96,8 +104,10 @@ def test_resume_with_a_bad_path_is_a_clear_error(tmp_path, capsys):
     missing = str(tmp_path / "nope")
     empty = str(tmp_path / "empty")
     fake(empty, "step_3", complete=False)
-    for bad, why in ((missing, "no such directory"),
-                     (empty, f"no complete checkpoint in {os.path.join(empty, 'checkpoints')}")):
+    for bad, why in (
+        (missing, "no such directory"),
+        (empty, f"no complete checkpoint in {os.path.join(empty, 'checkpoints')}"),
+    ):
         assert main(["train", config, "--resume", bad]) == 2
         err = capsys.readouterr().err
         assert f"--resume {bad}: {why}" in err, err
@@ -117,16 +127,16 @@ def test_a_metrics_line_cut_by_a_kill_is_dropped_on_resume(tmp_path):
 
 def _save_one(ctx, path, out, mask):
     from fastcrit.config import OptimConfig
+    from fastcrit.models.hf import load_tokenizer
     from fastcrit.train.actor import build_actor
     from fastcrit.train.checkpoint import save_checkpoint
-    from fastcrit.models.hf import load_tokenizer
 
-    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
-                        optim=OptimConfig(lr=1e-2))
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size, optim=OptimConfig(lr=1e-2))
     old = os.umask(mask)
     try:
-        save_checkpoint(actor, load_tokenizer(path), ctx, out, 1, {"model_path": path},
-                        extra_files={"recipe_state.pt": {"x": 1}})
+        save_checkpoint(
+            actor, load_tokenizer(path), ctx, out, 1, {"model_path": path}, extra_files={"recipe_state.pt": {"x": 1}}
+        )
     finally:
         os.umask(old)
 
@@ -145,8 +155,14 @@ def test_every_file_of_a_checkpoint_gets_a_normal_files_mode(tiny_model_path, tm
         for d in dirs:
             assert oct(os.stat(os.path.join(dirpath, d)).st_mode & 0o777) == oct(0o777 & ~mask), d
         files += [os.path.join(dirpath, n) for n in names]
-    assert {"model.safetensors", "config.json", "tokenizer_config.json", "trainer_state.json",
-            "recipe_state.pt", "COMPLETE"} <= {os.path.basename(f) for f in files}
+    assert {
+        "model.safetensors",
+        "config.json",
+        "tokenizer_config.json",
+        "trainer_state.json",
+        "recipe_state.pt",
+        "COMPLETE",
+    } <= {os.path.basename(f) for f in files}
     assert any("/dcp/" in f for f in files)
     for f in files:
         assert oct(os.stat(f).st_mode & 0o777) == oct(0o666 & ~mask), f

@@ -1,15 +1,16 @@
 """Activation checkpointing (trainer.gradient_checkpointing): the same loss and gradients as
 without it, in the policy update (1 and 2 FSDP2 processes, shared prompts, packed micro-batches),
 SFT with a token budget, and the value critic; the layers really run twice and keep less."""
+
 import dataclasses
 
 import pytest
 import torch
+from test_actor import ALGO, UPDATE, _save_grads, make_batch, make_grouped_batch
 
 from fastcrit.config import OptimConfig, PPOConfig
 from fastcrit.train.actor import build_actor, sft_step, update_policy
 from fastcrit.train.dist import all_reduce_mean, launch
-from test_actor import ALGO, UPDATE, _save_grads, make_batch, make_grouped_batch
 
 
 def _count_mlp_calls(actor) -> list[int]:
@@ -23,15 +24,23 @@ def _count_mlp_calls(actor) -> list[int]:
 
 def _update(ctx, path, ckpt, out_file, rank_slice=False, share=False, max_tokens=0, packed=False):
     torch.manual_seed(0)
-    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
-                        optim=OptimConfig(lr=1e-2), checkpointing=ckpt, share_prompts=share)
+    actor = build_actor(
+        path,
+        dtype="float32",
+        device=ctx.device,
+        world_size=ctx.world_size,
+        optim=OptimConfig(lr=1e-2),
+        checkpointing=ckpt,
+        share_prompts=share,
+    )
     calls = _count_mlp_calls(actor)
     b = make_grouped_batch(4) if share else make_batch(1, equal_halves=not max_tokens)
     if rank_slice:
         half = len(b) // ctx.world_size
         b = b.select(torch.arange(ctx.rank * half, (ctx.rank + 1) * half))
-    stats = all_reduce_mean(update_policy(actor, b, ALGO, micro_batch_size=3, max_tokens=max_tokens,
-                                          packed=packed, **UPDATE))
+    stats = all_reduce_mean(
+        update_policy(actor, b, ALGO, micro_batch_size=3, max_tokens=max_tokens, packed=packed, **UPDATE)
+    )
     _save_grads(ctx, actor, {**stats, "mlp_calls": calls[0]}, out_file)
 
 
@@ -73,8 +82,9 @@ def _saved_bytes(ctx, path, out):
     b = make_batch(1)
     res = {}
     for ckpt in (False, True):
-        actor = build_actor(path, dtype="float32", device=ctx.device, world_size=1,
-                            optim=OptimConfig(lr=1e-2), checkpointing=ckpt)
+        actor = build_actor(
+            path, dtype="float32", device=ctx.device, world_size=1, optim=OptimConfig(lr=1e-2), checkpointing=ckpt
+        )
         seen: dict[int, int] = {}
 
         def pack(t):
@@ -97,8 +107,14 @@ def test_checkpointed_forward_keeps_less_for_the_backward(tiny_model_path, tmp_p
 
 def _sft(ctx, path, ckpt, max_tokens, out_file):
     torch.manual_seed(0)
-    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
-                        optim=OptimConfig(lr=1e-2), checkpointing=ckpt)
+    actor = build_actor(
+        path,
+        dtype="float32",
+        device=ctx.device,
+        world_size=ctx.world_size,
+        optim=OptimConfig(lr=1e-2),
+        checkpointing=ckpt,
+    )
     b = make_batch(5)
     if ctx.world_size > 1:
         half = len(b) // ctx.world_size
@@ -125,15 +141,15 @@ def _critic(ctx, path, ckpt, out_file):
     from fastcrit.train.value import build_value_actor, update_values
 
     torch.manual_seed(0)
-    actor = build_value_actor(path, dtype="float32", device=ctx.device, world_size=1,
-                              optim=OptimConfig(lr=1e-2), checkpointing=ckpt)
+    actor = build_value_actor(
+        path, dtype="float32", device=ctx.device, world_size=1, optim=OptimConfig(lr=1e-2), checkpointing=ckpt
+    )
     b = make_batch(6)
     g = torch.Generator().manual_seed(1)
     b.values = torch.randn(b.response_mask.shape, generator=g) * b.response_mask
     b.returns = torch.randn(b.response_mask.shape, generator=g) * b.response_mask
     stats = update_values(actor, b, dataclasses.replace(ALGO), PPOConfig(), micro_batch_size=3, grad_clip=1.0)
-    torch.save({"stats": stats, "params": {n: p.grad.clone() for n, p in actor.module.lm.named_parameters()}},
-               out_file)
+    torch.save({"stats": stats, "params": {n: p.grad.clone() for n, p in actor.module.lm.named_parameters()}}, out_file)
 
 
 def test_checkpointed_value_critic_equals_the_plain_one(tiny_model_path, tmp_path):

@@ -1,6 +1,7 @@
 """fastcrit.train.dist.launch: the environment it is given reaches every rank before the process
 group starts (one process, two spawned, and the torchrun path), a value already set is kept, and the
 caller's environment is left as it was."""
+
 import json
 import os
 
@@ -48,8 +49,14 @@ def test_the_environment_is_set_before_the_group_starts(tmp_path, clean_env, npr
 
 def test_a_value_already_set_is_kept(tmp_path, clean_env):
     os.environ.update(GLOO_SOCKET_IFNAME="lo", NCCL_NVLS_ENABLE="1")
-    launch(_record_env, (str(tmp_path),), 1, "cpu", 30,
-           env={"GLOO_SOCKET_IFNAME": "fastcrit-none0", "NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "0"})
+    launch(
+        _record_env,
+        (str(tmp_path),),
+        1,
+        "cpu",
+        30,
+        env={"GLOO_SOCKET_IFNAME": "fastcrit-none0", "NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "0"},
+    )
     assert _read(str(tmp_path), 0) == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_NVLS_ENABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
 
 
@@ -60,8 +67,14 @@ def test_under_torchrun_the_rank_gets_it_before_joining(tmp_path, clean_env):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(TORCHELASTIC_RUN_ID="test", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        TORCHELASTIC_RUN_ID="test",
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     with pytest.raises(DistError, match="fastcrit-none0"):
         launch(_record_env, (str(tmp_path),), 1, "cpu", 30, env={"GLOO_SOCKET_IFNAME": "fastcrit-none0"})
     del os.environ["GLOO_SOCKET_IFNAME"]

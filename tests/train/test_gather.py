@@ -4,6 +4,7 @@
 (rows that do not divide by the world included); a save gathers on every rank and rank 0 alone
 holds the model on the host, in the model's dtype; the engine's weights after a sync are the
 policy's."""
+
 import ctypes
 import os
 
@@ -22,8 +23,7 @@ ODD = "tiny:hidden=64,layers=2,heads=2,kv_heads=1,intermediate=129"
 def _gather(ctx, path, out_file):
     from fastcrit.train.policy import full_named_tensors, gathered_buckets
 
-    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
-                        optim=OptimConfig(lr=1e-2))
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size, optim=OptimConfig(lr=1e-2))
     truth = {n: t.clone() for n, t in full_named_tensors(actor.module)}
     calls = [0]
     name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
@@ -73,8 +73,7 @@ def _save(ctx, path, directory, out_file):
     from fastcrit.train.checkpoint import save_hf
     from fastcrit.train.memory import proc_status_kb, reset_rss_peak
 
-    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
-                        optim=OptimConfig(lr=1e-2))
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size, optim=OptimConfig(lr=1e-2))
     model_bytes = sum(p.numel() for p in actor.module.parameters()) * 4
     # a first save pays the one-time costs (imports, the process group's first buffers), and the
     # heap it freed goes back to the system (glibc keeps freed pages resident otherwise); the
@@ -123,15 +122,14 @@ def test_a_save_streams_rank_0_alone_holds_the_model_in_its_dtype(tmp_path):
 
 
 def _root_after_forward(ctx, path, out_file):
+    from test_actor import make_batch
     from torch.distributed.tensor import DTensor
 
     from fastcrit.train.actor import compute_logprobs
-    from test_actor import make_batch
 
-    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
-                        optim=OptimConfig(lr=1e-2))
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size, optim=OptimConfig(lr=1e-2))
     ref = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size)
-    embed = lambda a: a.module.lm.get_input_embeddings().weight  # noqa: E731
+    embed = lambda a: a.module.lm.get_input_embeddings().weight
     b = make_batch(2)
     with torch.no_grad():  # FSDP2 alone: the root stays gathered after a forward without a backward
         actor.module(b.input_ids, b.attention_mask, b.position_ids, b.responses, b.response_mask)
@@ -139,8 +137,14 @@ def _root_after_forward(ctx, path, out_file):
     compute_logprobs(actor, b, 1.0, 8)
     compute_logprobs(ref, b, 1.0, 8)
     if ctx.is_main:
-        torch.save({"kept_by_fsdp": kept, "policy_sharded": isinstance(embed(actor), DTensor),
-                    "reference_sharded": isinstance(embed(ref), DTensor)}, out_file)
+        torch.save(
+            {
+                "kept_by_fsdp": kept,
+                "policy_sharded": isinstance(embed(actor), DTensor),
+                "reference_sharded": isinstance(embed(ref), DTensor),
+            },
+            out_file,
+        )
 
 
 def test_forward_only_passes_leave_the_root_sharded(tiny_model_path, tmp_path):
@@ -163,20 +167,25 @@ def _load(ctx, path, out_file):
     dist.barrier()
     before = proc_status_kb("VmRSS")["VmRSS"] * 1024
     assert reset_rss_peak()
-    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
-                        optim=OptimConfig(lr=1e-2))
+    actor = build_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size, optim=OptimConfig(lr=1e-2))
     growth = proc_status_kb("VmHWM")["VmHWM"] * 1024 - before
     ref = build_actor(path, dtype="bfloat16", device=ctx.device, world_size=ctx.world_size)
-    critic = build_value_actor(path, dtype="float32", device=ctx.device, world_size=ctx.world_size,
-                               optim=OptimConfig(lr=1e-2))
-    got = {"policy": dict(full_named_tensors(actor.module)), "reference": dict(full_named_tensors(ref.module)),
-           "critic": dict(full_named_tensors(critic.module)),
-           "rotary": [b.clone() for b in actor.module.buffers()]}
+    critic = build_value_actor(
+        path, dtype="float32", device=ctx.device, world_size=ctx.world_size, optim=OptimConfig(lr=1e-2)
+    )
+    got = {
+        "policy": dict(full_named_tensors(actor.module)),
+        "reference": dict(full_named_tensors(ref.module)),
+        "critic": dict(full_named_tensors(critic.module)),
+        "rotary": [b.clone() for b in actor.module.buffers()],
+    }
     growths = [None] * ctx.world_size
     dist.all_gather_object(growths, growth)
     if ctx.is_main:
-        torch.save({"truth": truth, "got": got, "growth": growths,
-                    "model_bytes": sum(t.numel() * 4 for t in truth.values())}, out_file)
+        torch.save(
+            {"truth": truth, "got": got, "growth": growths, "model_bytes": sum(t.numel() * 4 for t in truth.values())},
+            out_file,
+        )
     else:
         torch.save({"got": got}, out_file + ".rank1")
 

@@ -1,4 +1,5 @@
 """Memory per phase on CPU: the resident set, and the phase's own peak where Linux lets it be reset."""
+
 import pytest
 import torch
 

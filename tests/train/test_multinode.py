@@ -6,6 +6,7 @@ message naming a rank and what failed, within a timeout.
 Every run is a real `fastcrit train configs/cpu/grpo.yaml` in its own process (the SFT warm start
 included, shortened), as a user would start it.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,14 @@ def _sets(out: str, extra: list[str]) -> list[str]:
 
 
 def _train(out: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "fastcrit.cli", "train", CONFIG, *_sets(out, list(extra))],
-                            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "fastcrit.cli", "train", CONFIG, *_sets(out, list(extra))],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _free_port() -> int:
@@ -52,10 +59,31 @@ def _free_port() -> int:
 
 
 def _torchrun_node(node: int, port: int, out: str, *extra: str, torchrun_args=()) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-           "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-           "--rdzv-id", f"fastcrit-test-{port}", "--max-restarts", "0", *torchrun_args,
-           "-m", "fastcrit.cli", "train", CONFIG, *_sets(out, list(extra))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--node-rank",
+        str(node),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        f"fastcrit-test-{port}",
+        "--max-restarts",
+        "0",
+        *torchrun_args,
+        "-m",
+        "fastcrit.cli",
+        "train",
+        CONFIG,
+        *_sets(out, list(extra)),
+    ]
     return subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -103,8 +131,10 @@ def test_two_processes_and_two_torchrun_nodes_train_as_one_process(tmp_path):
     assert "replaced by torchrun's world size 2" in "".join(logs[1:])  # the config's nproc=1 gave way
     _assert_same_run(one, two)
     _assert_same_run(one, nodes)
-    assert sorted(f for f in os.listdir(os.path.join(nodes, "checkpoints", "step_3")) if f.startswith("rng_")) \
-        == ["rng_rank0.pt", "rng_rank1.pt"]
+    assert sorted(f for f in os.listdir(os.path.join(nodes, "checkpoints", "step_3")) if f.startswith("rng_")) == [
+        "rng_rank0.pt",
+        "rng_rank1.pt",
+    ]
 
 
 def _wait_for_step(out: str, procs, timeout: float = 240) -> None:
@@ -160,8 +190,9 @@ def test_a_rank_that_stops_answering_times_out_with_the_waiting_rank_named(tmp_p
                 pass
     assert p.returncode == 1
     assert time.time() - t0 < 80
-    assert "rank 0 of 2 (host" in log and "a collective failed" in log and "trainer.dist_timeout_s (3 s)" in log, \
-        log[-3000:]
+    assert "rank 0 of 2 (host" in log and "a collective failed" in log and "trainer.dist_timeout_s (3 s)" in log, log[
+        -3000:
+    ]
 
 
 def test_a_node_whose_worker_dies_stops_the_other_node(tmp_path):

@@ -1,6 +1,7 @@
 """`fastcrit plan`: the arithmetic against budgets worked by hand (the 7B CTRL setting of issue 34
 as the sanity reference), every GPU config fits on 80 GiB, a config that cannot fit is refused
 with the keys that would make it fit, and `fastcrit train` runs the same check."""
+
 import glob
 import json
 import os
@@ -9,13 +10,13 @@ import pytest
 
 from fastcrit.cli import main
 from fastcrit.config import ConfigError, load_config
-from fastcrit.train.plan import (CONTEXTS, GIB, activation_bytes_per_token, find_model_config, make_plan,
-                                 model_shape)
+from fastcrit.train.plan import CONTEXTS, GIB, activation_bytes_per_token, find_model_config, make_plan, model_shape
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 # the training configs (configs/ctrl_eval_*.yaml are for `fastcrit critique` alone: nothing trains)
-GPU_CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.yaml"))
-                     if not os.path.basename(p).startswith("ctrl_eval_"))
+GPU_CONFIGS = sorted(
+    p for p in glob.glob(os.path.join(ROOT, "configs", "*.yaml")) if not os.path.basename(p).startswith("ctrl_eval_")
+)
 CODER_7B = "/models/Qwen2.5-Coder-7B-Instruct"
 
 
@@ -86,8 +87,20 @@ def test_every_gpu_config_plans_to_fit_on_80_gib(path, capsys):
 def test_a_config_that_cannot_fit_is_refused_naming_keys(tmp_path, capsys):
     ctrl = os.path.join(ROOT, "configs", "ctrl.yaml")
     js = str(tmp_path / "plan.json")
-    rc = main(["plan", ctrl, "--gpu-memory-gib", "80", "--json", js,
-               "--set", "trainer.gradient_checkpointing=false", "--set", "trainer.micro_batch_size=16"])
+    rc = main(
+        [
+            "plan",
+            ctrl,
+            "--gpu-memory-gib",
+            "80",
+            "--json",
+            js,
+            "--set",
+            "trainer.gradient_checkpointing=false",
+            "--set",
+            "trainer.micro_batch_size=16",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 1
     assert "update does not fit" in captured.out and "trainer.gradient_checkpointing=true" in captured.out
@@ -101,14 +114,21 @@ def test_a_config_that_cannot_fit_is_refused_naming_keys(tmp_path, capsys):
 
 
 def test_a_suggested_token_budget_makes_the_update_fit():
-    cfg = load_config(os.path.join(ROOT, "configs", "ctrl.yaml"),
-                      ["trainer.gradient_checkpointing=false", "trainer.micro_batch_size=16"])
+    cfg = load_config(
+        os.path.join(ROOT, "configs", "ctrl.yaml"),
+        ["trainer.gradient_checkpointing=false", "trainer.micro_batch_size=16"],
+    )
     plan = make_plan(cfg, 80.0)
     fix = next(k for k in plan.fixes["update"] if k.startswith("trainer.max_tokens_per_micro_batch="))
     budget = int(fix.split("=")[1].split()[0])
-    cfg2 = load_config(os.path.join(ROOT, "configs", "ctrl.yaml"),
-                       ["trainer.gradient_checkpointing=false", "trainer.micro_batch_size=16",
-                        f"trainer.max_tokens_per_micro_batch={budget}"])
+    cfg2 = load_config(
+        os.path.join(ROOT, "configs", "ctrl.yaml"),
+        [
+            "trainer.gradient_checkpointing=false",
+            "trainer.micro_batch_size=16",
+            f"trainer.max_tokens_per_micro_batch={budget}",
+        ],
+    )
     assert "update" not in {p.name for p in make_plan(cfg2, 80.0).over()}
 
 

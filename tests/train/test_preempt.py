@@ -4,6 +4,7 @@ get each signal the launcher gets exactly once (a terminal's Ctrl-C reaches the 
 process group, which the ranks have left), even one sent while they start; they die with a SIGKILLed
 launcher. The loop here is a stand-in for training steps (sleep, then agree), so these run in seconds;
 tests/recipes/test_recipe_stop.py stops real runs."""
+
 from __future__ import annotations
 
 import json
@@ -68,9 +69,14 @@ def _start(out, nproc, steps=400, step_s=0.05):
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         env.pop(k, None)
     env["PYTHONPATH"] = os.pathsep.join([ROOT, os.path.join(ROOT, "kernels"), env.get("PYTHONPATH", "")])
-    return subprocess.Popen([sys.executable, "-c", LAUNCHER, HERE, str(out), str(nproc), str(steps), str(step_s)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, HERE, str(out), str(nproc), str(steps), str(step_s)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def _wait(cond, proc, timeout=60.0):
@@ -184,8 +190,11 @@ def test_ctrl_c_to_the_process_group_reaches_each_spawned_rank_once(tmp_path):
     # A rank that got the signal twice (from the terminal and from the launcher) would have stopped
     # at once, interrupted; both stopped gracefully after the same step, in sessions of their own.
     assert a["signal"] == b["signal"] == signal.SIGINT and not a["interrupted"] and not b["interrupted"]
-    assert a["step"] == b["step"] and json.loads(log.splitlines()[-1]) == \
-        {"signal": signal.SIGINT, "step": a["step"], "at_once": False}
+    assert a["step"] == b["step"] and json.loads(log.splitlines()[-1]) == {
+        "signal": signal.SIGINT,
+        "step": a["step"],
+        "at_once": False,
+    }
     assert a["sid"] == a["pid"] and b["sid"] == b["pid"] and launcher_session not in (a["sid"], b["sid"])
     assert "SIGINT: finishing the current step" in log
 

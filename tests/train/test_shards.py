@@ -1,5 +1,6 @@
 """Work dealt over ranks through files: chunks and their dealing, whole-or-nothing chunk files, the
 plan a restart must match, and waiting that gives up only when nothing moves."""
+
 import itertools
 import json
 import os
@@ -7,14 +8,17 @@ import time
 
 import pytest
 
-from fastcrit.train.shards import (Chunk, ChunkFiles, ShardError, cut, dealt, missing_message, wait_for,
-                                   write_atomically)
+from fastcrit.train.shards import Chunk, ChunkFiles, ShardError, cut, dealt, missing_message, wait_for, write_atomically
 
 
 def test_cut_covers_every_item_once_in_chunks_of_the_size_given():
     chunks = cut([("train", 7), ("empty", 0), ("val", 3)], 3)
     assert [(c.name, c.start, c.stop) for c in chunks] == [
-        ("train_00000", 0, 3), ("train_00001", 3, 6), ("train_00002", 6, 7), ("val_00000", 0, 3)]
+        ("train_00000", 0, 3),
+        ("train_00001", 3, 6),
+        ("train_00002", 6, 7),
+        ("val_00000", 0, 3),
+    ]
     assert [len(c) for c in chunks] == [3, 3, 1, 3]
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="per_chunk"):
@@ -63,8 +67,11 @@ def test_plan_is_written_once_and_a_different_one_names_what_differs(tmp_path):
     files.settle_plan(plan)
     files.settle_plan(json.loads(json.dumps(plan)))  # the same plan again: fine
     other = {"chunk_problems": 4, "splits": {"train": {"seed": 2, "problems": 10}, "val": {"problems": 3}}}
-    with pytest.raises(ShardError, match=r"splits\.train\.seed: 1 there, 2 now; splits\.val: None there, "
-                                         r"\{'problems': 3\} now\)\. Restore the settings"):
+    with pytest.raises(
+        ShardError,
+        match=r"splits\.train\.seed: 1 there, 2 now; splits\.val: None there, "
+        r"\{'problems': 3\} now\)\. Restore the settings",
+    ):
         files.settle_plan(other)
     with open(os.path.join(files.directory, "plan.json")) as f:
         assert json.load(f) == plan  # left as it was
@@ -80,8 +87,7 @@ def test_write_atomically_replaces_whole(tmp_path):
 def test_wait_gives_up_only_when_nothing_moves(tmp_path):
     ticks = itertools.count()
     t0 = time.monotonic()  # progress on every look: waits past wait_s until ready
-    wait_for(lambda: time.monotonic() - t0 > 0.5, lambda: next(ticks), wait_s=0.2, failure=lambda: "never",
-             poll_s=0.02)
+    wait_for(lambda: time.monotonic() - t0 > 0.5, lambda: next(ticks), wait_s=0.2, failure=lambda: "never", poll_s=0.02)
     t0 = time.monotonic()
     with pytest.raises(ShardError, match="^chunk 7 missing$"):
         wait_for(lambda: False, lambda: 3, wait_s=0.2, failure=lambda: "chunk 7 missing", poll_s=0.02)

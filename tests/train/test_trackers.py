@@ -7,6 +7,7 @@ record log of its Record protos), not through the writers' objects. The W&B test
 package, which is not in the `test` extra (~30 packages): where it is absent they are skipped, and the
 missing-package test runs instead.
 """
+
 from __future__ import annotations
 
 import glob
@@ -53,9 +54,9 @@ def tb_events(logdir: str):
         data = open(path, "rb").read()
         pos = 0
         while pos < len(data):  # TFRecord: u64 length, u32 crc, payload, u32 crc
-            (n,) = struct.unpack("<Q", data[pos:pos + 8])
+            (n,) = struct.unpack("<Q", data[pos : pos + 8])
             ev = Event()
-            ev.ParseFromString(data[pos + 12:pos + 12 + n])
+            ev.ParseFromString(data[pos + 12 : pos + 12 + n])
             pos += 12 + n + 4
             yield ev
 
@@ -90,8 +91,8 @@ def wandb_records(run_root: str) -> list:
         if left < 7:
             pos += left
             continue
-        _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        buf += data[pos + 7:pos + 7 + n]
+        _, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        buf += data[pos + 7 : pos + 7 + n]
         pos += 7 + n
         if kind in (1, 4):
             r = pb.Record()
@@ -105,8 +106,7 @@ def wandb_history(records) -> dict[int, dict[str, float]]:
     out = {}
     for r in records:
         if r.WhichOneof("record_type") == "history":
-            items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
-                     for i in r.history.item}
+            items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
             out[r.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
     return out
 
@@ -132,8 +132,11 @@ def jsonl_rows(out: str) -> dict[int, dict]:
 
 def numeric(row: dict) -> dict[str, float]:
     """metrics.jsonl's numeric keys; null (a NaN or an infinity there) as NaN."""
-    return {k: (math.nan if v is None else float(v)) for k, v in row.items()
-            if k != "step" and (v is None or isinstance(v, (int, float)))}
+    return {
+        k: (math.nan if v is None else float(v))
+        for k, v in row.items()
+        if k != "step" and (v is None or isinstance(v, (int, float)))
+    }
 
 
 def tb_tags(d: dict[str, float]) -> dict[str, float]:
@@ -155,11 +158,26 @@ def same(a: dict[str, float], b: dict[str, float], rel: float = 1e-6) -> bool:
     return True
 
 
-ROWS = [{"step": 1, "reward/mean": 0.25, "loss/policy": -1.5, "val/reward": 0.5, "kl/mean": float("nan"),
-         "tokens": 12, "note": "not a number"},
-        {"step": 2, "reward/mean": 0.75, "loss/policy": -1.25, "kl/mean": 0.01, "tokens": 14}]
-SUMMARY = {"steps": 2, "resumed_from": 0, "train_reward_first": 0.25, "val_reward_end": None,
-           "eval": {"pass@1": 0.5}, "checkpoint": "runs/x/checkpoints/step_2"}
+ROWS = [
+    {
+        "step": 1,
+        "reward/mean": 0.25,
+        "loss/policy": -1.5,
+        "val/reward": 0.5,
+        "kl/mean": float("nan"),
+        "tokens": 12,
+        "note": "not a number",
+    },
+    {"step": 2, "reward/mean": 0.75, "loss/policy": -1.25, "kl/mean": 0.01, "tokens": 14},
+]
+SUMMARY = {
+    "steps": 2,
+    "resumed_from": 0,
+    "train_reward_first": 0.25,
+    "val_reward_end": None,
+    "eval": {"pass@1": 0.5},
+    "checkpoint": "runs/x/checkpoints/step_2",
+}
 
 
 def _log(out: str, trackers: TrackerSettings, start: int = 0, rows=ROWS, summary=SUMMARY) -> None:
@@ -179,13 +197,24 @@ def test_tensorboard_holds_the_metrics_rows_and_the_summary(tmp_path):
     got, rows = tb_scalars(os.path.join(out, "tensorboard")), jsonl_rows(out)
     summary = got.pop(2)  # step 2 holds the last row and the summary
     assert same({k: v for k, v in summary.items() if not k.startswith("summary/")}, numeric(rows[2]))
-    assert same({k: v for k, v in summary.items() if k.startswith("summary/")},
-                tb_tags({"summary/steps": 2, "summary/resumed_from": 0, "summary/train_reward_first": 0.25,
-                         "summary/eval/pass@1": 0.5}))
+    assert same(
+        {k: v for k, v in summary.items() if k.startswith("summary/")},
+        tb_tags(
+            {
+                "summary/steps": 2,
+                "summary/resumed_from": 0,
+                "summary/train_reward_first": 0.25,
+                "summary/eval/pass@1": 0.5,
+            }
+        ),
+    )
     assert set(got) == {1} and same(got[1], numeric(rows[1]))
-    texts = [v for ev in tb_events(os.path.join(out, "tensorboard")) for v in ev.summary.value
-             if v.tag.startswith("summary")
-             and v.metadata.plugin_data.plugin_name == "text"]
+    texts = [
+        v
+        for ev in tb_events(os.path.join(out, "tensorboard"))
+        for v in ev.summary.value
+        if v.tag.startswith("summary") and v.metadata.plugin_data.plugin_name == "text"
+    ]
     assert len(texts) == 1 and b"checkpoints/step_2" in texts[0].tensor.string_val[0]
 
 
@@ -195,8 +224,7 @@ def test_tensorboard_on_resume_shows_what_metrics_jsonl_keeps(tmp_path):
     out = str(tmp_path)
     first = [{"step": s, "reward/mean": float(s)} for s in (1, 2, 3)]
     _log(out, TrackerSettings(("tensorboard",)), rows=first, summary=None)
-    _log(out, TrackerSettings(("tensorboard",)), start=1, summary=None,
-         rows=[{"step": 2, "reward/mean": 20.0}])
+    _log(out, TrackerSettings(("tensorboard",)), start=1, summary=None, rows=[{"step": 2, "reward/mean": 20.0}])
     rows = jsonl_rows(out)
     assert sorted(rows) == [1, 2]
     got = tb_scalars(os.path.join(out, "tensorboard"))
@@ -207,8 +235,9 @@ def test_tensorboard_on_resume_shows_what_metrics_jsonl_keeps(tmp_path):
 def test_tensorboard_is_flushed_and_closed_when_the_run_fails_or_stops(tmp_path, exc):
     out = str(tmp_path)
     with pytest.raises(type(exc)):
-        with RunLog(out, enabled=True, total=5, start=0, progress=False,
-                    trackers=TrackerSettings(("tensorboard",))) as log:
+        with RunLog(
+            out, enabled=True, total=5, start=0, progress=False, trackers=TrackerSettings(("tensorboard",))
+        ) as log:
             log.log(ROWS[0])
             raise exc
     # tensorboardX writes every 10 events or 120 s: the row is on disk only because the writer closed
@@ -217,8 +246,14 @@ def test_tensorboard_is_flushed_and_closed_when_the_run_fails_or_stops(tmp_path,
 
 
 def test_only_the_writing_rank_opens_trackers(tmp_path):
-    with RunLog(str(tmp_path), enabled=False, total=2, start=0, progress=False,
-                trackers=TrackerSettings(("tensorboard", "wandb"))) as log:
+    with RunLog(
+        str(tmp_path),
+        enabled=False,
+        total=2,
+        start=0,
+        progress=False,
+        trackers=TrackerSettings(("tensorboard", "wandb")),
+    ) as log:
         log.log(ROWS[0])
     assert os.listdir(tmp_path) == []
 
@@ -227,8 +262,11 @@ def test_only_the_writing_rank_opens_trackers(tmp_path):
 
 
 @needs_wandb
-@pytest.mark.parametrize("exc,code", [(None, 0), (RuntimeError("boom"), 1), (Stopped(signal.SIGTERM, 1), 143)],
-                         ids=["end", "error", "sigterm"])
+@pytest.mark.parametrize(
+    "exc,code",
+    [(None, 0), (RuntimeError("boom"), 1), (Stopped(signal.SIGTERM, 1), 143)],
+    ids=["end", "error", "sigterm"],
+)
 def test_wandb_offline_run_holds_the_metrics_rows_summary_and_exit_code(tmp_path, monkeypatch, exc, code):
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = str(tmp_path)
@@ -251,8 +289,13 @@ def test_wandb_offline_run_holds_the_metrics_rows_summary_and_exit_code(tmp_path
         assert same(history[s], numeric(rows[s]))
     if exc is None:
         summary = {k: v for k, v in wandb_summary(records).items() if k.startswith("summary/")}
-        assert summary == {"summary/steps": 2, "summary/resumed_from": 0, "summary/train_reward_first": 0.25,
-                           "summary/eval/pass@1": 0.5, "summary/checkpoint": "runs/x/checkpoints/step_2"}
+        assert summary == {
+            "summary/steps": 2,
+            "summary/resumed_from": 0,
+            "summary/train_reward_first": 0.25,
+            "summary/eval/pass@1": 0.5,
+            "summary/checkpoint": "runs/x/checkpoints/step_2",
+        }
     assert wandb_exit_code(records) == code
 
 
@@ -270,14 +313,31 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("logger,module,pip", [("tensorboard", "tensorboardX", "pip install 'fastcrit[tensorboard]'"),
-                                                 ("wandb", "wandb", "pip install wandb")])
+@pytest.mark.parametrize(
+    "logger,module,pip",
+    [("tensorboard", "tensorboardX", "pip install 'fastcrit[tensorboard]'"), ("wandb", "wandb", "pip install wandb")],
+)
 def test_a_logger_without_its_package_stops_at_start_naming_the_key_and_pip(tmp_path, logger, module, pip):
     out = str(tmp_path / "run")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "kernels")]))
-    p = subprocess.run([sys.executable, "-c", BLOCK.format(mod=module), "train", CPU_CONFIG,
-                        "--set", f"trainer.loggers=[jsonl,{logger}]", "--set", f"trainer.output_dir={out}"],
-                       capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            BLOCK.format(mod=module),
+            "train",
+            CPU_CONFIG,
+            "--set",
+            f"trainer.loggers=[jsonl,{logger}]",
+            "--set",
+            f"trainer.output_dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
     assert p.returncode == 2, p.stderr[-3000:]
     assert f"trainer.loggers names '{logger}', whose package {module} is not installed: {pip}" in p.stderr
     assert not os.path.exists(out)  # nothing started: no model built, no output directory
@@ -287,18 +347,33 @@ def test_runlog_refuses_a_logger_without_its_package(tmp_path, monkeypatch):
     """For callers that build a RunLog without the CLI: the same error before anything is written."""
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ConfigError, match=r"trainer.loggers names 'wandb'.*pip install wandb"):
-        RunLog(str(tmp_path), enabled=True, total=2, start=0, progress=False,
-               trackers=TrackerSettings(("wandb",)))
+        RunLog(str(tmp_path), enabled=True, total=2, start=0, progress=False, trackers=TrackerSettings(("wandb",)))
     assert not os.path.exists(os.path.join(tmp_path, "metrics.jsonl"))
 
 
 # --------------------------------------------------------------------------------- a real GRPO run
 
-SETS = ["model.path=tiny", "model.tiny.hidden=64", "model.tiny.layers=2", "model.tiny.heads=2",
-        "model.tiny.kv_heads=1", "model.tiny.intermediate=128", "data.prompts_per_step=2", "data.val_size=4",
-        "rollout.n=4", "rollout.max_new_tokens=6", "sft.steps=2", "sft.batch_size=8", "optim.lr=1e-3",
-        "algorithm.kl_coef=0.01", "trainer.micro_batch_size=4", "trainer.progress=false",
-        "trainer.compute_threads=1", "trainer.total_steps=2", "trainer.eval_every=2"]
+SETS = [
+    "model.path=tiny",
+    "model.tiny.hidden=64",
+    "model.tiny.layers=2",
+    "model.tiny.heads=2",
+    "model.tiny.kv_heads=1",
+    "model.tiny.intermediate=128",
+    "data.prompts_per_step=2",
+    "data.val_size=4",
+    "rollout.n=4",
+    "rollout.max_new_tokens=6",
+    "sft.steps=2",
+    "sft.batch_size=8",
+    "optim.lr=1e-3",
+    "algorithm.kl_coef=0.01",
+    "trainer.micro_batch_size=4",
+    "trainer.progress=false",
+    "trainer.compute_threads=1",
+    "trainer.total_steps=2",
+    "trainer.eval_every=2",
+]
 
 
 def test_grpo_run_logs_the_same_rows_to_every_tracker(tmp_path, monkeypatch):
@@ -310,15 +385,20 @@ def test_grpo_run_logs_the_same_rows_to_every_tracker(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = str(tmp_path / "run")
     argv = ["train", CPU_CONFIG]
-    for s in SETS + [f"trainer.output_dir={out}", f"trainer.loggers=[{','.join(loggers)}]",
-                     "trainer.wandb_mode=offline", "trainer.wandb_project=fc-test"]:
+    for s in SETS + [
+        f"trainer.output_dir={out}",
+        f"trainer.loggers=[{','.join(loggers)}]",
+        "trainer.wandb_mode=offline",
+        "trainer.wandb_project=fc-test",
+    ]:
         argv += ["--set", s]
     assert main(argv) == 0
     rows = jsonl_rows(out)
     assert sorted(rows) == [1, 2] and "val/reward" in rows[2] and "reward/mean" in rows[1]
     summary = json.load(open(os.path.join(out, "summary.json")))
-    expect_summary = {f"summary/{k}": float(v) for k, v in summary.items()
-                      if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    expect_summary = {
+        f"summary/{k}": float(v) for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
     tb = tb_scalars(os.path.join(out, "tensorboard"))
     assert sorted(tb) == [1, 2]
@@ -353,11 +433,20 @@ def test_a_run_stopped_by_sigterm_closes_its_trackers(tmp_path):
 
     loggers = ["jsonl", "tensorboard"] + (["wandb"] if _has("wandb") else [])
     out = str(tmp_path / "run")
-    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_SILENT="true",
-               PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "kernels")]))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        WANDB_SILENT="true",
+        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "kernels")]),
+    )
     argv = [sys.executable, "-m", "fastcrit.cli", "train", CPU_CONFIG]
-    for s in SETS + [f"trainer.output_dir={out}", f"trainer.loggers=[{','.join(loggers)}]",
-                     "trainer.wandb_mode=offline", "trainer.total_steps=20", "sft.steps=0"]:
+    for s in SETS + [
+        f"trainer.output_dir={out}",
+        f"trainer.loggers=[{','.join(loggers)}]",
+        "trainer.wandb_mode=offline",
+        "trainer.total_steps=20",
+        "sft.steps=0",
+    ]:
         argv += ["--set", s]
     with open(tmp_path / "log", "w") as f:
         p = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
@@ -389,9 +478,17 @@ def test_reward_model_stage_logs_its_rows_and_summary(tmp_path):
 
     out = str(tmp_path / "run")
     argv = ["rm", os.path.join(ROOT, "configs", "cpu", "ppo.yaml")]
-    for s in SETS[:6] + ["data.prompts_per_step=2", "sft.steps=0", "rm.steps=3", "rm.batch_size=8",
-                         "rm.val_fraction=0.01", "trainer.progress=false", "trainer.compute_threads=1",
-                         f"trainer.output_dir={out}", "trainer.loggers=[tensorboard]"]:
+    for s in SETS[:6] + [
+        "data.prompts_per_step=2",
+        "sft.steps=0",
+        "rm.steps=3",
+        "rm.batch_size=8",
+        "rm.val_fraction=0.01",
+        "trainer.progress=false",
+        "trainer.compute_threads=1",
+        f"trainer.output_dir={out}",
+        "trainer.loggers=[tensorboard]",
+    ]:
         argv += ["--set", s]
     assert main(argv) == 0
     rm = os.path.join(out, "rm")
@@ -400,6 +497,13 @@ def test_reward_model_stage_logs_its_rows_and_summary(tmp_path):
     assert sorted(tb) == sorted(rows) == [1, 2, 3]
     assert same(tb[1], tb_tags(numeric(rows[1]))) and same(tb[2], tb_tags(numeric(rows[2])))
     assert same({k: v for k, v in tb[3].items() if not k.startswith("summary/")}, tb_tags(numeric(rows[3])))
-    assert same({k: v for k, v in tb[3].items() if k.startswith("summary/")},
-                tb_tags({f"summary/{k}": float(v) for k, v in summary.items()
-                         if isinstance(v, (int, float)) and not isinstance(v, bool)}))
+    assert same(
+        {k: v for k, v in tb[3].items() if k.startswith("summary/")},
+        tb_tags(
+            {
+                f"summary/{k}": float(v)
+                for k, v in summary.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
+        ),
+    )

@@ -1,6 +1,7 @@
 """The value model (PPO critic, reward model): loading with a fresh or a kept head, values at the
 right positions, a value update that fits the returns, scores independent of padding, and saved
 copies that transformers loads back."""
+
 import pytest
 import torch
 
@@ -9,8 +10,7 @@ from fastcrit.models.hf import load_value_model
 from fastcrit.rollout.batch import collate
 from fastcrit.train.checkpoint import save_hf
 from fastcrit.train.dist import launch
-from fastcrit.train.value import (build_value_actor, compute_values, explained_variance,
-                                  last_token_scores, update_values)
+from fastcrit.train.value import build_value_actor, compute_values, explained_variance, last_token_scores, update_values
 from fastcrit.types import Rollout
 
 
@@ -48,14 +48,21 @@ def _values_and_update(ctx, path, out):
     # forward's outputs shifted by one.
     full = critic.module(b.input_ids, b.attention_mask, b.position_ids).detach()
     R = b.responses.shape[1]
-    torch.testing.assert_close(v, full[:, -R - 1:-1] * b.response_mask)
+    torch.testing.assert_close(v, full[:, -R - 1 : -1] * b.response_mask)
     b.values = v
     b.returns = torch.ones_like(v) * b.response_mask
     losses = []
     for _ in range(30):
         b.values = compute_values(critic, b, 4)
-        stats = update_values(critic, b, AlgorithmConfig(mini_batches=2), PPOConfig(value_clip=10.0),
-                              micro_batch_size=4, grad_clip=1.0, generator=torch.Generator().manual_seed(0))
+        stats = update_values(
+            critic,
+            b,
+            AlgorithmConfig(mini_batches=2),
+            PPOConfig(value_clip=10.0),
+            micro_batch_size=4,
+            grad_clip=1.0,
+            generator=torch.Generator().manual_seed(0),
+        )
         losses.append(stats["critic/value_loss"])
     after = compute_values(critic, b, 4)
     # Left and right padding give the same last-token score.
@@ -64,12 +71,14 @@ def _values_and_update(ctx, path, out):
     right_mask = torch.zeros_like(mask)
     for i in range(len(ids)):
         row = ids[i][mask[i] > 0]
-        right_ids[i, :len(row)], right_mask[i, :len(row)] = row, 1
+        right_ids[i, : len(row)], right_mask[i, : len(row)] = row, 1
     s_left = last_token_scores(critic, ids, mask, 4)
     s_right = last_token_scores(critic, right_ids, right_mask, 4)
     save_hf(critic, None, out + "/critic", ctx)
-    torch.save({"losses": losses, "after": after, "mask": b.response_mask, "stats": stats,
-                "s": (s_left, s_right)}, out + "/r.pt")
+    torch.save(
+        {"losses": losses, "after": after, "mask": b.response_mask, "stats": stats, "s": (s_left, s_right)},
+        out + "/r.pt",
+    )
 
 
 def test_values_fit_their_returns_and_scores_ignore_padding(tiny_model_path, tmp_path):
