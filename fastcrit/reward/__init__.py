@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from fastcrit.config import ConfigError
 from fastcrit.config_values import reward_model_path
 from fastcrit.reward import (
     code,  # noqa: F401  (registers "code")
@@ -12,13 +13,14 @@ from fastcrit.reward import (
     rule,  # noqa: F401  (registers "rule", "reverse", "exact_match")
 )
 from fastcrit.reward.base import (
+    _REGISTRY,
     RewardItem,
     RewardManager,
     RewardResult,
-    get_reward_manager,
     known_reward_managers,
     register,
 )
+from fastcrit.reward.function import FunctionReward
 from fastcrit.reward.model import CombinedReward  # registers "model"
 
 __all__ = [
@@ -30,6 +32,18 @@ __all__ = [
     "make_reward",
     "register",
 ]
+
+
+def get_reward_manager(name: str, **kwargs) -> RewardManager:
+    """The manager registered as ``name``, or a user function named ``module:function``."""
+    if ":" in name:
+        return FunctionReward(name)
+    if name not in _REGISTRY:
+        raise ConfigError(
+            f"reward.name: unknown reward manager {name!r} (known: {sorted(_REGISTRY)}, or a "
+            f"user function as 'module:function')"
+        )
+    return _REGISTRY[name](**kwargs)
 
 
 def make_reward(cfg, workdir: str, rank: int = 0, device="cpu") -> RewardManager:

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fastcrit.config import ConfigError
 from fastcrit.data.problems import Problem
 
 
@@ -40,20 +39,6 @@ def register(name: str):
         return factory
 
     return deco
-
-
-def get_reward_manager(name: str, **kwargs) -> RewardManager:
-    """The manager registered as ``name``, or a user function named ``module:function``."""
-    if ":" in name:
-        from fastcrit.reward.function import FunctionReward
-
-        return FunctionReward(name)
-    if name not in _REGISTRY:
-        raise ConfigError(
-            f"reward.name: unknown reward manager {name!r} (known: {sorted(_REGISTRY)}, or a "
-            f"user function as 'module:function')"
-        )
-    return _REGISTRY[name](**kwargs)
 
 
 def known_reward_managers() -> list[str]:
