@@ -32,7 +32,7 @@ from fastcrit.recipes.sft import run_sft
 from fastcrit.reward import RewardItem, get_reward_manager
 from fastcrit.reward.model import pad_left, rm_ids
 from fastcrit.rollout import make_engine
-from fastcrit.train.actor import _micro_slices, optimizer_step
+from fastcrit.train.actor import micro_slices, optimizer_step
 from fastcrit.train.checkpoint import save_hf
 from fastcrit.train.dist import DistContext, all_reduce_mean, barrier, stop_if_asked
 from fastcrit.train.memory import return_memory
@@ -77,7 +77,7 @@ def bradley_terry_step(actor, tok, batch: list[PreferencePair], micro: int, grad
     returns this rank's loss, accuracy (chosen scored above rejected) and the optimizer's stats."""
     actor.optimizer.zero_grad(set_to_none=True)
     loss_sum, hits = 0.0, 0.0
-    for sl in _micro_slices(len(batch), micro):
+    for sl in micro_slices(len(batch), micro):
         part = batch[sl]
         ids, mask = _encode(tok, part)
         v = last_token_values(actor, ids, mask)

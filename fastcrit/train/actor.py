@@ -217,7 +217,8 @@ def optimizer_step(actor: Actor, grad_clip: float) -> dict[str, float]:
     return out
 
 
-def _micro_slices(n: int, micro: int):
+def micro_slices(n: int, micro: int):
+    """Slices of at most ``micro`` rows covering ``range(n)`` in order (rows of a mini-batch per pass)."""
     for s in range(0, n, micro):
         yield slice(s, min(n, s + micro))
 
@@ -466,7 +467,7 @@ def _mini_batches(
 def _micro_batches(mini: RolloutBatch, micro: int, whole_groups: bool) -> list[torch.Tensor]:
     """Row indices of micro-batches of at most ``micro`` rows (or one whole group, when larger)."""
     if not whole_groups:
-        return [torch.arange(len(mini))[sl] for sl in _micro_slices(len(mini), micro)]
+        return [torch.arange(len(mini))[sl] for sl in micro_slices(len(mini), micro)]
     out: list[list[int]] = []
     for g in torch.unique(mini.group_ids):
         rows = torch.nonzero(mini.group_ids == g).flatten().tolist()

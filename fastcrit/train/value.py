@@ -13,9 +13,9 @@ from fastcrit.models.hf import load_value_model, parse_dtype
 from fastcrit.train.actor import (
     Actor,
     GlobalWeights,
-    _micro_slices,
     _mini_batches,
     micro_plan,
+    micro_slices,
     optimizer_step,
     reads_weights,
     reshard,
@@ -86,7 +86,7 @@ def compute_values(actor: Actor, batch: RolloutBatch, micro_batch_size: int) -> 
     """[B, R] fp32 values of the states before each response token (0 on padding), on CPU."""
     out = [
         _values(actor, batch.select(torch.arange(len(batch))[sl])).cpu()
-        for sl in _micro_slices(len(batch), micro_batch_size)
+        for sl in micro_slices(len(batch), micro_batch_size)
     ]
     reshard(actor)
     return torch.cat(out) * batch.response_mask
@@ -172,7 +172,7 @@ def last_token_scores(
     out = torch.cat(
         [
             last_token_values(actor, input_ids[sl], attention_mask[sl]).cpu()
-            for sl in _micro_slices(len(input_ids), micro_batch_size)
+            for sl in micro_slices(len(input_ids), micro_batch_size)
         ]
     )
     reshard(actor)
