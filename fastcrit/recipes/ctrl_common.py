@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 
 from fastcrit.config import Config, ConfigError, ModelConfig
 from fastcrit.data.datasets import DatasetError, resolve_source
@@ -211,7 +210,3 @@ def load_attempts(directory: str, split: str) -> list[Attempt]:
             except (json.JSONDecodeError, KeyError, TypeError, ValueError, ProblemError) as e:
                 raise DatasetError(f"{path}:{i}: not a solutions row written by ctrl-synth ({e})") from None
     return out
-
-
-def warn(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
