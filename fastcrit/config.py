@@ -363,7 +363,7 @@ class TrainerConfig:
     nproc: int = 1  # training processes (FSDP2 world size); gloo on CPU, nccl on CUDA. Under torchrun: its world size
     # How long a rank waits for the others (joining, and in each collective) before it stops with an
     # error naming itself: a node that never joins, a rank that died without its peers noticing.
-    dist_timeout_s: float = 1800.0  # = fastcrit.train.dist.DEFAULT_TIMEOUT_S
+    dist_timeout_s: float = 1800.0  # fastcrit.train.dist.DEFAULT_TIMEOUT_S reads it (why 1800: dist.py)
     # Stages dealt over the ranks in chunks through files (CTRL's synthesis, rm's on-policy answers;
     # fastcrit.train.shards): how long a rank waits while no new chunk appears (the others' chunks,
     # then rank 0's merge) before it stops with an error naming the missing chunks and their ranks.

@@ -29,7 +29,7 @@ def policy_objective(
     agg_scale: float | None = None,
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
-    kl_kind: str = "low_var_kl",
+    kl_kind: str = AlgorithmConfig.kl_kind,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
     token_weights: torch.Tensor | None = None,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from fastcrit.sandbox import Job, JobError
+from fastcrit.sandbox.types import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
 
 TEST_KINDS = ("assert", "stdio", "call")
 
@@ -58,7 +59,13 @@ class Problem:
             raise ProblemError(f"{self.id}: {e}") from None
 
     def job(
-        self, code: str, *, timeout_s: float = 10.0, memory_mb: int = 1024, run_all_cases: bool = True, job_id=None
+        self,
+        code: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        memory_mb: int = DEFAULT_MEMORY_MB,
+        run_all_cases: bool = True,
+        job_id=None,
     ) -> Job:
         """A sandbox job that runs ``prelude`` + ``code`` against every test of this problem."""
         if self.prelude:

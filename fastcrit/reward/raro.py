@@ -7,6 +7,7 @@ without one verdict [Answer 1], [Answer 2] or [Tie] at its end (``algos.raro.par
 from __future__ import annotations
 
 from fastcrit.algos.raro import TIE, judge_rewards, parse_label
+from fastcrit.config import RAROConfig
 from fastcrit.reward.base import RewardItem, RewardResult, register
 
 
@@ -14,7 +15,7 @@ from fastcrit.reward.base import RewardItem, RewardResult, register
 class RaroJudgeReward:
     name = "raro"
 
-    def __init__(self, tau_crit: float = 0.55, tau_pol: float = 0.6):
+    def __init__(self, tau_crit: float = RAROConfig.tau_crit, tau_pol: float = RAROConfig.tau_pol):
         self.tau_crit, self.tau_pol = tau_crit, tau_pol
 
     def one(self, it: RewardItem) -> RewardResult:

@@ -38,6 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from fastcrit.config import ProxyConfig
+
 ROLES = ("system", "developer", "user", "assistant", "tool")
 FINISH_REASONS = ("stop", "length", "prompt_too_long")
 
@@ -341,9 +343,9 @@ class HTTPChat:
         model: str,
         *,
         api_key: str | None = None,
-        concurrency: int = 32,
-        timeout_s: float = 120.0,
-        retries: int = 3,
+        concurrency: int = ProxyConfig.concurrency,
+        timeout_s: float = ProxyConfig.timeout_s,
+        retries: int = ProxyConfig.retries,
         backoff_s: float = 1.0,
     ):
         self.url = chat_completions_url(endpoint)

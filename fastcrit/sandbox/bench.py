@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from .types import Job, SandboxConfig
+from .types import DEFAULT_TIMEOUT_S, Job, SandboxConfig
 
 
 def humaneval_problems() -> dict:
@@ -20,7 +20,7 @@ def humaneval_problems() -> dict:
     return read_problems()
 
 
-def humaneval_jobs(problems: dict, *, canonical: bool = True, timeout_s: float = 10.0) -> list[Job]:
+def humaneval_jobs(problems: dict, *, canonical: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Job]:
     """One assert job per problem: prompt + canonical solution (or the bare prompt, which must
     fail), tested by the problem's ``check(candidate)``."""
     jobs = []

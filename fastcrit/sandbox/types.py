@@ -11,6 +11,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 KINDS = ("assert", "stdio", "call")
+# A job's limits where neither it nor the pool's config sets them (Job, SandboxConfig, Problem.job).
+DEFAULT_TIMEOUT_S = 10.0  # per test, wall clock
+DEFAULT_MEMORY_MB = 1024  # address space
 
 # Per-test statuses. A test is "passed" only when the harness recorded it after the test ran
 # (assert) or when the trusted worker compared the program's output with the expected one (stdio,
@@ -61,8 +64,8 @@ class Job:
     kind: str
     tests: list
     entry_point: str | None = None
-    timeout_s: float = 10.0
-    memory_mb: int = 1024
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    memory_mb: int = DEFAULT_MEMORY_MB
     run_all_cases: bool = True
     id: Any = None
 
@@ -276,8 +279,8 @@ class SandboxConfig:
     isolation: str = "jail"  # "jail" (required; refuses to run without it) or "none" (explicit opt-out)
     max_concurrency: int = 256  # jobs in flight in run_many; extra ones queue
     cache_path: str | None = None  # sqlite file; None = no cache
-    timeout_s: float = 10.0  # default per-test limit for jobs that do not set one
-    memory_mb: int = 1024  # default address-space limit
+    timeout_s: float = DEFAULT_TIMEOUT_S  # default per-test limit for jobs that do not set one
+    memory_mb: int = DEFAULT_MEMORY_MB  # default address-space limit
     max_output_bytes: int = 1 << 20  # stdout + stderr per run; more is "output_limit"
     # Return values (call tests, and what the program answers its judge in assert tests) of one
     # job together, as JSON; more is "output_limit" for the test whose value passes it.

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from fastcrit.config import TrainerConfig
 from fastcrit.train import preempt
 from fastcrit.train.preempt import Stopped
 
@@ -28,7 +29,7 @@ from fastcrit.train.preempt import Stopped
 # process group gives up, unless trainer.dist_timeout_s says otherwise. PyTorch's defaults are 10
 # minutes for NCCL and 30 for gloo (torch 2.13 distributed_c10d.py:832-849, constants.py); ranks
 # roll out different lengths between collectives, and one long generation must not kill the run.
-DEFAULT_TIMEOUT_S = 1800.0
+DEFAULT_TIMEOUT_S = TrainerConfig.dist_timeout_s
 
 
 @dataclass
