@@ -17,12 +17,10 @@ from typing import Any, Literal
 
 import yaml
 
+from fastcrit.config_checks import validate  # the cross-field rules, apart from the tree
+from fastcrit.errors import ConfigError
 from fastcrit.models.tiny import TinySettings  # torch-free at import; the tiny model's own defaults
 from fastcrit.sandbox.types import SandboxConfig  # torch-free; the sandbox's own defaults
-
-
-class ConfigError(ValueError):
-    pass
 
 
 @dataclass
@@ -573,8 +571,6 @@ def load_config(path: str | None = None, sets: list[str] | None = None, world_si
                 flush=True,
             )
         cfg.trainer.nproc = world_size
-    from fastcrit.config_checks import validate  # the cross-field rules, apart from the tree
-
     validate(cfg)
     return cfg
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from fastcrit.config import Config, ConfigError
 from fastcrit.config_values import recompute_old_logprobs
+from fastcrit.errors import ConfigError
 from fastcrit.sandbox.types import SandboxConfig
 
 
-def validate(cfg: Config) -> None:
-    """Cross-field checks that types alone cannot express."""
+def validate(cfg) -> None:
+    """Cross-field checks that types alone cannot express (``cfg``: fastcrit.config.Config; not
+    imported here, since config.py imports this module)."""
 
     def need(cond: bool, msg: str) -> None:
         if not cond:

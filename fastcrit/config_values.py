@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from fastcrit.config import Config
+# Each function takes the config tree (``cfg``: fastcrit.config.Config), not imported here: config.py's
+# checks import this module.
 
 
-def recompute_old_logprobs(cfg: Config) -> bool:
+def recompute_old_logprobs(cfg) -> bool:
     """``algorithm.recompute_old_logprobs`` resolved: ``auto`` recomputes when the engine's
     log-probs can differ from the trainer's by more than fp32 rounding (SGLang's kernels, or a
     low-precision dtype: a review measured bf16 logit rounding alone moving log-probs by 0.07)."""
@@ -20,19 +19,19 @@ def recompute_old_logprobs(cfg: Config) -> bool:
     return bool(r)
 
 
-def loss_scale(cfg: Config) -> float:
+def loss_scale(cfg) -> float:
     """The constant ``seq-mean-token-sum-norm`` divides by: ``algorithm.loss_scale_factor``, else
     ``rollout.max_new_tokens``."""
     f = cfg.algorithm.loss_scale_factor
     return float(cfg.rollout.max_new_tokens if f is None else f)
 
 
-def rm_output_dir(cfg: Config) -> str:
+def rm_output_dir(cfg) -> str:
     """Where `fastcrit rm` writes: ``rm.output_dir``, else ``<trainer.output_dir>/rm``."""
     return cfg.rm.output_dir or os.path.join(cfg.trainer.output_dir, "rm")
 
 
-def reward_model_path(cfg: Config) -> str:
+def reward_model_path(cfg) -> str:
     """The `model` reward's directory: ``reward.model_path``, else the reward model this run trains
     itself (``<rm_output_dir>/final``), so a run given another output_dir never scores with the
     reward model of the run whose directory a config names."""
