@@ -14,25 +14,9 @@ from collections.abc import Mapping
 
 import torch
 
+from fastcrit.models.dtypes import DTYPES
+from fastcrit.models.dtypes import parse_dtype as parse_dtype  # callers import it from here too
 from fastcrit.models.tiny import TinySettings, ensure_tiny_model
-
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return _DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}") from None
 
 
 def _parse_tiny_options(spec: str) -> dict:
@@ -468,7 +452,7 @@ def export_model(src: str | os.PathLike, out: str | os.PathLike, dtype: str | to
         raw = json.load(f)
     if dtype is None:
         named = raw.get("dtype") or raw.get("torch_dtype")
-        dtype = named if isinstance(named, str) and named in _DTYPES else "float32"
+        dtype = named if isinstance(named, str) and named in DTYPES else "float32"
     dt = parse_dtype(dtype)
     archs = raw.get("architectures") or []
     value = any(a.endswith(k) for a in archs for k in VALUE_HEAD_KINDS)

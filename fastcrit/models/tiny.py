@@ -172,7 +172,7 @@ def build_from_config(
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    from fastcrit.models.hf import parse_dtype
+    from fastcrit.models.dtypes import parse_dtype
 
     with open(config_json) as f:
         raw = json.load(f)
