@@ -9,12 +9,8 @@ import json
 import sys
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
 
 from fastcrit.rollout.openai_api import RequestError
-
-if TYPE_CHECKING:
-    from fastcrit.rollout.serve import ChatServer
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # path -> the methods it answers; any other method on a known path gets 405
@@ -24,7 +20,7 @@ _ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/v1/chat/completions": 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # many clients connect at once (HTTPChat's concurrency); 5 would drop SYNs
-    app: ChatServer
+    app = None  # the ChatServer (serve.py) that answers the requests; it sets itself here
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -3,11 +3,6 @@ values the failing statement's calls returned, and any other exception's, named.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .judge import Channel
-
 
 def _short(value, width=80) -> str:
     try:
@@ -17,7 +12,9 @@ def _short(value, width=80) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _assert_message(exc, source: str, chan: Channel) -> str:
+def _assert_message(exc, source: str, chan) -> str:
+    """``chan``: the execution's judge.Channel (its records of the calls made), passed in so that
+    this module needs nothing from judge.py, which imports it."""
     line, tb = None, exc.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code.co_filename.startswith("<test "):
