@@ -449,6 +449,80 @@ def test_wall_reward_public_sandbox(sources):
     _enforce("reward_public_sandbox", sources)
 
 
+# ---------------------------------------------------------------------------------------- no import cycles
+
+
+def import_graph(sources) -> dict[str, set[str]]:
+    """Module -> the modules of this repository it imports, every import counted (lazy ones and those
+    under ``if TYPE_CHECKING:`` too): ``from a import b`` is an arrow to the module ``a.b`` when there
+    is one, else to ``a``."""
+    mods = {s.module for s in sources}
+    graph: dict[str, set[str]] = {}
+    for src in sources:
+        out: set[str] = set()
+        for imp in src.imports:
+            named = [t for t in imp.targets()[1:] if t in mods]
+            out.update(named or ([imp.module] if imp.module in mods else []))
+        out.discard(src.module)
+        graph[src.module] = out
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of two or more modules that import each other, directly or around a loop (the
+    strongly connected components of the graph, Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_import_cycles(sources):
+    cycles = import_cycles(import_graph(sources))
+    assert not cycles, "modules that import each other:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_finds_a_lazy_and_a_type_checking_cycle():
+    files = {
+        "fastcrit/_a.py": "def f():\n    from fastcrit._b import g\n",
+        "fastcrit/_b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from fastcrit import _a\n",
+        "fastcrit/_c.py": "from fastcrit._d import x\n",
+        "fastcrit/_d.py": "from fastcrit._e import y\n",
+        "fastcrit/_e.py": "import fastcrit._c\n",
+        "fastcrit/_f.py": "from fastcrit._a import f\n",
+    }
+    graph = import_graph([parse_source(path, text) for path, text in files.items()])
+    assert graph["fastcrit._b"] == {"fastcrit._a"}  # `from fastcrit import _a`: the module, not the package
+    assert import_cycles(graph) == [["fastcrit._a", "fastcrit._b"], ["fastcrit._c", "fastcrit._d", "fastcrit._e"]]
+
+
 def walls_named_in(text: str, where: str = "docs/architecture.md") -> list[str]:
     """The ``test_wall_*`` name of each bullet of the '## Walls' section, in order; a bullet that
     names none or several is an error naming it."""
