@@ -1,6 +1,6 @@
 """The walls of docs/architecture.md, enforced by reading the source (no module is imported).
 
-Every ``.py`` under ``fastcrit/`` and ``kernels/`` is parsed with ``ast``. An *import* is any of
+Every ``.py`` under ``fastcrit/``, ``kernels/`` and ``benchmarks/`` is parsed with ``ast``. An *import* is any of
 ``import a.b``, ``from a import b`` (absolute or relative, resolved against the file's package),
 ``importlib.import_module("a.b")`` / ``import_module(".b", __package__)`` / ``__import__("a.b")``
 with a string literal, wherever it stands: at module level, inside a function, under ``if
@@ -33,7 +33,13 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
 
 # Roots of the two packages on disk and the module name each maps to.
-PACKAGE_DIRS = {"fastcrit": "fastcrit", "kernels/fastcrit_kernels": "fastcrit_kernels"}
+PACKAGE_DIRS = {
+    "fastcrit": "fastcrit",
+    "kernels/fastcrit_kernels": "fastcrit_kernels",
+    # the benchmark scripts: a face beside cli.py (they run as `python benchmarks/bench_x.py`), read
+    # as modules `benchmarks.<name>` so that every wall and the cycle check cover them too
+    "benchmarks": "benchmarks",
+}
 
 # Third-party packages that load torch when imported (the sandbox must import none of them).
 TORCH_PULLERS = (
@@ -237,7 +243,7 @@ def within(name: str, prefixes) -> bool:
 
 def load_sources() -> list[Source]:
     out = []
-    for top in ("fastcrit", "kernels"):
+    for top in ("fastcrit", "kernels", "benchmarks"):
         for dirpath, dirnames, filenames in os.walk(ROOT / top):
             dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
             for f in sorted(filenames):
@@ -358,9 +364,9 @@ def check_process_groups(sources) -> list[str]:
 def check_recipes_only_from_cli(sources) -> list[str]:
     return _forbidden_imports(
         sources,
-        lambda s: s.path != "fastcrit/cli.py" and not s.under("fastcrit/recipes"),
+        lambda s: s.path != "fastcrit/cli.py" and not s.under("fastcrit/recipes") and not s.under("benchmarks"),
         lambda t: within(t, "fastcrit.recipes"),
-        "only fastcrit/cli.py imports recipes",
+        "only the faces, fastcrit/cli.py and benchmarks/, import recipes",
     )
 
 
