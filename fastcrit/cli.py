@@ -173,7 +173,7 @@ def _run(args, cfg, entry, nproc: int) -> int:
     import signal
 
     from fastcrit.train.dist import launch
-    from fastcrit.train.preempt import Stopped
+    from fastcrit.train.preempt import Stopped, stopped_at_once
 
     try:
         launch(
@@ -188,6 +188,11 @@ def _run(args, cfg, entry, nproc: int) -> int:
     except Stopped as s:
         stopped = s
     except KeyboardInterrupt:  # a second Ctrl-C in this process's rank (or a first before its handler)
+        stopped = Stopped(signal.SIGINT, None, at_once=True)
+    except Exception:
+        if not stopped_at_once():
+            raise
+        # the second Ctrl-C landed in a library that made its own error of it (e.g. in a save)
         stopped = Stopped(signal.SIGINT, None, at_once=True)
     else:
         return 0

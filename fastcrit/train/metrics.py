@@ -10,7 +10,7 @@ import sys
 
 from tqdm import tqdm
 
-from fastcrit.train.preempt import Stopped
+from fastcrit.train.preempt import Stopped, stopped_at_once
 from fastcrit.train.trackers import TrackerSettings, check_installed, open_trackers
 
 
@@ -149,6 +149,6 @@ def exit_code_of(exc: BaseException | None) -> int:
         return 0
     if isinstance(exc, Stopped):
         return exc.exit_code
-    if isinstance(exc, KeyboardInterrupt):
+    if isinstance(exc, KeyboardInterrupt) or stopped_at_once():  # a library may have wrapped the Ctrl-C
         return 130
     return 1

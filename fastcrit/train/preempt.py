@@ -76,6 +76,7 @@ class Stopped(BaseException):
 class _Requests:
     signum = 0  # the first stop signal this process received; 0: none
     announce = False  # print what happens (the process that talks to the terminal)
+    at_once = False  # a second SIGINT raised KeyboardInterrupt here (see stopped_at_once)
 
 
 _requests = _Requests()
@@ -84,6 +85,13 @@ _requests = _Requests()
 def requested() -> int:
     """The first SIGINT / SIGTERM this rank received (0: none)."""
     return _requests.signum
+
+
+def stopped_at_once() -> bool:
+    """Whether a second SIGINT raised KeyboardInterrupt in this process since its handlers were
+    last installed. The interrupt can land inside a library that turns it into its own error (torch's
+    checkpoint saver raises a CheckpointException holding it): whatever error follows is that stop."""
+    return _requests.at_once
 
 
 def _first_message(signum: int) -> str:
@@ -110,6 +118,7 @@ def _record(signum: int) -> None:
         if signum == signal.SIGINT:
             if _requests.announce:
                 _say(_AT_ONCE_MESSAGE)
+            _requests.at_once = True
             raise KeyboardInterrupt
         return
     _requests.signum = signum
@@ -129,7 +138,7 @@ def handling_signals(announce: bool):
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _requests.signum, _requests.announce = 0, announce
+    _requests.signum, _requests.announce, _requests.at_once = 0, announce, False
     old = {s: signal.signal(s, _on_signal) for s in STOP_SIGNALS}
     try:
         yield

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from fastcrit.train.dist import launch, stop_if_asked
-from fastcrit.train.preempt import Stopped, handling_signals, requested
+from fastcrit.train.preempt import Stopped, handling_signals, requested, stopped_at_once
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -139,6 +139,57 @@ def test_a_rank_records_the_first_signal_and_a_second_sigint_interrupts():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_second_sigint_wrapped_by_a_library_is_still_known_as_the_stop():
+    """torch's checkpoint saver turns a KeyboardInterrupt raised inside it into a CheckpointException:
+    the process must still know that the error is the user's second Ctrl-C (exit 130, no traceback)."""
+
+    def library_call():
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt as e:
+            raise RuntimeError("the library's own error") from e
+
+    with handling_signals(announce=False):
+        os.kill(os.getpid(), signal.SIGINT)  # the first: a stop request
+        assert not stopped_at_once()
+        with pytest.raises(RuntimeError):
+            library_call()
+        assert stopped_at_once()
+    assert stopped_at_once()  # still known after the handlers are gone, where the exit code is chosen
+    with handling_signals(announce=False):
+        assert not stopped_at_once()  # a new run starts clean
+
+
+def test_the_launcher_reports_a_wrapped_second_sigint_as_the_stop_at_once(tmp_path, capsys):
+    from fastcrit.cli import _run
+    from fastcrit.config import load_config
+    from fastcrit.train.metrics import exit_code_of
+
+    cfg = load_config("configs/cpu/grpo.yaml", [f"trainer.output_dir={tmp_path}"])
+
+    def entry(ctx, cfg):
+        with handling_signals(announce=False):
+            os.kill(os.getpid(), signal.SIGINT)
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+            except KeyboardInterrupt as e:
+                raise RuntimeError("CheckpointException, say") from e
+
+    class Args:
+        command, config, set, resume = "train", "configs/cpu/grpo.yaml", [], None
+
+    assert _run(Args(), cfg, entry, 1) == 130
+    assert "stopped at once by a second SIGINT" in capsys.readouterr().err
+    assert exit_code_of(RuntimeError("wrapped")) == 130
+
+    def failing(ctx, cfg):
+        with handling_signals(announce=False):
+            raise RuntimeError("a real error")
+
+    with pytest.raises(RuntimeError, match="a real error"):
+        _run(Args(), cfg, failing, 1)
 
 
 def test_one_process_stops_at_the_next_agreement(tmp_path):
