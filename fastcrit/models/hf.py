@@ -14,8 +14,7 @@ from collections.abc import Mapping
 
 import torch
 
-from fastcrit.models.dtypes import DTYPES
-from fastcrit.models.dtypes import parse_dtype as parse_dtype  # callers import it from here too
+from fastcrit.models.dtypes import DTYPES, parse_dtype  # callers import parse_dtype from here too
 from fastcrit.models.tiny import TinySettings, ensure_tiny_model
 
 
