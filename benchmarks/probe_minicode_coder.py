@@ -41,8 +41,8 @@ from fastcrit.data.critique import (
 )
 from fastcrit.data.ctrl_prompts import no_critique_messages, revision_messages
 from fastcrit.data.minicode import Spec, critique_analysis, edits
-from fastcrit.recipes.critique import execute, sample_solutions
-from fastcrit.recipes.ctrl_common import load_problem_set, make_proxy
+from fastcrit.recipes.ctrl.rounds import execute, sample_solutions
+from fastcrit.recipes.ctrl.shared import load_problem_set, make_proxy
 from fastcrit.reward import make_reward
 from fastcrit.reward.code import extract_program
 

@@ -30,7 +30,7 @@ def _recipe(name: str):
 
         return PACS
     if name == "ctrl":
-        from fastcrit.recipes.ctrl import CTRL
+        from fastcrit.recipes.ctrl.recipe import CTRL
 
         return CTRL
     raise ConfigError(f"algorithm.name={name!r} has no recipe (available: {', '.join(RECIPES)})")
@@ -74,8 +74,8 @@ def _with_synthesis(ctx, cfg):
         return cfg
     import dataclasses
 
-    from fastcrit.recipes.ctrl_common import critic_sft_path
-    from fastcrit.recipes.ctrl_synth import run_synth
+    from fastcrit.recipes.ctrl.shared import critic_sft_path
+    from fastcrit.recipes.ctrl.synthesis import run_synth
 
     out = run_synth(ctx, cfg)
     if cfg.sft.data:
@@ -103,7 +103,7 @@ def _rm_entry(ctx, cfg):
 
 
 def _synth_entry(ctx, cfg):
-    from fastcrit.recipes.ctrl_synth import run_synth
+    from fastcrit.recipes.ctrl.synthesis import run_synth
 
     run_synth(ctx, cfg)
 
@@ -291,7 +291,7 @@ def cmd_ctrl_synth(args) -> int:
 
 def cmd_critique(args) -> int:
     cfg = _load(args)
-    from fastcrit.recipes.ctrl_eval import run_critique
+    from fastcrit.recipes.ctrl.evaluate import run_critique
 
     run_critique(cfg)
     return 0

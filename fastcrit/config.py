@@ -258,7 +258,7 @@ class CTRLConfig:
     # "" = the proxy, which then both answers and revises (the paper's setup).
     generator: str = ""
     solutions_per_problem: int = 1  # initial solutions sampled from the generator per problem
-    # Who writes stage 1's critiques (fastcrit.recipes.ctrl_writer): "model" = a writer model given
+    # Who writes stage 1's critiques (fastcrit.recipes.ctrl.writer): "model" = a writer model given
     # the execution feedback as a hint it must not reveal (the paper's; critiques that leak the
     # hint, lack a verdict or whose verdict disagrees with execution are dropped and counted);
     # "template" = a fixed text filled from the feedback and the reference solution (no model).
@@ -299,7 +299,7 @@ class CTRLConfig:
     # x right verdict; nothing is revised or executed); the revision's score joins after them.
     judgment_only_steps: int = 0
     rounds: int = 1  # critique -> revision rounds at test time (`fastcrit critique`)
-    # `fastcrit critique` (fastcrit.recipes.ctrl_eval): initial solutions per problem (sampled at
+    # `fastcrit critique` (fastcrit.recipes.ctrl.evaluate): initial solutions per problem (sampled at
     # solution_temperature; stage 1's count is solutions_per_problem), seeds (trainer.seed, +1, ...;
     # figures are means with their standard error), and the baselines in the same table
     eval_solutions: int = 5

@@ -110,7 +110,7 @@ ALLOWED = [
     ("recipes_only_from_cli", "fastcrit/cli.py", "def f():\n    from fastcrit.recipes.grpo import run_grpo\n"),
     (
         "recipes_only_from_cli",
-        "fastcrit/recipes/ctrl.py",
+        "fastcrit/recipes/ctrl/recipe.py",
         "from fastcrit.recipes.scaffold import run\nfrom .grpo import step\n",
     ),
     (

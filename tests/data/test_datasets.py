@@ -169,7 +169,7 @@ def test_data_strict_is_a_typed_config_key():
 
 def test_data_strict_reaches_the_recipes(tmp_path, capsys):
     from fastcrit.cli import main
-    from fastcrit.recipes.ctrl_common import load_problem_set
+    from fastcrit.recipes.ctrl.shared import load_problem_set
 
     p = tmp_path / "d.jsonl"
     p.write_text(json.dumps(ROWS[0]) + "\n{oops\n")

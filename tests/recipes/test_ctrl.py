@@ -12,7 +12,7 @@ from fastcrit.data.critique import edit_suggestion, line_edit, parse_judgment
 from fastcrit.data.minicode import Spec, bugs
 from fastcrit.data.problems import Problem
 from fastcrit.data.tasks import task_path
-from fastcrit.recipes.critique import Attempt, answer_of, kept_when_correct
+from fastcrit.recipes.ctrl.rounds import Attempt, answer_of, kept_when_correct
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 CPU_CONFIG = os.path.join(ROOT, "configs", "cpu", "ctrl.yaml")
@@ -144,9 +144,9 @@ def hand_made_attempts(n: int) -> list[Attempt]:
 
 
 def test_reward_rules_invalid_format_scores_zero_and_is_never_executed(workdir):
-    from fastcrit.recipes.critique import revise
-    from fastcrit.recipes.ctrl import critique_scores
-    from fastcrit.recipes.ctrl_common import make_proxy
+    from fastcrit.recipes.ctrl.recipe import critique_scores
+    from fastcrit.recipes.ctrl.rounds import revise
+    from fastcrit.recipes.ctrl.shared import make_proxy
     from fastcrit.reward import make_reward
 
     cfg = load_config(CPU_CONFIG, sets(workdir, str(workdir["dir"] / "rules")))
@@ -203,7 +203,7 @@ class RecordingBar:
 def test_train_runs_synthesis_sft_and_rl_with_metrics_and_overlap(workdir, tmp_path, monkeypatch):
     import sys
 
-    monkeypatch.setattr("fastcrit.recipes.ctrl.tqdm", RecordingBar)
+    monkeypatch.setattr("fastcrit.recipes.ctrl.recipe.tqdm", RecordingBar)
     RecordingBar.made.clear()
     out = str(tmp_path / "run")
     cli("train", workdir, out, "trainer.total_steps=2", "trainer.save_every=1", "trainer.progress=true")
@@ -391,7 +391,7 @@ def test_consistent_review_makes_self_contradicting_critiques_invalid():
     from types import SimpleNamespace
 
     from fastcrit.data.critique import synthetic_critique
-    from fastcrit.recipes.ctrl import CTRL
+    from fastcrit.recipes.ctrl.recipe import CTRL
 
     ref, bad = "def g(x):\n    return x * 6 + 4\n", "def g(x):\n    return x * 6 + 5\n"
     true_wrong = synthetic_critique(False, ["AssertionError: x"], bad, ref)
@@ -426,7 +426,7 @@ def test_consistent_review_makes_self_contradicting_critiques_invalid():
 def test_judgment_reward_pays_only_a_valid_critique_whose_verdict_is_the_real_outcome():
     from types import SimpleNamespace
 
-    from fastcrit.recipes.ctrl import judged_right
+    from fastcrit.recipes.ctrl.recipe import judged_right
 
     attempts = [SimpleNamespace(passed=p) for p in (True, True, False, False, True, False)]
     judged = [True, False, False, True, None, False]  # right, wrong, right, wrong, none, right-but-invalid
@@ -521,7 +521,7 @@ def test_sampled_test_time_starts_a_chain_per_sample_and_reports_over_them(workd
 
 
 def test_round_reports_give_the_papers_deltas_as_shares_of_all_problems():
-    from fastcrit.recipes.critique import RoundReport, format_reports
+    from fastcrit.recipes.ctrl.rounds import RoundReport, format_reports
 
     r = RoundReport(1, 0.6, 0.7, 0.9, fixed=2, broken=1, failing_before=4, passing_before=6, judged_correct=5, kept=4)
     m = r.metrics("val/")

@@ -10,8 +10,8 @@ import pytest
 from fastcrit.cli import main
 from fastcrit.data.problems import Problem
 from fastcrit.data.tasks import task_path
-from fastcrit.recipes.critique import Attempt, pass_at_k
-from fastcrit.recipes.ctrl_eval import combine, format_table, mean_se
+from fastcrit.recipes.ctrl.evaluate import combine, format_table, mean_se
+from fastcrit.recipes.ctrl.rounds import Attempt, pass_at_k
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 CPU_CONFIG = os.path.join(ROOT, "configs", "cpu", "ctrl.yaml")
@@ -83,7 +83,7 @@ def run(tmp_path_factory):
     for s in sets:
         argv += ["--set", s]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("fastcrit.recipes.ctrl_eval.tqdm", RecordingBar)
+        mp.setattr("fastcrit.recipes.ctrl.evaluate.tqdm", RecordingBar)
         assert main(argv) == 0
     with open(os.path.join(out, "critique_summary.json")) as f:
         return out, json.load(f)

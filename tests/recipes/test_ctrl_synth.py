@@ -213,7 +213,7 @@ def test_killed_synth_resumes_without_redoing_finished_chunks(setup, tmp_path, c
 
 
 def test_rank_sandbox_shares_the_node_among_its_ranks():
-    from fastcrit.recipes.ctrl_synth import rank_sandbox
+    from fastcrit.recipes.ctrl.synthesis import rank_sandbox
     from fastcrit.sandbox.types import SandboxConfig
 
     node = SandboxConfig(workers=16, max_concurrency=256, remote_concurrency=32)
@@ -243,7 +243,7 @@ def test_synth_counts_its_chunks_on_a_progress_bar(setup, tmp_path, monkeypatch,
         def close(self):
             self.closed = True
 
-    monkeypatch.setattr("fastcrit.recipes.ctrl_synth.tqdm", RecordingBar)
+    monkeypatch.setattr("fastcrit.recipes.ctrl.synthesis.tqdm", RecordingBar)
     out = str(tmp_path / "bar")
     sets = [s for s in setup["sets"] if not s.startswith("trainer.progress=")]
     assert run_cli("ctrl-synth", CPU_CONFIG, sets, f"trainer.output_dir={out}") == 0  # progress: the default

@@ -12,8 +12,8 @@ import pytest
 from fastcrit.cli import main
 from fastcrit.data.formats import from_humaneval
 from fastcrit.data.problems import Problem
-from fastcrit.recipes.critique import execute
-from fastcrit.recipes.ctrl_writer import model_critiques, template_critiques
+from fastcrit.recipes.ctrl.rounds import execute
+from fastcrit.recipes.ctrl.writer import model_critiques, template_critiques
 from fastcrit.rollout.chat import ChatOutput
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")

@@ -1,6 +1,6 @@
 """CTRL at test time: generator solutions, then rounds of critique -> revision -> sandbox.
 
-``critique_rounds`` is shared by `fastcrit critique` (fastcrit.recipes.ctrl_eval, with the seeds
+``critique_rounds`` is shared by `fastcrit critique` (fastcrit.recipes.ctrl.evaluate, with the seeds
 and baselines) and by the CTRL recipe's evaluation (generator alone, then one round with the
 critic). Both critic and generator are ``ChatModel``s, so either may be a local model or an
 OpenAI-compatible endpoint.

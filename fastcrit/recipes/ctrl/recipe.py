@@ -1,7 +1,7 @@
 """CTRL stage 2 (Xie et al., 2025): the critic learns by GRPO to write critiques that make a frozen
 generator fix its code.
 
-    for each (problem, initial solution):      # from stage 1 (ctrl_synth.py)
+    for each (problem, initial solution):      # from stage 1 (synthesis.py)
         critiques ~ critic(problem, solution)   x n
         revision  = proxy(problem, solution, critique)      greedy; skipped if no judgment
         reward    = sandbox pass rate of the revision        0 if the critique has no judgment
@@ -25,7 +25,8 @@ from fastcrit.algos.advantages import outcome_advantages
 from fastcrit.data.critique import review_agrees
 from fastcrit.data.ctrl_prompts import critique_messages
 from fastcrit.data.prompts import render_chat
-from fastcrit.recipes.critique import (
+from fastcrit.recipes.ctrl.evaluate import baseline_round, figures, greedy_pass_at_1
+from fastcrit.recipes.ctrl.rounds import (
     Attempt,
     RoundReport,
     critique_protocol,
@@ -35,8 +36,7 @@ from fastcrit.recipes.critique import (
     revise,
     round_seed,
 )
-from fastcrit.recipes.ctrl_common import load_attempts, make_generator, make_proxy, synth_dir
-from fastcrit.recipes.ctrl_eval import baseline_round, figures, greedy_pass_at_1
+from fastcrit.recipes.ctrl.shared import load_attempts, make_generator, make_proxy, synth_dir
 from fastcrit.recipes.scaffold import Run
 from fastcrit.reward import RewardItem, make_reward
 from fastcrit.rollout.chat import LocalChat
@@ -232,7 +232,7 @@ class CTRL:
     def _baselines(self, share: list[Attempt], bar=None) -> dict[str, float]:
         """``ctrl.baselines`` on this rank's held-out solutions, once (they involve no critic): the
         generator's greedy pass@1, and one round without a critique, with the generator critiquing
-        itself, and with the execution feedback (fastcrit.recipes.ctrl_eval)."""
+        itself, and with the execution feedback (fastcrit.recipes.ctrl.evaluate)."""
         c = self.run.cfg
         generator = make_generator(c, self.run.ctx.device) if c.ctrl.generator else self.proxy
         out = {}

@@ -5,7 +5,7 @@ The generator samples ``ctrl.solutions_per_problem`` solutions per training prob
 held-out problem, for evaluation), asked in the prompts of ``ctrl.prompts``; the sandbox runs them;
 each training solution gets a critique written from what the execution showed (the failing test
 with expected and actual values, or the error): by a writer model told it as a hint it must not
-reveal, or by a template (``ctrl.synth_writer``; fastcrit.recipes.ctrl_writer, which drops and
+reveal, or by a template (``ctrl.synth_writer``; fastcrit.recipes.ctrl.writer, which drops and
 counts the model's critiques that leak the hint, lack a verdict or judge against the execution).
 ``synthesise`` is that unit of work: problems in, rows out. Writes to ``ctrl.synth_dir``:
 
@@ -58,8 +58,8 @@ from tqdm import tqdm
 
 from fastcrit.config import Config, ConfigError
 from fastcrit.data.problems import Problem
-from fastcrit.recipes.critique import Attempt, execute, sample_solutions
-from fastcrit.recipes.ctrl_common import (
+from fastcrit.recipes.ctrl.rounds import Attempt, execute, sample_solutions
+from fastcrit.recipes.ctrl.shared import (
     attempt_row,
     critic_sft_path,
     generator_name,
@@ -69,7 +69,7 @@ from fastcrit.recipes.ctrl_common import (
     synth_complete,
     synth_dir,
 )
-from fastcrit.recipes.ctrl_writer import FILTERS, Written, make_writer, write_critiques, writer_name
+from fastcrit.recipes.ctrl.writer import FILTERS, Written, make_writer, write_critiques, writer_name
 from fastcrit.reward import make_reward
 from fastcrit.sandbox.types import SandboxConfig
 from fastcrit.train.dist import DistContext, barrier, local_world_size
@@ -81,7 +81,7 @@ class Synthesis:
     """What stage 1 makes of some problems."""
 
     attempts: list[Attempt]  # k per problem, problem-major, with their outcomes
-    # the critic SFT chat rows (ctrl_writer.critique_row) the writer kept, and what it dropped;
+    # the critic SFT chat rows (writer.critique_row) the writer kept, and what it dropped;
     # None for held-out problems
     critiques: Written | None
 

@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from fastcrit.config import Config
 from fastcrit.data.ctrl_prompts import feedback_messages, hint_for, no_critique_messages
-from fastcrit.recipes.critique import (
+from fastcrit.recipes.ctrl.rounds import (
     RoundReport,
     critique_protocol,
     critique_round,
@@ -195,7 +195,7 @@ def critique_phases(cfg: Config) -> list[str]:
 
 def run_critique(cfg: Config) -> dict:
     """The evaluation (module docstring) on ``data.val``; prints the table and returns the summary."""
-    from fastcrit.recipes.ctrl_common import critic_chat, load_problem_set, make_generator, make_proxy
+    from fastcrit.recipes.ctrl.shared import critic_chat, load_problem_set, make_generator, make_proxy
 
     c = cfg.ctrl
     out_dir = cfg.trainer.output_dir

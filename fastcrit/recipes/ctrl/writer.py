@@ -26,8 +26,8 @@ from fastcrit.config import Config, ModelConfig
 from fastcrit.data.critique import parse_judgment, synthetic_critique
 from fastcrit.data.ctrl_prompts import clean_critique, critique_messages, hint_for, leaks, writer_messages
 from fastcrit.models.hf import model_spec, resolve_model_path
-from fastcrit.recipes.critique import Attempt
-from fastcrit.recipes.ctrl_common import http_chat, local_chat
+from fastcrit.recipes.ctrl.rounds import Attempt
+from fastcrit.recipes.ctrl.shared import http_chat, local_chat
 from fastcrit.reward.code import extract_program
 from fastcrit.types import is_greedy
 

@@ -12,7 +12,7 @@ from fastcrit.data.datasets import DatasetError, resolve_source
 from fastcrit.data.problem_files import load_problems
 from fastcrit.data.problems import Problem, ProblemError
 from fastcrit.models.hf import load_tokenizer, model_spec, resolve_model_path
-from fastcrit.recipes.critique import Attempt
+from fastcrit.recipes.ctrl.rounds import Attempt
 from fastcrit.rollout import make_engine
 from fastcrit.rollout.chat import HTTPChat, LocalChat
 from fastcrit.train.checkpoint import latest_checkpoint
