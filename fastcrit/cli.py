@@ -8,33 +8,6 @@ import sys
 from fastcrit.config import ConfigError, load_config
 from fastcrit.data.datasets import DatasetError
 
-RECIPES = ("grpo", "rloo", "ctrl", "pacs", "ppo", "raro")  # algorithm.name values `fastcrit train` knows
-
-
-def _recipe(name: str):
-    """algorithm.name -> the recipe class (imported only when used)."""
-    if name in ("grpo", "rloo"):
-        from fastcrit.recipes.grpo import GRPO
-
-        return GRPO
-    if name == "raro":
-        from fastcrit.recipes.raro import RARO
-
-        return RARO
-    if name == "ppo":
-        from fastcrit.recipes.ppo import PPO
-
-        return PPO
-    if name == "pacs":
-        from fastcrit.recipes.pacs import PACS
-
-        return PACS
-    if name == "ctrl":
-        from fastcrit.recipes.ctrl.recipe import CTRL
-
-        return CTRL
-    raise ConfigError(f"algorithm.name={name!r} has no recipe (available: {', '.join(RECIPES)})")
-
 
 def _with_reward_model(ctx, cfg):
     """A run whose reward uses `model` trains its reward model first (`fastcrit rm`) when it is the
@@ -61,39 +34,26 @@ def _with_reward_model(ctx, cfg):
     run_rm(ctx, cfg)
 
 
-def _with_synthesis(ctx, cfg):
-    """CTRL: stage 1 first (kept once complete); an empty sft.data means its critiques.
-    RARO: an empty sft.data means both roles' warm start made from data.train's expert answers."""
-    if cfg.algorithm.name == "raro" and not cfg.sft.data and cfg.sft.steps > 0:
-        import dataclasses
+def _prepared(ctx, cfg):
+    """The recipe's pre-stage (its ``prepare``, fastcrit.registry), run before its training."""
+    from fastcrit.registry import recipe
 
-        from fastcrit.recipes.raro import write_warm_start
-
-        return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, data=write_warm_start(ctx, cfg)))
-    if cfg.algorithm.name != "ctrl":
-        return cfg
-    import dataclasses
-
-    from fastcrit.recipes.ctrl.shared import critic_sft_path
-    from fastcrit.recipes.ctrl.synthesis import run_synth
-
-    out = run_synth(ctx, cfg)
-    if cfg.sft.data:
-        return cfg
-    return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, data=critic_sft_path(out)))
+    prepare = recipe(cfg.algorithm.name).prepare_fn()
+    return prepare(ctx, cfg) if prepare else cfg
 
 
 def _train_entry(ctx, cfg):
     from fastcrit.recipes.scaffold import run_recipe
+    from fastcrit.registry import recipe
 
     _with_reward_model(ctx, cfg)
-    run_recipe(ctx, _with_synthesis(ctx, cfg), _recipe(cfg.algorithm.name))
+    run_recipe(ctx, _prepared(ctx, cfg), recipe(cfg.algorithm.name).load())
 
 
 def _sft_entry(ctx, cfg):
     from fastcrit.recipes.sft import run_sft
 
-    run_sft(ctx, _with_synthesis(ctx, cfg))
+    run_sft(ctx, _prepared(ctx, cfg))
 
 
 def _rm_entry(ctx, cfg):
@@ -124,9 +84,11 @@ def _load(args):
 
 def _sglang_engines(cfg) -> list[tuple[str, object]]:
     """(config section, RolloutConfig) of the SGLang engines a run of ``cfg`` may start: ``rollout``'s,
-    and ``proxy.rollout``'s when CTRL runs its proxy or generator locally."""
+    and ``proxy.rollout``'s when a recipe with a proxy (CTRL) runs its proxy or generator locally."""
+    from fastcrit.registry import recipe
+
     engines = [("rollout", cfg.rollout)]
-    if cfg.algorithm.name == "ctrl" and (not cfg.proxy.endpoint or cfg.ctrl.generator):
+    if recipe(cfg.algorithm.name).proxy and (not cfg.proxy.endpoint or cfg.ctrl.generator):
         engines.append(("proxy.rollout", cfg.proxy.rollout))
     return [(name, r) for name, r in engines if r.engine == "sglang"]
 
@@ -157,10 +119,6 @@ def cmd_train(args) -> int:
     cfg = _load(args)
     if args.resume:
         cfg = _resuming(cfg, args.resume)
-    if cfg.algorithm.name not in RECIPES:
-        raise ConfigError(
-            f"{args.config}: algorithm.name={cfg.algorithm.name!r} has no recipe yet (available: {', '.join(RECIPES)})"
-        )
     if cfg.trainer.device == "cuda" and not cfg.trainer.skip_plan:
         _check_plan(cfg, args.config)
     return _run(args, cfg, _train_entry, cfg.trainer.nproc)
@@ -320,6 +278,31 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_recipes(args) -> int:
+    """`fastcrit recipes`: the algorithm.name values `fastcrit train` knows, their files and needs."""
+    import os
+
+    from fastcrit.registry import RECIPES_DIR, recipes
+
+    package_root = os.path.dirname(os.path.dirname(RECIPES_DIR))
+    for name, r in recipes().items():
+        needs = [f"{k} >= {least}" for k, (least, _) in r.minimums.items()] + [
+            label
+            for label, on in (
+                ("reward.name in " + "|".join(r.reward_names), bool(r.reward_names)),
+                ("no reward needed", not r.needs_reward),
+                ("value critic", r.value_critic),
+                ("KL in reward", r.kl_in_reward),
+                ("proxy model", r.proxy),
+                (f"pre-stage {r.prepare}", bool(r.prepare)),
+            )
+            if on
+        ]
+        where = os.path.relpath(r.file, package_root) if r.module.startswith("fastcrit.") else r.file
+        print(f"{name:8s} {where}:{r.step}" + (f"  ({'; '.join(needs)})" if needs else ""))
+    return 0
+
+
 def cmd_gen(args) -> int:
     """Generate from a model directory (or `tiny`) with the native engine, for a quick look."""
     from fastcrit.data.prompts import render_chat
@@ -408,6 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("--json", metavar="FILE", help="also write the plan as JSON")
     pl.set_defaults(func=cmd_plan)
+
+    rc = sub.add_parser("recipes", help="the algorithm.name values `fastcrit train` knows (and FASTCRIT_RECIPES adds)")
+    rc.set_defaults(func=cmd_recipes)
 
     g = sub.add_parser("gen", help="generate with the native engine from a local model directory")
     g.add_argument("model", help="a Hugging Face model directory, or 'tiny'")

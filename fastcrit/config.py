@@ -72,9 +72,9 @@ class RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Literal["grpo", "rloo", "ctrl", "pacs", "ppo", "raro"] = (
-        "grpo"  # ctrl: GRPO on critiques; pacs, ppo, raro: see pacs.*, ppo.*, raro.*
-    )
+    # a recipe's name (fastcrit.registry; `fastcrit recipes` lists them): grpo, rloo; ctrl: GRPO on
+    # critiques; pacs, ppo, raro: see pacs.*, ppo.*, raro.*
+    name: str = "grpo"
     norm_adv_by_std: bool = True
     kl_coef: float = 0.0  # coefficient of the KL loss to the frozen reference (0 = no reference)
     kl_kind: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"] = "low_var_kl"

@@ -1,7 +1,7 @@
 """The cross-field rules of a config: what the types of fastcrit/config.py's dataclass tree cannot
-express (a count that must be positive, settings that only make sense together, a recipe's needs).
-``load_config`` calls ``validate`` on every config it builds; a broken rule raises ConfigError naming
-the field."""
+express (a count that must be positive, settings that only make sense together, a recipe's needs as
+its fastcrit.registry declaration states them). ``load_config`` calls ``validate`` on every config it
+builds; a broken rule raises ConfigError naming the field."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import dataclasses
 
 from fastcrit.config_values import recompute_old_logprobs
 from fastcrit.errors import ConfigError
+from fastcrit.registry import recipe
 from fastcrit.sandbox.types import SandboxConfig
 
 
@@ -20,6 +21,7 @@ def validate(cfg) -> None:
         if not cond:
             raise ConfigError(msg)
 
+    spec = recipe(cfg.algorithm.name)  # what the recipe needs (fastcrit.registry): ConfigError if none
     need(cfg.rollout.n >= 1, f"rollout.n: must be >= 1, got {cfg.rollout.n}")
     need(cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens: must be >= 1")
     need(cfg.rollout.temperature >= 0, "rollout.temperature: must be >= 0")
@@ -88,17 +90,19 @@ def validate(cfg) -> None:
         "it only sees when the trainer recomputes them: set algorithm.recompute_old_logprobs=true",
     )
     need(
-        a.tis_cap is None or a.name != "pacs",
-        "algorithm.tis_cap weights the PPO policy-gradient loss; PACS's BCE loss has none",
+        a.tis_cap is None or spec.policy_gradient,
+        f"algorithm.tis_cap weights the PPO policy-gradient loss; algorithm.name={a.name}'s loss has none",
     )
-    need(cfg.algorithm.name != "rloo" or cfg.rollout.n > 1, "algorithm.name=rloo needs rollout.n > 1")
+    for key, (least, why) in spec.minimums.items():
+        section, _, name = key.partition(".")
+        value = getattr(getattr(cfg, section, None), name, None)
+        if not isinstance(value, int | float):
+            raise ConfigError(f"{spec.file}: Recipe minimums: {key!r} is not a numeric config key")
+        need(value >= least, f"{key}: algorithm.name={a.name} needs {key} >= {least}, got {value} ({why})")
     need(
-        cfg.algorithm.name != "pacs" or cfg.rollout.n > 1,
-        "algorithm.name=pacs needs rollout.n > 1 (advantages within each prompt's samples)",
-    )
-    need(
-        cfg.reward.name != "" or cfg.algorithm.name == "raro",
-        f"reward.name: empty; algorithm.name={cfg.algorithm.name} needs a reward (only raro trains without one)",
+        cfg.reward.name != "" or not spec.needs_reward,
+        f"reward.name: empty; algorithm.name={a.name} needs a reward (only recipes that score their own "
+        f"answers, e.g. raro, train without one)",
     )
     parts = cfg.reward.name.split("+") if cfg.reward.name else []
     need(all(parts), f"reward.name: empty part in {cfg.reward.name!r}")
@@ -108,7 +112,7 @@ def validate(cfg) -> None:
     )
     if a.kl_ctrl == "adaptive":
         need(
-            a.name == "ppo",
+            spec.kl_in_reward,
             f"algorithm.kl_ctrl=adaptive adapts the KL penalty in PPO's reward (ppo.kl_in_reward_coef); "
             f"algorithm.name={a.name} has none (its KL term, algorithm.kl_coef, is a loss and stays fixed)",
         )
@@ -128,7 +132,7 @@ def validate(cfg) -> None:
     need(cfg.ppo.value_clip >= 0, "ppo.value_clip: must be >= 0")
     need(0.0 <= cfg.ppo.gamma <= 1.0 and 0.0 <= cfg.ppo.lam <= 1.0, "ppo.gamma, ppo.lam: must be in [0, 1]")
     need(cfg.ppo.rm_refresh_every >= 0, "ppo.rm_refresh_every: must be >= 0")
-    if cfg.ppo.rm_refresh_every and cfg.algorithm.name == "ppo":
+    if cfg.ppo.rm_refresh_every and spec.online_reward_model:
         need(
             "model" in cfg.reward.name.split("+"),
             f"ppo.rm_refresh_every: reward.name {cfg.reward.name!r} has no `model` part to refresh",
@@ -145,17 +149,6 @@ def validate(cfg) -> None:
     )
     need(0.0 <= cfg.raro.replay_ratio < 1.0, "raro.replay_ratio: must be in [0, 1)")
     need(cfg.raro.replay_capacity >= 1, "raro.replay_capacity: must be >= 1")
-    if cfg.algorithm.name == "raro":  # each question's answers, and each pair's verdicts, are one GRPO group
-        need(
-            cfg.raro.critic_samples >= 2,
-            f"raro.critic_samples: must be >= 2, got {cfg.raro.critic_samples} "
-            "(a pair's verdicts are one group; a group of one has no advantage)",
-        )
-        need(
-            cfg.rollout.n >= 2,
-            f"rollout.n: algorithm.name=raro needs rollout.n >= 2, got {cfg.rollout.n} "
-            "(a question's answers are one group; a group of one has no advantage)",
-        )
     need(0.0 <= cfg.raro.warm_start_cut <= 1.0, "raro.warm_start_cut: must be in [0, 1]")
     need(0.0 <= cfg.raro.warm_start_wrong <= 1.0, "raro.warm_start_wrong: must be in [0, 1]")
     need(0.0 < cfg.raro.warm_start_critic_share <= 1.0, "raro.warm_start_critic_share: must be in (0, 1]")
@@ -229,8 +222,8 @@ def validate(cfg) -> None:
         f"so they need the same tp_size; or serve the proxy elsewhere (proxy.endpoint)",
     )
     need(
-        cfg.algorithm.name != "ctrl" or cfg.reward.name == "code",
-        f"algorithm.name=ctrl scores revisions in the sandbox: set reward.name=code (got {cfg.reward.name!r})",
+        not spec.reward_names or cfg.reward.name in spec.reward_names,
+        f"reward.name: algorithm.name={a.name} takes {' or '.join(spec.reward_names)} (got {cfg.reward.name!r})",
     )
     try:  # the sandbox validates its own fields (names them as sandbox.<key>)
         SandboxConfig(**dataclasses.asdict(cfg.sandbox))

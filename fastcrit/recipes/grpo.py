@@ -14,9 +14,15 @@ import torch
 from fastcrit.algos.advantages import outcome_advantages
 from fastcrit.data.prompts import EncodedPrompt
 from fastcrit.recipes.scaffold import Run, info_means, reward_items
+from fastcrit.registry import Recipe
 from fastcrit.reward import make_reward
 from fastcrit.train.dist import all_reduce_mean, std_over_ranks
 from fastcrit.types import SamplingParams
+
+RECIPE = (
+    Recipe(names=("grpo",), step="GRPO"),
+    Recipe(names=("rloo",), step="GRPO", minimums={"rollout.n": (2, "a sample's baseline is the others' mean")}),
+)
 
 
 class GRPO:

@@ -22,6 +22,14 @@ from fastcrit.algos.losses import PACSObjective
 from fastcrit.config import ConfigError
 from fastcrit.recipes.grpo import GRPO
 from fastcrit.recipes.scaffold import Run, info_means
+from fastcrit.registry import Recipe
+
+RECIPE = Recipe(
+    names=("pacs",),
+    step="PACS",
+    minimums={"rollout.n": (2, "advantages within each prompt's samples")},
+    policy_gradient=False,  # a BCE loss on the advantages: no policy-gradient term for tis_cap to weight
+)
 
 
 class PACS(GRPO):

@@ -39,6 +39,7 @@ from fastcrit.models.hf import load_tokenizer, parse_dtype
 from fastcrit.recipes.grpo import GRPO
 from fastcrit.recipes.rm import accuracy, bradley_terry_step, ranked_pairs
 from fastcrit.recipes.scaffold import Run, info_means, reward_items
+from fastcrit.registry import Recipe
 from fastcrit.reward import get_reward_manager
 from fastcrit.reward.model import CombinedReward, ModelReward
 from fastcrit.train.actor import Actor, free_gradients
@@ -46,6 +47,8 @@ from fastcrit.train.dist import all_reduce, all_reduce_mean, masked_mean_over_ra
 from fastcrit.train.policy import gathered_tensors
 from fastcrit.train.value import build_value_actor, compute_values, explained_variance, update_values
 from fastcrit_kernels import kl_penalty
+
+RECIPE = Recipe(names=("ppo",), step="PPO", kl_in_reward=True, value_critic=True, online_reward_model=True)
 
 
 class PPO(GRPO):

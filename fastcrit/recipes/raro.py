@@ -40,12 +40,25 @@ from fastcrit.data.prompts import render_chat
 from fastcrit.data.replay import ReplayBuffer
 from fastcrit.data.tasks import ANSWER_FORMATS, TASK_ANSWER_FORMATS, answer_format, final_answer
 from fastcrit.recipes.scaffold import Run, reward_items
+from fastcrit.registry import Recipe
 from fastcrit.reward import RewardItem, get_reward_manager, make_reward
 from fastcrit.train.dist import all_reduce_mean, barrier
 from fastcrit.types import SamplingParams
 
 POLICY, CRITIC = 0, 1
 MASKED = ("policy_overlong", "policy_no_answer", "policy_unjudged", "critic_overlong", "critic_unparseable")
+
+RECIPE = Recipe(
+    names=("raro",),
+    step="RARO",
+    prepare="prepare",
+    minimums={
+        "rollout.n": (2, "a question's answers are one group; a group of one has no advantage"),
+        "raro.critic_samples": (2, "a pair's verdicts are one group; a group of one has no advantage"),
+    },
+    needs_reward=False,  # its critic scores the answers
+    answers_in_prompt=2,  # the critic role reads the question and two answers
+)
 
 
 def shown_answer(text: str, example, r, where: str) -> str | None:
@@ -364,6 +377,14 @@ def with_mistake(answer: str, kind: str) -> str:
 def critic_text(j: Judged) -> str:
     first, second = (j.expert, j.answer) if j.expert_pos == 1 else (j.answer, j.expert)
     return f"Question:\n{j.question}\n\nAnswer 1:\n{first}\n\nAnswer 2:\n{second}"
+
+
+def prepare(ctx, cfg):
+    """Before training (`fastcrit train` and `fastcrit sft`): an empty sft.data with sft.steps > 0
+    means both roles' warm start, made from data.train's expert answers."""
+    if cfg.sft.data or cfg.sft.steps <= 0:
+        return cfg
+    return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, data=write_warm_start(ctx, cfg)))
 
 
 def write_warm_start(ctx, cfg) -> str:

@@ -44,6 +44,7 @@ from fastcrit.data.prompts import EncodedPrompt, encode_prompts
 from fastcrit.models.hf import load_tokenizer
 from fastcrit.recipes.common import prepare_output_dir, resolve_model, step_indices
 from fastcrit.recipes.sft import run_sft
+from fastcrit.registry import recipe
 from fastcrit.reward import RewardItem
 from fastcrit.rollout import make_engine
 from fastcrit.rollout.base import Engine
@@ -298,8 +299,7 @@ def setup_run(ctx: DistContext, cfg: Config) -> Run:
     actor = build_actor(
         model_path, optim=cfg.optim, total_updates=updates, checkpointing=cfg.trainer.gradient_checkpointing, **build
     )
-    needs_ref = cfg.algorithm.kl_coef != 0.0 or (cfg.algorithm.name == "ppo" and cfg.ppo.kl_in_reward_coef != 0.0)
-    ref = build_actor(model_path, **build) if needs_ref else None
+    ref = build_actor(model_path, **build) if recipe(cfg.algorithm.name).needs_reference(cfg) else None
     engine = make_engine(
         cfg.rollout, model_path, dtype=cfg.model.dtype, device=ctx.device, seed=cfg.trainer.seed + ctx.rank
     )

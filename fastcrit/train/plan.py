@@ -31,6 +31,7 @@ import os
 from dataclasses import dataclass, field
 
 from fastcrit.config_values import recompute_old_logprobs, reward_model_path
+from fastcrit.registry import recipe
 
 GIB = float(1 << 30)
 FIT_MARGIN = 0.05  # share of the device kept free for fragmentation and what the plan does not see
@@ -326,19 +327,19 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
     notes += [policy.note] if policy.note else []
     sglang = [r.engine == "sglang"]
     prompt_len = cfg.data.max_prompt_len
-    if a.name == "raro":  # the critic role reads the question and two answers, and writes its verdict
-        prompt_len += 2 * r.max_new_tokens
+    spec = recipe(a.name)
+    prompt_len += spec.answers_in_prompt * r.max_new_tokens  # e.g. RARO's critic reads two answers
     ckpt = t.gradient_checkpointing
 
     static: dict[str, float] = {
         "policy weights (fp32 shards)": 4.0 * policy.params / world,
         "policy optimizer (AdamW, fp32)": 8.0 * policy.params / world,
     }
-    needs_ref = a.kl_coef != 0.0 or (a.name == "ppo" and cfg.ppo.kl_in_reward_coef != 0.0)
+    needs_ref = spec.needs_reference(cfg)
     if needs_ref:
         static["reference (shards)"] = c * policy.params / world
     critic = rm = proxy = None
-    if a.name == "ppo":
+    if spec.value_critic:
         critic = model_shape(cfg.ppo.critic_path or _resolve(cfg.model), "ppo.critic_path", value_head=True)
         static["critic weights + optimizer"] = 12.0 * critic.params / world
     if "model" in cfg.reward.name.split("+"):
@@ -354,11 +355,11 @@ def make_plan(cfg, capacity_gib: float) -> Plan:
             )
         else:
             notes += [rm.note] if rm.note else []
-        online = a.name == "ppo" and cfg.ppo.rm_refresh_every > 0
+        online = spec.online_reward_model and cfg.ppo.rm_refresh_every > 0
         static["reward model" + (" weights + optimizer" if online else " (shards)")] = (
             (12.0 if online else c) * rm.params / world
         )
-    if a.name == "ctrl" and not cfg.proxy.endpoint:
+    if spec.proxy and not cfg.proxy.endpoint:
         pm = cfg.proxy.model if cfg.proxy.model.path else cfg.model
         proxy = model_shape(_resolve(pm), "proxy.model.path")
         notes += [proxy.note] if proxy.note else []

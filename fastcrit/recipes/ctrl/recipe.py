@@ -15,6 +15,7 @@ GRPO broadcasts the sequence advantage over the critique's tokens).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -36,13 +37,32 @@ from fastcrit.recipes.ctrl.rounds import (
     revise,
     round_seed,
 )
-from fastcrit.recipes.ctrl.shared import load_attempts, make_generator, make_proxy, synth_dir
+from fastcrit.recipes.ctrl.shared import critic_sft_path, load_attempts, make_generator, make_proxy, synth_dir
+from fastcrit.recipes.ctrl.synthesis import run_synth
 from fastcrit.recipes.scaffold import Run
+from fastcrit.registry import Recipe
 from fastcrit.reward import RewardItem, make_reward
 from fastcrit.rollout.chat import LocalChat
 from fastcrit.train.dist import all_reduce_mean, std_over_ranks
 from fastcrit.train.memory import return_memory
 from fastcrit.types import is_greedy
+
+RECIPE = Recipe(
+    names=("ctrl",),
+    step="CTRL",
+    prepare="prepare",
+    reward_names=("code",),  # the sandbox scores the revisions
+    proxy=True,
+)
+
+
+def prepare(ctx, cfg):
+    """Before training (`fastcrit train` and `fastcrit sft`): stage 1, the synthetic critiques (kept
+    once complete); an empty sft.data means its critic SFT rows."""
+    out = run_synth(ctx, cfg)
+    if cfg.sft.data:
+        return cfg
+    return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, data=critic_sft_path(out)))
 
 
 def critique_scores(n: int, sent: list[tuple[int, str]], results) -> torch.Tensor:
