@@ -23,10 +23,10 @@ _IGNORE = -100
 # unfused path's. GPU, fp32: as fused_logprobs' chunks (512 MiB; close to three plain GEMMs' time).
 # GPU, bf16 / fp16: 2 GiB of fp32 logits plus 16-bit d_logits, about 2350 tokens at that vocabulary.
 # Each chunk adds its products to the fp32 d_W through a separate fp32 GEMM result (block by block),
-# so thin chunks pay that pass many times: 512 MiB is much slower there, while 2 GiB is about as
-# fast as the recompute path at a few GB of peak. Reproduce with benchmarks/bench_ppo.py
-# (``--lm-chunks``; on a GPU through benchmarks/gpu_check.sh); the figures: benchmarks/README.md,
-# "On a GPU".
+# so thin chunks pay that pass many times: 512 MiB is much slower there, while 2 GiB is faster than
+# the recompute path at a few GB of peak. Reproduce with benchmarks/bench_ppo.py (``--lm-chunks``;
+# on a GPU through benchmarks/gpu_check.sh); the latest figures: benchmarks/README.md, "On a GPU"
+# (the 512 MiB bf16 run: docs/LOG.md).
 CPU_CHUNK_BYTES = 256 * 1024 * 1024
 GPU_CHUNK_BYTES = 512 * 1024 * 1024
 GPU_CHUNK_BYTES_16BIT = 2 * 1024 * 1024 * 1024
