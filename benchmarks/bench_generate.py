@@ -18,8 +18,8 @@ Times come from this process with glibc's allocator as a training run has it, th
 (HF, engine, HF, ...: a change in the machine's load reaches both alike). Peak memory (growth
 of the resident set, sampled every 0.2 ms, on CPU) comes from a child process run with a fixed
 64 KiB mmap threshold, so that freed blocks leave the resident set at once: that setting makes
-every mid-sized allocation a fresh mmap and slowed the engine's decode 2.4x, so it must not be on
-while timing.
+every mid-sized allocation a fresh mmap and makes the engine's decode several times slower, so it
+must not be on while timing.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import os
 def recompute_old_logprobs(cfg) -> bool:
     """``algorithm.recompute_old_logprobs`` resolved: ``auto`` recomputes when the engine's
     log-probs can differ from the trainer's by more than fp32 rounding (SGLang's kernels, or a
-    low-precision dtype: a review measured bf16 logit rounding alone moving log-probs by 0.07)."""
+    low-precision dtype: bf16 rounding of the logits alone moves log-probs far beyond fp32 rounding)."""
     r = cfg.algorithm.recompute_old_logprobs
     if r == "auto":
         return cfg.rollout.engine == "sglang" or cfg.model.dtype != "float32"

@@ -50,7 +50,7 @@ Where this departs from the reference harnesses (what a converted problem does N
 - The references run solutions after a block of imports (``List``, ``Counter``, ``math`` ...): it
   is the problem's ``prelude`` (``APPS_PRELUDE`` for APPS / TACO, ``prelude=False`` turns it off;
   ``LCB_PRELUDE`` for LiveCodeBench), which ``Problem.job`` runs before every program. numpy,
-  which APPS / TACO also import, is left out: importing it costs ~0.1 s per execution.
+  which APPS / TACO also import, is left out: importing it would slow every execution.
 - CodeContests problems with several correct outputs (special judges) are compared against the one
   stored output, and problems that read a named file instead of stdin are refused.
 - MBPP+ in the evalplus release layout (base_input / plus_input without expected outputs, which

@@ -21,11 +21,10 @@ So its saved tensors are read once and overwritten: a second backward through th
 wrong gradients. Without gradients (the frozen reference, log-prob passes) the forward computes
 silu(g) * u in g's storage, block by block.
 
-Measured on one CPU thread in the trainer (the 13.4M-parameter setting of benchmarks/bench_trl.py
-``--setting large``, 16-row micro-batches, two lone runs each, taking turns with the unpatched
-MLP): the same update time (4.18 / 4.14 against 4.16 / 4.24 s) at 46-115 MB less peak memory
-(1250 / 1206 against 1296 / 1321 MB); one layer's gradients within 2e-7 (relative) of Hugging
-Face's in fp32 (tests/models/test_mlp.py checks a whole model's).
+Why: it keeps fewer and smaller tensors than the Hugging Face MLP's autograd graph, so a CPU
+update peaks lower at the same speed (reproduce with benchmarks/bench_trl.py ``--setting large``,
+taking turns with the unpatched MLP); its gradients equal Hugging Face's in fp32 up to rounding
+(tests/models/test_mlp.py checks a whole model's).
 
 ``patch_swiglu_mlps`` points the ``forward`` of each such module at it, for fp32 inputs when the
 three projections are plain bias-free ``nn.Linear``\\s and the activation is SiLU (any other dtype,

@@ -10,8 +10,9 @@ keeps x and r only, and takes its gradients in closed form:
 
     dw = sum over tokens of dy * x r,   dx = r (g - x r * mean(g * x r)),   g = dy * w
 
-Measured on one CPU thread ([16, 64, 384] fp32, forward + backward, 26 calls): 3.1 ms against
-7.3-7.7 ms a call; the same values to 1.2e-6 (forward), 1.4e-6 (d x) and 2e-7 relative (d w).
+Why: fewer passes over fewer saved tensors, so a forward + backward takes well under half the
+time of the six eager ops on a CPU, with the same values up to fp32 rounding
+(tests/models/test_norm.py checks the values).
 
 ``patch_rms_norms`` points the ``forward`` of each such module of a model at it, for fp32 inputs
 (any other dtype runs the module's own forward, which computes in fp32 and casts: that rounding is

@@ -23,8 +23,8 @@ the token, its cache column and the positions live in buffers the step reads (``
 ``index_fill_`` at the column, no Python-side slicing). Rows then never leave the batch. On CPU the
 fixed step runs eagerly (tests compare it with the sliced one); the capture follows torch's
 documented pattern (warm-up on a side stream, ``torch.cuda.graph``, ``CUDAGraph.replay``; torch 2.13
-cuda/graphs.py) and has run on an H100 (torch 2.11: the same tokens as eager decoding,
-test_cuda_graph_decode_matches_eager; 4.9-5.8x HF generate in bench_generate).
+cuda/graphs.py); on a GPU test_cuda_graph_decode_matches_eager checks that it gives the same tokens
+as eager decoding, and benchmarks/bench_generate.py times it against HF generate.
 
 Supported: model types whose decoder layers are ``input_layernorm -> self_attn(q/k/v/o_proj,
 optional q_norm/k_norm) -> post_attention_layernorm -> mlp(gate/up/down, act_fn or SiLU)`` with rotary
@@ -111,8 +111,8 @@ def mkl_packing(model) -> bool:
     (``torch.ops.mkl._mkl_linear``): fp32 weights on a CPU, in a torch built with MKL. An ordinary
     GEMM call re-packs its weight operand into MKL's panel layout every time; a decode step's GEMMs
     have few rows (one token per sample), so that packing is a large share of them. Packed once per
-    row count: 1.15-1.33x faster at 64 rows, 2.3x at 8 (one thread, the 13.4M-parameter model's
-    shapes), with the same result bits in our measurements."""
+    row count, the step is faster, the more so the fewer the rows (benchmarks/bench_generate.py),
+    with the same logits (tests/rollout/test_native.py)."""
     p = next(model.parameters())
     return (
         p.device.type == "cpu"

@@ -56,8 +56,8 @@ class NativeEngine:
     ``tokenizer`` is only read for its EOS and pad ids; it is loaded from the model directory when
     not given. ``static_decode`` (default on): the lean decoder of fastcrit.rollout.decode where
     the architecture allows it. ``cuda_graph`` (CUDA only, default off): the decode step captured
-    as a CUDA graph per chunk and replayed (ran on an H100, torch 2.11: the same tokens as eager
-    decoding, 4.9-5.8x HF ``generate`` on the tiny model; docs/gpu.md). ``cpu_backup``: ``sleep``
+    as a CUDA graph per chunk and replayed (the same tokens as eager decoding; its speed against
+    HF ``generate``: docs/gpu.md). ``cpu_backup``: ``sleep``
     moves the weights to host memory and ``wake`` brings them back (SGLang's
     ``enable_weights_cpu_backup``), for a frozen model no trainer reloads (CTRL's proxy).
     """

@@ -37,7 +37,7 @@ _type, _len, _isinstance, _str, _repr = type, len, isinstance, str, repr
 _os_write, _os_exit = os.write, os._exit
 
 _json_dumps = json.dumps
-try:  # the built-in BLAKE2 module: hashlib would map OpenSSL into every warm worker (4 MB per fork)
+try:  # the built-in BLAKE2 module: hashlib would map OpenSSL into every warm worker (pages each fork copies)
     from _blake2 import blake2b as _blake2b
 except ImportError:  # pragma: no cover
     from hashlib import blake2b as _blake2b

@@ -292,8 +292,8 @@ class SandboxConfig:
     scratch_mb: int = 256  # tmpfs size of each worker's scratch area (jail); 64 files or directories per MiB
     # Imported by each warm worker before it forks: light modules that generated code often uses.
     # More modules make every fork dearer (the child copies the pages it touches), and some cost
-    # at every fork whether used or not: `threading` and `random` run at-fork handlers (~0.3-0.6 ms
-    # each here), so they are left for the code that needs them to import.
+    # at every fork whether used or not: `threading` and `random` run at-fork handlers, so they are
+    # left for the code that needs them to import.
     preimport: tuple = (
         "math",
         "cmath",

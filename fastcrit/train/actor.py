@@ -138,8 +138,8 @@ def wrap_trainable(
 
     One process without mixed precision (fp32 training, or a frozen model) runs the plain module
     on ``device``: FSDP2 over a world of one shards nothing and still copies every layer's
-    parameters in and out of its all-gather buffers at each forward and backward (measured on 2 CPU
-    cores: 1.4x the update time of the tiny GRPO setting, the same at 13M parameters). Mixed
+    parameters in and out of its all-gather buffers at each forward and backward, which slows
+    small models' CPU updates for nothing (the figures: docs/LOG.md). Mixed
     precision keeps FSDP2, whose policy computes in ``dtype`` over fp32 master weights."""
     trainable = optim is not None
     compute = parse_dtype(dtype)
@@ -168,7 +168,7 @@ def wrap_trainable(
     if not trainable:
         return Actor(module, None, None, device)
     # AdamW is torch's fused kernel: one pass per parameter, where the foreach path loops over ~8
-    # element-wise ops per parameter with temporaries as large (about 4x slower on CPU; the
+    # element-wise ops per parameter with temporaries as large (several times slower on CPU; the
     # figures: docs/LOG.md), the same weights to rounding. FSDP2's sharded (DTensor) parameters
     # take it too (it steps each rank's local shard).
     opt = torch.optim.AdamW(

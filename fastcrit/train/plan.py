@@ -158,9 +158,9 @@ def activation_bytes_per_token(m: ModelShape, compute_bytes: int, checkpointing:
     2 kv d + 3 I elements. Without Liger, Hugging Face's RMSNorm keeps an fp32 copy of its input
     (4 H bytes more per norm) and its SwiGLU keeps silu(gate) for the product (I elements more).
     With checkpointing a layer keeps its input (H) and one layer at a time is recomputed. The last
-    layers' outputs (final norm, the log-prob kernel's input) add 2 H. Measured on an H100
-    (benchmarks/gpu_realsize.py, Qwen2.5-1.5B's shape, 16k tokens per micro-batch, Liger off):
-    this sum is 5% above the update's measured peak with checkpointing and without."""
+    layers' outputs (final norm, the log-prob kernel's input) add 2 H. benchmarks/gpu_realsize.py
+    checks this sum against the update's peak on a GPU (Qwen2.5-1.5B's shape, 16k tokens per
+    micro-batch, Liger off), with checkpointing and without: benchmarks/README.md, "On a GPU"."""
     layer = compute_bytes * (7 * m.hidden + 2 * m.kv_heads * m.head_dim + 3 * m.intermediate)
     if not liger:
         layer += 2 * 4 * m.hidden + compute_bytes * m.intermediate

@@ -31,10 +31,10 @@ IGNORE = -100
 def graph_attention(module: nn.Module):
     """The attention backend for a forward that builds a graph: SDPA's math path where the module
     trains in bf16/fp16 on a CPU (``module.math_attention_for_grad``, set by wrap_trainable), else
-    whatever SDPA picks. torch's CPU flash-attention backward in bf16 took 85 ms per layer where its
-    forward took 7 (13.4M-parameter model, 32 rows of 88 tokens, one thread; 26% of an update), and
-    the math path's backward is matrix products: that update 1.0-1.1 s instead of 1.2-1.8 s, the
-    gradients equal to bf16 rounding. The backward follows the forward's path, so only the forward
+    whatever SDPA picks. Why: torch's CPU flash-attention backward in bf16 is many times slower
+    than its forward, a large share of a small model's update, while the math path's backward is
+    matrix products: the update is faster and the gradients equal to bf16 rounding (the figures:
+    docs/LOG.md). The backward follows the forward's path, so only the forward
     needs the context; fp32 and CUDA keep flash attention (fp32 on a CPU: the same time either way)."""
     if getattr(module, "math_attention_for_grad", False) and torch.is_grad_enabled():
         return sdpa_kernel([SDPBackend.MATH])
@@ -159,9 +159,9 @@ class CausalLMLogprobs(nn.Module):
 
         With SDPA attention, a prompt's short responses run end to end in one row of the second
         pass (``_pack_responses``; a block-causal mask), so the padding of a right-padded batch
-        is mostly not run: the large benchmark setting's 64-row reference pass took 0.83-0.88x the
-        time where 12-13 of 64 responses stopped early, and its update 0.94-0.95x (in one
-        process, taking turns with the rows run one by one; the same log-probs and gradients)."""
+        is mostly not run, which shortens the reference pass and the update when responses stop
+        early (the same log-probs and gradients as the rows run one by one; the figures:
+        docs/LOG.md)."""
         P = input_ids.shape[1] - R
         if P <= 0 or not _attention_only(self.lm.config):
             return None

@@ -17,17 +17,16 @@ from fastcrit_kernels.logprobs import _MM_OUT_DTYPE, _add_mm_fp32, merge_splits
 
 _IGNORE = -100
 # Bytes of logits one chunk may hold on the grad-in-forward path (its tokens: as many as fit, at
-# least one). The GEMMs of a chunk get slower as it gets thinner: measured on 2 CPU cores at
-# V = 151936, H = 896, the logits GEMM of 220-token chunks (128 MiB) took ~1.25x, of 441-token ones
-# (256 MiB) ~1.08x the time of one 2048-token GEMM, and the d_hidden GEMM ~1.12x / ~1.05x; d_W's
-# GEMM did not care. 256 MiB is ~220 MB more than the recompute path's peak (which is mostly d_W,
-# 545 MB at this shape), a quarter of the unfused path's. GPU, fp32: as fused_logprobs' chunks
-# (512 MiB: 1.08x three plain GEMMs on an H100 at N 16384, H 896, V 151936). GPU, bf16 / fp16: 2 GiB
-# of fp32 logits plus 16-bit d_logits, about 2350 tokens at that vocabulary. Each chunk adds its
-# products to the fp32 d_W through a separate fp32 GEMM result (block by block), so thin chunks
-# pay that pass many times: on the H100, bf16, forward + backward took 61.4 ms at 512 MiB, 37.1 ms
-# at 2 GiB (peak 3.3 GB) and 32.5 ms at 8 GiB (10.1 GB); the recompute path 40.1 ms (0.9 GB), the
-# unfused loss 62.2 ms (38 GB), three plain bf16 GEMMs 18.7 ms (benchmarks/gpu_check.sh).
+# least one). The GEMMs of a chunk get slower as it gets thinner, so a chunk is as large as the
+# memory it adds allows. CPU: at V = 151936, H = 896 256 MiB holds ~440 tokens, where the logits and
+# d_hidden GEMMs run close to one unchunked GEMM's time, and the peak stays a small fraction of the
+# unfused path's. GPU, fp32: as fused_logprobs' chunks (512 MiB; close to three plain GEMMs' time).
+# GPU, bf16 / fp16: 2 GiB of fp32 logits plus 16-bit d_logits, about 2350 tokens at that vocabulary.
+# Each chunk adds its products to the fp32 d_W through a separate fp32 GEMM result (block by block),
+# so thin chunks pay that pass many times: 512 MiB is much slower there, while 2 GiB is faster than
+# the recompute path at a few GB of peak. Reproduce with benchmarks/bench_ppo.py (``--lm-chunks``;
+# on a GPU through benchmarks/gpu_check.sh); the latest figures: benchmarks/README.md, "On a GPU"
+# (the 512 MiB bf16 run: docs/LOG.md).
 CPU_CHUNK_BYTES = 256 * 1024 * 1024
 GPU_CHUNK_BYTES = 512 * 1024 * 1024
 GPU_CHUNK_BYTES_16BIT = 2 * 1024 * 1024 * 1024

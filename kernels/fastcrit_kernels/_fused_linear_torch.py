@@ -1,17 +1,15 @@
 """The torch path of the grad-in-forward losses (fused_linear.py): one token chunk's logits
 ``[n, V]`` live in one buffer, which becomes log p, then d loss / d logits, in place.
 
-Why this shape of code (measured on 2 shared CPU cores, N=2048, V=151936, fp32): the element-wise
-work is memory-bound and small next to the GEMMs if it touches the buffer few times. ATen's fused
-``log_softmax`` written into its own input reads and writes the buffer once (a fresh output buffer
-costs ~3x as much, in page faults). The rest (p = exp(log p), the entropy's row sums, d_logits) is
-one pass over row blocks of ~2 MiB, which stay in cache, with one intra-op thread: with two, every
-small op ends in a thread barrier, which on a loaded machine waits for a descheduled thread: at
-load ~5, that pass took 29 s with two threads over 2 MiB blocks, 3.7 s over 64 MiB ones, 0.6 s with
-one thread over 2 MiB blocks. At load ~0.2 two threads took 0.3-0.4 s, one 0.6-0.8 s: one thread
-gives up ~3% of the step on a quiet machine for robustness on a shared one (and the same bits
-whatever the load). Token-major ``[n, V]`` is what ATen's row-wise softmax
-is fast on; a vocab-major buffer made it ~4x slower.
+Why this shape of code (on CPU; the figures: docs/LOG.md): the element-wise work is memory-bound
+and small next to the GEMMs if it touches the buffer few times. ATen's fused ``log_softmax``
+written into its own input reads and writes the buffer once (a fresh output buffer costs several
+times as much, in page faults). The rest (p = exp(log p), the entropy's row sums, d_logits) is one
+pass over row blocks of ~2 MiB, which stay in cache, with one intra-op thread: with two, every
+small op ends in a thread barrier, which on a loaded machine waits for a descheduled thread and
+makes the pass many times slower. One thread gives up a few percent of the step on a quiet machine
+for robustness on a shared one (and the same bits whatever the load). Token-major ``[n, V]`` is
+what ATen's row-wise softmax is fast on; a vocab-major buffer makes it several times slower.
 """
 
 from __future__ import annotations
@@ -42,11 +40,10 @@ def _one_thread(t: torch.Tensor):
 def output_buffer(*shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An uninitialised buffer that a GEMM will write, its pages already mapped on a CPU.
 
-    A fresh large buffer is mapped page by page on first touch (~1.4 us a 4 KiB page here); when
-    that touch is a two-thread GEMM's output, the threads fault on the same pages and stall each
-    other: ``mm(dz.T, h, out=)`` into a fresh 545 MB d_W took 1.68 s, a memset then the same mm
-    1.40 s (the memset included; 2 cores, N=1024, a 16384-row vocab chunk, nine of them). So on a
-    CPU the buffer is zeroed first; on CUDA it is left empty."""
+    A fresh large buffer is mapped page by page on first touch; when that touch is a two-thread
+    GEMM's output, the threads fault on the same pages and stall each other, so a memset and then
+    the GEMM take less time than the GEMM alone into fresh pages (the figures: docs/LOG.md). So on
+    a CPU the buffer is zeroed first; on CUDA it is left empty."""
     if torch.device(device).type == "cpu":
         return torch.zeros(*shape, dtype=dtype, device=device)
     return torch.empty(*shape, dtype=dtype, device=device)

@@ -2,11 +2,11 @@
 Triton kernels, over vocab chunks with plain torch ops (CPU, fp64, and any input the Triton path
 does not take). See logprobs.py for the guarantees both paths share.
 
-On a CPU the element-wise work, not the flops, is what the chunking adds (measured on 2 shared
-cores, N=1024, V=151936, fp32): every chunk's logits got a fresh 64 MiB buffer, which the kernel
-maps and faults in page by page (~1.4 us a 4 KiB page: 0.4 s of a 7.5 s forward + backward), and
-the passes over it (max, shift, exp, sum; exp, scale) each streamed it through memory. So one
-buffer serves every chunk, and the passes run over row blocks that stay in cache (as in
+On a CPU the element-wise work, not the flops, is what the chunking adds: a fresh buffer for every
+chunk's logits is mapped and faulted in page by page by the kernel, a visible share of a forward +
+backward, and passes over a whole chunk (max, shift, exp, sum; exp, scale) each stream it through
+memory (the figures: docs/LOG.md). So one buffer serves every chunk, and the passes run over row
+blocks that stay in cache (as in
 _fused_linear_torch.py, with one intra-op thread). On CUDA each pass is one kernel over the chunk.
 """
 
@@ -20,7 +20,7 @@ from fastcrit_kernels._fused_linear_torch import _one_thread, block_rows, output
 # Chunks run over the vocabulary with all tokens at once: every weight row and every d_W row is
 # touched exactly once per pass, and each matmul has the full token count as its inner or outer
 # dimension. (Chunking over tokens instead re-streams the whole [V, H] d_W accumulator per chunk,
-# which made the backward ~3x slower on CPU.)
+# which makes the backward several times slower on CPU.)
 def _compute_dtype(*tensors):
     return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 

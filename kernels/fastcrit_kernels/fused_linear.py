@@ -47,9 +47,10 @@ Triton kernels per chunk: softmax statistics over vocab splits, and d_logits wri
 or into a bf16/fp16 buffer that feeds both gradient GEMMs with fp32 accumulation. bf16/fp16
 weights: the logits GEMM needs ``torch.mm(..., out_dtype=torch.float32)`` (torch >= 2.8), else
 the recompute path is taken; d_W accumulates over token chunks in fp32 ([V, H] fp32, twice the
-weight's size) and is rounded once. This GPU path ran on an H100 (torch 2.11, triton 3.6): the
-tests pass there, and its times are beside ``GPU_CHUNK_BYTES_16BIT`` (``_fused_linear_chunks.py``,
-where the chunks, the kernels and the autograd function live); its kernels are also compile-checked
+weight's size) and is rounded once. This GPU path's tests pass on an H100 (torch 2.11, triton
+3.6); why its chunk sizes are what they are is beside ``GPU_CHUNK_BYTES_16BIT``
+(``_fused_linear_chunks.py``, where the chunks, the kernels and the autograd function live); its
+kernels are also compile-checked
 for sm_80 / sm_90a, and its launches tested under the Triton interpreter, where the bf16/fp16
 products go through fp32 copies instead of ``out_dtype``. Masked tokens may hold any label
 (padding).

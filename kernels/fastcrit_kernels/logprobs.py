@@ -384,10 +384,9 @@ class _FusedLogprobs(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 def _cublas_is_faster(backend: str, h: torch.Tensor, gemm_dtype: torch.dtype, allow_tf32: bool) -> bool:
     """``auto`` on a GPU with exact fp32 (no TF32): the torch path, whose chunked GEMMs are cuBLAS's.
-    Triton's exact-fp32 ``tl.dot`` runs on the CUDA cores at about half cuBLAS's fp32 rate: measured
-    on an H100 (torch 2.11, triton 3.6; H 896, V 151936, forward + backward), 421 ms against 211 ms
-    at 8192 tokens and 1692 against 868 at 32768 (full logits: 151 / 608 ms, at 27x / 110x the
-    memory). bf16 / fp16, and fp32 with TF32, keep the kernels; ``backend="triton"`` asks for them."""
+    Triton's exact-fp32 ``tl.dot`` runs on the CUDA cores at about half cuBLAS's fp32 rate
+    (benchmarks/bench_fused_logprobs.py on a GPU; the figures: benchmarks/README.md, "On a GPU").
+    bf16 / fp16, and fp32 with TF32, keep the kernels; ``backend="triton"`` asks for them."""
     return requested_backend(backend) == "auto" and _on_gpu(h) and gemm_dtype == torch.float32 and not allow_tf32
 
 

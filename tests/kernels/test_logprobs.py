@@ -459,9 +459,9 @@ def test_triton_backward_reads_no_unwritten_d_logits(monkeypatch):
 
 
 def test_auto_sends_exact_fp32_on_a_gpu_to_cublas(monkeypatch):
-    """``auto`` with fp32 operands and no TF32 on a GPU takes the torch path (cuBLAS's fp32 GEMMs ran
-    2x faster than Triton's exact-fp32 dot on an H100); 16-bit operands, TF32, an explicit "triton"
-    (argument or environment) and CPU tensors keep their choice."""
+    """``auto`` with fp32 operands and no TF32 on a GPU takes the torch path (cuBLAS's fp32 GEMMs run
+    faster than Triton's exact-fp32 dot: benchmarks/README.md, "On a GPU"); 16-bit operands, TF32,
+    an explicit "triton" (argument or environment) and CPU tensors keep their choice."""
     h = torch.zeros(2, 16)
     assert not L._cublas_is_faster("auto", h, torch.float32, False)  # a CPU tensor: no GPU launch
     monkeypatch.setattr(L, "_on_gpu", lambda t: True)
