@@ -14,7 +14,7 @@ import torch
 from _common import machine, measure, start, write_rows
 
 from fastcrit_kernels import group_advantages
-from fastcrit_kernels._reference import ref_group_advantages
+from fastcrit_kernels.advantages import ref_group_advantages
 
 NAME = "advantages"
 

@@ -423,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ex.set_defaults(func=cmd_export)
 
-    from fastcrit.bench import register as register_bench  # torch-free, cheap to import
+    from fastcrit.bench_cli import register as register_bench  # torch-free, cheap to import
     from fastcrit.data.cli import register as register_data
     from fastcrit.rollout.serve import register as register_serve
     from fastcrit.sandbox.cli import register as register_sandbox

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fastcrit.bench import latest_run, markdown_table, update_readme
+from fastcrit.bench_cli import latest_run, markdown_table, update_readme
 from fastcrit.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ the warm start): see fastcrit.data.math_words.
 `reverse`: reverse a sequence of 5 space-separated lowercase letters. With the tiny model's
 byte-level BPE tokenizer at 1024 tokens (configs/cpu/grpo.yaml) each " x" is one token, so the task
 is about order, not spelling; at the default 512, " q" is two (" " + "q"). The rule reward gives
-partial credit per position (see fastcrit.reward.rule.reverse_reward).
+partial credit per position (``reverse_reward`` here; fastcrit.reward.rule scores with it).
 
 The shipped files are made by `python -m fastcrit.data.tasks` (deterministic: seed 0); the train and
 test splits are disjoint.
@@ -30,6 +30,19 @@ from fastcrit.data.math_words import last_boxed
 TASK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
 REVERSE_LEN = 5
 REVERSE_PROMPT = "Reverse the letters: {letters}"
+
+
+def reverse_reward(response: str, answer: str) -> float:
+    """Partial credit for the `reverse` task: matching positions / max(len(answer), len(response)).
+
+    Both sides are split on whitespace, so "e d c b a" vs answer "e d c b a" scores 1.0, a response
+    with the right letters in the wrong order scores by position, and extra tokens cost credit.
+    """
+    pred, gold = response.split(), answer.split()
+    if not gold:
+        return 0.0
+    hits = sum(p == g for p, g in zip(pred, gold))
+    return hits / max(len(gold), len(pred))
 
 
 def _last_line(text: str) -> str | None:
@@ -107,8 +120,6 @@ def make_reverse_prefs(rows: list[dict], seed: int = 0, per_prompt: int = 2) -> 
     """Preference pairs for a reward model on `reverse`, graded like the rule reward: of two answers
     with different numbers of mistakes (0 to 5), the one with the higher per-letter score
     (``reverse_reward``) is chosen. ``per_prompt`` pairs per prompt."""
-    from fastcrit.reward.rule import reverse_reward
-
     rng = random.Random(seed)
     out = []
     for r in rows:

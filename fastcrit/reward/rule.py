@@ -2,20 +2,8 @@
 
 from __future__ import annotations
 
+from fastcrit.data.tasks import reverse_reward as reverse_reward  # the `reverse` task's own score, re-exported
 from fastcrit.reward.base import RewardItem, RewardResult, register
-
-
-def reverse_reward(response: str, answer: str) -> float:
-    """Partial credit for the `reverse` task: matching positions / max(len(answer), len(response)).
-
-    Both sides are split on whitespace, so "e d c b a" vs answer "e d c b a" scores 1.0, a response
-    with the right letters in the wrong order scores by position, and extra tokens cost credit.
-    """
-    pred, gold = response.split(), answer.split()
-    if not gold:
-        return 0.0
-    hits = sum(p == g for p, g in zip(pred, gold))
-    return hits / max(len(gold), len(pred))
 
 
 @register("reverse")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from fastcrit_kernels._dispatch import Variant, device_guard, jit, resolve_backend, tl
+from fastcrit_kernels._reference import ref_group_advantages as ref_group_advantages  # re-exported for callers
 
 ESTIMATORS = {"grpo": 1, "rloo": 2, "naive": 3}
 _BLOCK = 128
