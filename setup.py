@@ -59,7 +59,7 @@ setup(
     packages=find_packages(include=["fastcrit", "fastcrit.*"])
     + find_packages(where="kernels", include=["fastcrit_kernels", "fastcrit_kernels.*"]),
     package_dir={"fastcrit_kernels": "kernels/fastcrit_kernels"},
-    package_data={"fastcrit": ["data/tasks/*.jsonl", "models/tokenizer_corpus.jsonl.gz", "sandbox/_native/bin/*"]},
+    package_data={"fastcrit": ["data/task_files/*.jsonl", "models/tokenizer_corpus.jsonl.gz", "sandbox/_native/bin/*"]},
     include_package_data=True,
     install_requires=[
         # A range that admits the CPU build of 2.13 already installed (see README): never a bare

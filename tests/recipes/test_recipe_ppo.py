@@ -222,7 +222,7 @@ def test_shipped_preference_pairs_prefer_the_better_answer():
         for r in map(
             json.loads,
             open(
-                os.path.join(os.path.dirname(__file__), "..", "..", "fastcrit", "data", "tasks", "reverse_train.jsonl")
+                os.path.join(os.path.dirname(__file__), "..", "..", "fastcrit", "data", "task_files", "reverse_train.jsonl")
             ),
         )
     }
