@@ -2,6 +2,16 @@
 
 import os
 
+# The tiny model every recipe test trains (built from its config, cached once per machine).
+TINY_MODEL = [
+    "model.path=tiny",
+    "model.tiny.hidden=64",
+    "model.tiny.layers=2",
+    "model.tiny.heads=2",
+    "model.tiny.kv_heads=1",
+    "model.tiny.intermediate=128",
+]
+
 
 def run_cli(command: str, config: str, sets: list[str], *extra: str) -> int:
     """`fastcrit <command> <config> --set ...` in this process; its exit code."""

@@ -9,14 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 from fastcrit.cli import main
+from tests.recipes.recipe_cli import TINY_MODEL
 
 SETS = [
-    "model.path=tiny",
-    "model.tiny.hidden=64",
-    "model.tiny.layers=2",
-    "model.tiny.heads=2",
-    "model.tiny.kv_heads=1",
-    "model.tiny.intermediate=128",
+    *TINY_MODEL,
     "data.prompts_per_step=2",
     "data.val_size=4",
     "rollout.n=4",

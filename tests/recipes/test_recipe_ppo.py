@@ -6,18 +6,13 @@ import json
 import os
 
 import pytest
+from recipe_cli import TINY_MODEL, run_cli, stable
 from recipe_cli import metric_rows as rows
-from recipe_cli import run_cli, stable
 
 from fastcrit.cli import main
 
 SETS = [
-    "model.path=tiny",
-    "model.tiny.hidden=64",
-    "model.tiny.layers=2",
-    "model.tiny.heads=2",
-    "model.tiny.kv_heads=1",
-    "model.tiny.intermediate=128",
+    *TINY_MODEL,
     "data.prompts_per_step=2",
     "data.val_size=4",
     "rollout.n=2",
@@ -222,7 +217,9 @@ def test_shipped_preference_pairs_prefer_the_better_answer():
         for r in map(
             json.loads,
             open(
-                os.path.join(os.path.dirname(__file__), "..", "..", "fastcrit", "data", "task_files", "reverse_train.jsonl")
+                os.path.join(
+                    os.path.dirname(__file__), "..", "..", "fastcrit", "data", "task_files", "reverse_train.jsonl"
+                )
             ),
         )
     }

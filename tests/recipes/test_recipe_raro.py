@@ -8,16 +8,11 @@ import statistics
 
 import pytest
 import torch
+from recipe_cli import TINY_MODEL, run_cli, stable
 from recipe_cli import metric_rows as rows
-from recipe_cli import run_cli, stable
 
 SETS = [
-    "model.path=tiny",
-    "model.tiny.hidden=64",
-    "model.tiny.layers=2",
-    "model.tiny.heads=2",
-    "model.tiny.kv_heads=1",
-    "model.tiny.intermediate=128",
+    *TINY_MODEL,
     "algorithm.name=raro",
     "data.train=reverse",
     "data.val=reverse:test",

@@ -18,20 +18,15 @@ import sys
 import time
 
 import pytest
+from recipe_cli import TINY_MODEL, stable
 from recipe_cli import metric_rows as rows
-from recipe_cli import stable
 
 from fastcrit.train.checkpoint import complete_checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "cpu", "grpo.yaml")
 SETS = [
-    "model.path=tiny",
-    "model.tiny.hidden=64",
-    "model.tiny.layers=2",
-    "model.tiny.heads=2",
-    "model.tiny.kv_heads=1",
-    "model.tiny.intermediate=128",
+    *TINY_MODEL,
     "data.prompts_per_step=2",
     "data.val_size=4",
     "rollout.n=4",

@@ -10,16 +10,11 @@ import pytest
 
 from fastcrit import registry
 from fastcrit.config import ConfigError, load_config
-from tests.recipes.recipe_cli import metric_rows, run_cli
+from tests.recipes.recipe_cli import TINY_MODEL, metric_rows, run_cli
 
 CPU_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "cpu", "grpo.yaml")
 SETS = [
-    "model.path=tiny",
-    "model.tiny.hidden=64",
-    "model.tiny.layers=2",
-    "model.tiny.heads=2",
-    "model.tiny.kv_heads=1",
-    "model.tiny.intermediate=128",
+    *TINY_MODEL,
     "data.prompts_per_step=2",
     "data.val_size=4",
     "rollout.n=3",
@@ -41,6 +36,7 @@ import torch
 from fastcrit.recipes.scaffold import Run, reward_items
 from fastcrit.registry import Recipe
 from fastcrit.reward import make_reward
+from tests.recipes.recipe_cli import TINY_MODEL
 
 RECIPE = Recipe(
     names=("toy",),

@@ -26,6 +26,7 @@ from fastcrit.config import ConfigError
 from fastcrit.train.metrics import RunLog
 from fastcrit.train.preempt import Stopped
 from fastcrit.train.trackers import TrackerSettings
+from tests.recipes.recipe_cli import TINY_MODEL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU_CONFIG = os.path.join(ROOT, "configs", "cpu", "grpo.yaml")
@@ -354,12 +355,7 @@ def test_runlog_refuses_a_logger_without_its_package(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------- a real GRPO run
 
 SETS = [
-    "model.path=tiny",
-    "model.tiny.hidden=64",
-    "model.tiny.layers=2",
-    "model.tiny.heads=2",
-    "model.tiny.kv_heads=1",
-    "model.tiny.intermediate=128",
+    *TINY_MODEL,
     "data.prompts_per_step=2",
     "data.val_size=4",
     "rollout.n=4",
