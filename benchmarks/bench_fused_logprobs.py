@@ -5,6 +5,8 @@ Implementations, side by side in one run:
   naive        full logits -> log_softmax -> gather (verl's non-fused path), plain autograd
   ours         fastcrit_kernels.fused_logprobs, backend "auto" (torch path on CPU; on CUDA Triton, except
                exact fp32, which goes to the torch path's cuBLAS GEMMs)
+  ours_recompute  the same with keep_bytes=0: the backward recomputes the logits (the default on a
+               GPU; on a CPU "ours" keeps them up to 4 GiB)
   ours_torch   the same with backend="torch" (on CUDA: cuBLAS GEMMs over chunks; not in the default set)
   ours_triton  the same with backend="triton" (the Triton kernels; not in the default set)
   liger_lp     Liger-Kernel's chunked selective log-prob (LigerFusedLinearPPOBase.chunk_forward)
@@ -51,7 +53,7 @@ RESULTS = results_dir()
 CSV_PATH = os.path.join(RESULTS, "fused_logprobs.csv")
 PNG_PATH = os.path.join(RESULTS, "fused_logprobs_memory.png")
 JSONL_PATH = os.path.join(RESULTS, "fused_logprobs.jsonl")  # one summary object per run
-IMPLS = ("naive", "ours", "liger_lp", "ours_grpo", "liger_grpo")
+IMPLS = ("naive", "ours", "ours_recompute", "liger_lp", "ours_grpo", "liger_grpo")
 EXTRA = ("ours_torch", "ours_triton")  # chosen by --impls only
 H, V = 896, 151936
 SEQ = 1024  # tokens per sequence for the [B, T] losses
@@ -90,6 +92,12 @@ def _make_case(impl: str, tokens: int, device: str):
 
         def fn():
             lp = fused_logprobs(hidden, weight, labels)
+            lp.backward(up)
+    elif impl == "ours_recompute":
+        from fastcrit_kernels import fused_logprobs
+
+        def fn():
+            lp = fused_logprobs(hidden, weight, labels, keep_bytes=0)
             lp.backward(up)
     elif impl == "ours_torch":
         from fastcrit_kernels import fused_logprobs

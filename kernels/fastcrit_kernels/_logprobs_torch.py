@@ -33,9 +33,9 @@ class _Buffers:
     """One chunk's logits ``[N, vc]`` (and, for weights not in the compute dtype, its cast weight
     rows ``[vc, H]``), reused by every chunk; the last, narrower chunk takes the front of each."""
 
-    def __init__(self, N: int, vc: int, w: torch.Tensor, cd: torch.dtype):
+    def __init__(self, N: int, vc: int, w: torch.Tensor, cd: torch.dtype, logits: bool = True):
         self.N = N
-        self.z = output_buffer(N * vc, device=w.device, dtype=cd)
+        self.z = output_buffer(N * vc, device=w.device, dtype=cd) if logits else None
         self.w = None if w.dtype == cd else torch.empty(vc * w.shape[1], device=w.device, dtype=cd)
 
     def logits(self, width: int) -> torch.Tensor:
@@ -78,7 +78,9 @@ def _label_slot(labels, v0, v1):
     return rows, labels[rows] - v0
 
 
-def _torch_forward(h, w, b, labels, inv_t, ignore_index, with_ent, chunk_bytes):
+def _torch_forward(h, w, b, labels, inv_t, ignore_index, with_ent, chunk_bytes, keep=False):
+    """(logp, lse, entropy or sum p z, kept): ``kept`` holds every chunk's scaled logits, chunk after
+    chunk ([N, width] each, contiguous), when ``keep``; else None and the backward recomputes them."""
     N, _ = h.shape
     V = w.shape[0]
     cd = _compute_dtype(h, w, b)
@@ -90,15 +92,17 @@ def _torch_forward(h, w, b, labels, inv_t, ignore_index, with_ent, chunk_bytes):
     z_lab = torch.zeros(N, device=dev, dtype=cd)
     valid = labels != ignore_index
     vc = _chunk_vocab(N, V, chunk_bytes)
-    buf = _Buffers(N, vc, w, cd)
+    buf = _Buffers(N, vc, w, cd, logits=not keep)
+    kept = output_buffer(N * V, device=dev, dtype=cd) if keep else None
     tmp = None
     for v0 in range(0, V, vc):
         v1 = min(v0 + vc, V)
-        z = _scaled_logits(h_c, buf.weight(w, v0, v1), b, v0, v1, inv_t, buf.logits(v1 - v0))
+        out = kept[N * v0 : N * v1].view(N, v1 - v0) if keep else buf.logits(v1 - v0)
+        z = _scaled_logits(h_c, buf.weight(w, v0, v1), b, v0, v1, inv_t, out)
         rows, cols = _label_slot(labels, v0, v1)
         z_lab[rows] = z[rows, cols]
         blocks = _blocks(z)
-        if with_ent and tmp is None:
+        if (with_ent or keep) and tmp is None:
             tmp = torch.empty((blocks[0][1] - blocks[0][0]) * z.shape[1], device=dev, dtype=cd)
         with _one_thread(z):
             for r0, r1 in blocks:
@@ -107,21 +111,26 @@ def _torch_forward(h, w, b, labels, inv_t, ignore_index, with_ent, chunk_bytes):
                 # rows whose logits so far are all -inf (a bias of -inf) shift by 0: -inf - -inf is NaN
                 shift = torch.where(m_new == float("-inf"), 0.0, m_new)
                 scale = torch.exp(mb - shift)
-                if with_ent:
+                if with_ent or keep:  # z stays as it is (kept for the backward, or read again below)
                     e = torch.sub(zb, shift[:, None], out=tmp[: zb.numel()].view_as(zb)).exp_()
-                    # p == 0 exactly where z = -inf; flooring z there keeps 0 * -inf = NaN out of sum p z
-                    s1[r0:r1].mul_(scale).add_(torch.linalg.vecdot(e, zb.clamp_(min=torch.finfo(cd).min)))
-                else:
+                if with_ent:
+                    # p == 0 exactly where z = -inf; flooring z keeps 0 * -inf = NaN out of sum p z (a
+                    # floored copy when z is kept: the backward needs its -inf, which makes p 0 there)
+                    zf = zb.clamp(min=torch.finfo(cd).min) if keep else zb.clamp_(min=torch.finfo(cd).min)
+                    s1[r0:r1].mul_(scale).add_(torch.linalg.vecdot(e, zf))
+                elif not keep:
                     e = zb.sub_(shift[:, None]).exp_()  # in place: z is not needed any more
                 s0[r0:r1].mul_(scale).add_(e.sum(dim=1))
                 mb.copy_(m_new)
     lse = m + s0.log()
     lp = torch.where(valid, (z_lab - lse).clamp_(max=0.0), 0.0)
     ent = torch.where(valid, (lse - s1 / s0).clamp_(min=0.0), 0.0) if with_ent else s1
-    return lp, lse, ent
+    return lp, lse, ent, kept
 
 
-def _torch_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need_b, chunk_bytes):
+def _torch_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need_b, chunk_bytes, kept=None):
+    """d_hidden, d_weight, d_bias; the logits come from ``kept`` (the forward's, in the same chunks)
+    when given, else each chunk's are recomputed (one more [N, H] x [H, chunk] product)."""
     N, H = h.shape
     V = w.shape[0]
     cd = lse.dtype
@@ -139,7 +148,10 @@ def _torch_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need_
     for v0 in range(0, V, vc):
         v1 = min(v0 + vc, V)
         w_c = buf.weight(w, v0, v1)
-        dz = _scaled_logits(h_c, w_c, b, v0, v1, inv_t, buf.logits(v1 - v0), shift=lse)  # log p, then dz
+        if kept is None:
+            dz = _scaled_logits(h_c, w_c, b, v0, v1, inv_t, buf.logits(v1 - v0), shift=lse)  # log p, then dz
+        else:  # kept is left as it is: a second backward (retain_graph) reads it again
+            dz = torch.sub(kept[N * v0 : N * v1].view(N, v1 - v0), lse[:, None], out=buf.logits(v1 - v0))
         blocks = _blocks(dz)
         if g_ent is not None and tmp is None:
             tmp = torch.empty((blocks[0][1] - blocks[0][0]) * dz.shape[1], device=h.device, dtype=cd)

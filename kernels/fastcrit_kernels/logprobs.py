@@ -1,12 +1,14 @@
-"""Log-probabilities of the labels straight from hidden states and the lm_head, never holding
-the full ``[tokens, V]`` logits.
+"""Log-probabilities of the labels straight from hidden states and the lm_head, without the
+unfused path's ``[tokens, V]`` logits, log-softmax and gradient tensors.
 
     logp[n]    = log_softmax((hidden[n] @ weight.T + bias) / temperature)[labels[n]]
     entropy[n] = -sum_v p[n, v] log p[n, v]   (same distribution)
 
-Both are computed with an online log-sum-exp over vocab chunks (Triton) or token chunks (torch), and
-the backward recomputes the logits chunk by chunk, so the extra memory is O(tokens x chunk) instead
-of O(tokens x V). Guarantees and departures:
+Both are computed with an online log-sum-exp over vocab chunks, and the backward recomputes the
+logits chunk by chunk, so the extra memory is O(tokens x chunk) instead of O(tokens x V); or, on the
+torch path when the logits fit in ``keep_bytes`` (4 GiB by default on a CPU, none on a GPU), the
+forward keeps them, once, and the backward reads them instead of recomputing. Guarantees and
+departures:
 
 - Log-probs are clamped to <= 0 and entropies to >= 0 (rounding can otherwise give +1e-7 for a
   token with probability ~1; some fused kernels in the wild return positive log-probs).
@@ -38,8 +40,8 @@ of O(tokens x V). Guarantees and departures:
   their first call for each (H, dtype): run one step before capturing a CUDA graph. Nothing else
   on the Triton path syncs with the host.
 - Cost: forward + backward is four [N, H] x [H, V]-sized products (logits, recomputed logits,
-  d_hidden, d_W) against three for the unfused path, which keeps its logits. Where matmuls dominate
-  (CPU) that is the price of the memory saving; see benchmarks/bench_fused_logprobs.py.
+  d_hidden, d_W) against three for the unfused path, which keeps its logits; with the logits kept
+  (``keep_bytes``) it is the same three. See benchmarks/bench_fused_logprobs.py.
 """
 
 from __future__ import annotations
@@ -67,6 +69,12 @@ from fastcrit_kernels._reference import logprobs_reference as logprobs_reference
 # the Triton backward one [tokens, chunk_vocab] d_logits buffer in the inputs' dtype.
 CPU_CHUNK_BYTES = 64 * 1024 * 1024
 GPU_CHUNK_BYTES = 512 * 1024 * 1024
+# Bytes of logits the torch path keeps from the forward for the backward instead of recomputing them
+# (``fused_logprobs(keep_bytes=...)``). On a CPU the recompute is a fourth GEMM of the same size as
+# the three every path does, while the kept logits are still a third of what the unfused path holds;
+# on a GPU the kernel exists to keep [N, V] out of memory, so nothing is kept by default.
+CPU_KEEP_BYTES = 4 * 1024**3
+GPU_KEEP_BYTES = 0
 
 # GPU tile configs, autotuned once per (H, dtype, dot precision); the first is the default (and the
 # only one with FASTCRIT_KERNELS_AUTOTUNE=0). Each compiles for sm_80 and sm_90a within the A100's
@@ -311,13 +319,18 @@ class _FusedLogprobs(torch.autograd.Function):
     # a caller's autocast region (a bf16 training loop) would otherwise send the torch path's chunk
     # products to bf16 behind its back (and its fp32 buffers would refuse their bf16 results).
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, inv_t, ignore_index, with_ent, backend, chunk_bytes, precision):
+    def forward(
+        ctx, hidden, weight, bias, labels, inv_t, ignore_index, with_ent, backend, chunk_bytes, precision, keep
+    ):
+        kept = None
         with torch.autocast(hidden.device.type, enabled=False):
             if backend == "triton":
                 lp, lse, ent = _triton_forward(hidden, weight, bias, labels, inv_t, ignore_index, with_ent, precision)
             else:
-                lp, lse, ent = _torch_forward(hidden, weight, bias, labels, inv_t, ignore_index, with_ent, chunk_bytes)
-        ctx.save_for_backward(hidden, weight, bias, labels, lse, ent)
+                lp, lse, ent, kept = _torch_forward(
+                    hidden, weight, bias, labels, inv_t, ignore_index, with_ent, chunk_bytes, keep
+                )
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, ent, kept)
         ctx.inv_t, ctx.ignore_index, ctx.with_ent = inv_t, ignore_index, with_ent
         ctx.backend, ctx.chunk_bytes, ctx.precision = backend, chunk_bytes, precision
         ctx.device_type = hidden.device.type
@@ -335,8 +348,8 @@ class _FusedLogprobs(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, g_lp, g_ent):
-        none = (None,) * 10
-        hidden, weight, bias, labels, lse, ent = ctx.saved_tensors
+        none = (None,) * 11
+        hidden, weight, bias, labels, lse, ent, kept = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         if not (need_h or need_w or need_b):
             return none
@@ -370,7 +383,7 @@ class _FusedLogprobs(torch.autograd.Function):
         else:
             safe = torch.where(valid, labels, torch.zeros_like(labels))
             d_h, d_w, d_b = _torch_backward(
-                hidden, weight, bias, safe, lse, ent, g_lp, g_ent, ctx.inv_t, need_w, need_b, ctx.chunk_bytes
+                hidden, weight, bias, safe, lse, ent, g_lp, g_ent, ctx.inv_t, need_w, need_b, ctx.chunk_bytes, kept
             )
         return (
             d_h.to(hidden.dtype) if need_h else None,
@@ -382,6 +395,12 @@ class _FusedLogprobs(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 # Public function
 # ----------------------------------------------------------------------------------------------
+def keeps_logits(N: int, V: int, h: torch.Tensor, w: torch.Tensor, b, keep_bytes: int) -> bool:
+    """Whether the torch path keeps the ``[N, V]`` logits of ``h`` x ``w`` under ``keep_bytes``."""
+    itemsize = 8 if any(t is not None and t.dtype == torch.float64 for t in (h, w, b)) else 4
+    return keep_bytes > 0 and N * V * itemsize <= keep_bytes
+
+
 def _cublas_is_faster(backend: str, h: torch.Tensor, gemm_dtype: torch.dtype, allow_tf32: bool) -> bool:
     """``auto`` on a GPU with exact fp32 (no TF32): the torch path, whose chunked GEMMs are cuBLAS's.
     Triton's exact-fp32 ``tl.dot`` runs on the CUDA cores at about half cuBLAS's fp32 rate
@@ -429,6 +448,7 @@ def fused_logprobs(
     backend: str = "auto",
     chunk_bytes: int | None = None,
     allow_tf32: bool | None = None,
+    keep_bytes: int | None = None,
 ):
     """Log-probs (and entropies) of ``labels`` under ``softmax((hidden @ weight.T + bias) / T)``.
 
@@ -445,6 +465,12 @@ def fused_logprobs(
         allow_tf32: fp32 inputs on the Triton path: TF32 tensor cores for the logits GEMM instead of
             exact fp32 (default: ``FASTCRIT_KERNELS_ALLOW_TF32=1``, else off). bf16/fp16 inputs
             always use the tensor cores; the torch GEMMs follow torch's own TF32 setting.
+        keep_bytes: the torch path keeps all the logits from the forward for the backward when they
+            fit in this many bytes (``N x V`` in the compute dtype) and a gradient will be taken:
+            three GEMMs, as the unfused path, and the logits' memory once (not its two or three
+            ``[N, V]`` tensors). Above it, or 0, the backward recomputes each chunk's logits: four
+            GEMMs and O(N x chunk) memory. Default: 4 GiB on CPU (Qwen2.5's vocabulary at 4k
+            tokens in fp32 is 2.3 GiB), 0 on a GPU (there the memory is what the kernel saves).
 
     Returns:
         ``logp [...]`` fp32 (fp64 for fp64 inputs), 0 where ignored; with ``return_entropy`` a pair
@@ -472,6 +498,11 @@ def fused_logprobs(
         chunk_bytes = GPU_CHUNK_BYTES if hidden.is_cuda else CPU_CHUNK_BYTES
     if allow_tf32 is None:
         allow_tf32 = os.environ.get("FASTCRIT_KERNELS_ALLOW_TF32", "0") not in ("", "0")
+    if keep_bytes is None:
+        keep_bytes = GPU_KEEP_BYTES if hidden.is_cuda else CPU_KEEP_BYTES
+    wants_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden, weight, bias)
+    )  # a no-grad pass (reference, old log-probs) keeps nothing
     precision = None
     if which == "triton":
         # One dtype for both GEMM operands (a mixed pair is promoted, copying the smaller side) and
@@ -497,6 +528,7 @@ def fused_logprobs(
         which,
         int(chunk_bytes),
         precision,
+        wants_grad and keeps_logits(h2.shape[0], V, h2, w2, bias, int(keep_bytes)),
     )
     if bad is not None:  # unchecked on the GPU: an out-of-range label gives NaN, not a wrong number
         lp = torch.where(bad, float("nan"), lp)

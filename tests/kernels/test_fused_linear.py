@@ -295,7 +295,8 @@ def _mm_flops(fn):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_three_gemms_not_four(backend):
     """Forward + backward of the grad-in-forward PPO loss is three [n, H] x [H, V] products for its n
-    valid tokens, over one chunk or several; the recompute path's is four for all N tokens. PACS is
+    valid tokens, over one chunk or several; the log-prob path's is three for all N tokens (its logits
+    kept; four where fused_logprobs recomputes them: tests/kernels/test_logprobs.py). PACS is
     three where each group fits a chunk and four for a group that does not. (H = 32: a multiple of 16,
     which the GPU's log-prob kernels take; H = 24 would send the recompute path to torch's there.)"""
     B, T, H, V = 4, 7, 32, 131
@@ -312,8 +313,9 @@ def test_three_gemms_not_four(backend):
     assert _mm_flops(lambda: ppo(mask, grad_in_forward=True)) == 3 * one(mask)
     assert _mm_flops(lambda: ppo(mask, grad_in_forward=True, chunk_bytes=5 * 4 * V)) == 3 * one(mask)
     full = torch.ones_like(mask)
-    # the recompute path: four on torch; on Triton two are inside its kernels (tl.dot), unseen here
-    assert _mm_flops(lambda: ppo(full, grad_in_forward=False)) == (4 if backend == "torch" else 2) * one(full)
+    # the log-prob path: on torch three (its logits fit fused_logprobs' CPU keep_bytes, so they are
+    # kept, not recomputed); on Triton two are inside its kernels (tl.dot), unseen here
+    assert _mm_flops(lambda: ppo(full, grad_in_forward=False)) == (3 if backend == "torch" else 2) * one(full)
     scores = torch.tensor([1.0, 0.0, 1.0, 0.0])
     n = int(mask.sum())
 

@@ -9,7 +9,17 @@ import fastcrit_kernels.logprobs as L
 from fastcrit_kernels import fused_logprobs, resolve_backend
 from fastcrit_kernels.logprobs import logprobs_reference
 
-fused_logprobs = on_cuda(fused_logprobs)
+_fused = on_cuda(fused_logprobs)
+
+
+def fused_logprobs(*args, backend="auto", **kw):
+    """The kernel, with one more backend name for these tests: "torch-recompute" is the torch path
+    with no logits kept (``keep_bytes=0``: the backward recomputes them), where "torch" keeps them
+    under the CPU default budget."""
+    if backend == "torch-recompute":
+        backend, kw = "torch", {"keep_bytes": 0, **kw}
+    return _fused(*args, backend=backend, **kw)
+
 
 # One tolerance table for this module: input dtype -> (value atol, value rtol, grad atol, grad rtol).
 # Values are computed in fp32 for every input dtype, so bf16 / fp16 only loosen the gradients, which
@@ -24,7 +34,7 @@ TOL = {
 # there is no GPU; on a GPU machine the "triton" cases run the compiled kernels on CUDA copies of the
 # same inputs (_triton_on_cuda.on_cuda). Shapes the GPU launchers do not take (H not a multiple of 16)
 # go to the torch path there, as they would for a user; test_cuda_* below keep to shapes that do.
-BACKENDS = ["torch", "triton"]
+BACKENDS = ["torch", "torch-recompute", "triton"]
 
 
 def _inputs(lead, H, V, dtype, *, bias=False, seed=0, scale=1.0, ignore=()):
@@ -124,8 +134,10 @@ def test_peaked_distribution_never_positive_and_finite_entropy_grad(backend):
     torch.testing.assert_close(ent.double(), ref_ent, atol=1e-4, rtol=1e-4)
 
 
-def test_torch_path_fp64_gradcheck():
-    """The hand-written backward (log-prob and entropy terms) against finite differences, in fp64."""
+@pytest.mark.parametrize("keep_bytes", [0, None], ids=["recompute", "kept"])
+def test_torch_path_fp64_gradcheck(keep_bytes):
+    """The hand-written backward (log-prob and entropy terms) against finite differences, in fp64,
+    with the logits recomputed in the backward and with them kept from the forward."""
     g = torch.Generator().manual_seed(3)
     h = torch.randn(4, 5, dtype=torch.float64, generator=g, requires_grad=True)
     w = torch.randn(11, 5, dtype=torch.float64, generator=g, requires_grad=True)
@@ -134,7 +146,15 @@ def test_torch_path_fp64_gradcheck():
 
     def f(h, w, b):
         lp, ent = fused_logprobs(
-            h, w, labels, bias=b, temperature=0.8, return_entropy=True, backend="torch", chunk_bytes=4 * 4 * 3
+            h,
+            w,
+            labels,
+            bias=b,
+            temperature=0.8,
+            return_entropy=True,
+            backend="torch",
+            chunk_bytes=4 * 4 * 3,
+            keep_bytes=keep_bytes,
         )
         return lp, ent
 
@@ -472,3 +492,51 @@ def test_auto_sends_exact_fp32_on_a_gpu_to_cublas(monkeypatch):
     assert not L._cublas_is_faster("triton", h, torch.float32, False)
     monkeypatch.setenv("FASTCRIT_KERNELS_BACKEND", "triton")
     assert not L._cublas_is_faster("auto", h, torch.float32, False)
+
+
+def test_logits_are_kept_within_the_budget_and_only_for_a_gradient(monkeypatch):
+    """The torch path keeps the [N, V] logits when N x V x 4 bytes fit keep_bytes and a gradient
+    will be taken (a no-grad pass keeps nothing); kept or recomputed, the same values and gradients,
+    and a second backward through the same graph (retain_graph) reads the kept logits unchanged."""
+    import fastcrit_kernels._logprobs_torch as T
+
+    seen = []
+    real = T._torch_forward
+
+    def spy(*args):
+        seen.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(L, "_torch_forward", spy)
+    N, H, V = 12, 16, 90
+    hidden, weight, b, labels = _inputs((N,), H, V, torch.float32, bias=True, seed=4)
+    results = {}
+    for budget in (0, 4 * N * V - 1, 4 * N * V):
+        out = fused_logprobs(
+            hidden,
+            weight,
+            labels,
+            bias=b,
+            return_entropy=True,
+            backend="torch",
+            keep_bytes=budget,
+            chunk_bytes=4 * N * 20,
+        )
+        loss = (out[0] * 1.3).sum() + out[1].sum()
+        first = torch.autograd.grad(loss, [hidden, weight, b], retain_graph=True)
+        second = torch.autograd.grad(loss, [hidden, weight, b])
+        for a, c in zip(first, second):
+            torch.testing.assert_close(a, c, atol=0, rtol=0)
+        results[budget] = (out, first)
+    assert seen == [False, False, True]  # 0 and one byte short recompute; exactly N x V x 4 keeps
+    kept, recomputed = results[4 * N * V], results[0]
+    for a, c in zip(kept[0] + kept[1], recomputed[0] + recomputed[1]):
+        torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-5)
+    seen.clear()
+    with torch.no_grad():
+        fused_logprobs(hidden, weight, labels, backend="torch", keep_bytes=1 << 30)
+    fused_logprobs(hidden.detach(), weight.detach(), labels, backend="torch", keep_bytes=1 << 30)
+    assert seen == [False, False]  # nothing will take a gradient: nothing kept
+    assert L.keeps_logits(N, V, hidden, weight, None, 4 * N * V) and not L.keeps_logits(
+        N, V, hidden.double(), weight, None, 4 * N * V
+    )  # fp64 logits take twice the bytes
