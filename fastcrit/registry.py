@@ -82,6 +82,9 @@ class Recipe:
             return sys.modules[self.module]
         if self.module.startswith("fastcrit."):
             return importlib.import_module(self.module)
+        root = os.path.dirname(self.file)
+        if root not in sys.path:  # its sibling modules import as they would beside a script
+            sys.path.append(root)
         spec = importlib.util.spec_from_file_location(self.module, self.file)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[self.module] = mod  # before running it, as import does (dataclasses look it up)
@@ -137,9 +140,14 @@ def _keywords(call: ast.expr, where: str) -> dict:
     return kwargs
 
 
+# The module name a recipe file of FASTCRIT_RECIPES is loaded under: its own name alone could be one
+# already imported (a user's `random.py` would find the standard library's in sys.modules).
+EXTERNAL = "fastcrit_external_recipes"
+
+
 def _module_name(path: str, root: str, package: str) -> str:
     rel = os.path.splitext(os.path.relpath(path, root))[0].split(os.sep)
-    return ".".join([package, *rel] if package else rel)
+    return ".".join([package or EXTERNAL, *rel])
 
 
 def _check(r: Recipe) -> None:

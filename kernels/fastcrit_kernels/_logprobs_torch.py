@@ -150,14 +150,17 @@ def _torch_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need_
         w_c = buf.weight(w, v0, v1)
         if kept is None:
             dz = _scaled_logits(h_c, w_c, b, v0, v1, inv_t, buf.logits(v1 - v0), shift=lse)  # log p, then dz
-        else:  # kept is left as it is: a second backward (retain_graph) reads it again
-            dz = torch.sub(kept[N * v0 : N * v1].view(N, v1 - v0), lse[:, None], out=buf.logits(v1 - v0))
+            src = None
+        else:  # log p is made block by block below, in cache; kept stays as it is (retain_graph reads it again)
+            dz, src = buf.logits(v1 - v0), kept[N * v0 : N * v1].view(N, v1 - v0)
         blocks = _blocks(dz)
         if g_ent is not None and tmp is None:
             tmp = torch.empty((blocks[0][1] - blocks[0][0]) * dz.shape[1], device=h.device, dtype=cd)
         with _one_thread(dz):
             for r0, r1 in blocks:
                 lb = dz[r0:r1]
+                if src is not None:
+                    torch.sub(src[r0:r1], lse[r0:r1, None], out=lb)
                 if g_ent is None:
                     lb.exp_().mul_(c[r0:r1])  # -p g_lp / T
                     continue

@@ -5,6 +5,7 @@ here lives in a temporary directory named by FASTCRIT_RECIPES and touches no fil
 
 import json
 import os
+import sys
 
 import pytest
 
@@ -36,7 +37,7 @@ import torch
 from fastcrit.recipes.scaffold import Run, reward_items
 from fastcrit.registry import Recipe
 from fastcrit.reward import make_reward
-from tests.recipes.recipe_cli import TINY_MODEL
+from toy_helpers import baseline  # a module beside the recipe's file
 
 RECIPE = Recipe(
     names=("toy",),
@@ -65,7 +66,7 @@ class Toy:
         results = self.reward(reward_items(rollouts, texts, [p.example for p in prompts]))
         scores = torch.tensor([r.score for r in results], dtype=torch.float32)
         batch = run.batch(rollouts, scores)
-        batch.advantages = (scores - scores.mean())[:, None] * batch.response_mask
+        batch.advantages = (scores - baseline(scores))[:, None] * batch.response_mask
         stats = run.update(batch)
         run.sync()
         return {"toy/score": scores.mean().item(), **stats}
@@ -80,10 +81,11 @@ def toy_dir(tmp_path, monkeypatch):
     d = tmp_path / "my_recipes"
     d.mkdir()
     (d / "toy.py").write_text(TOY)
+    (d / "toy_helpers.py").write_text("def baseline(scores):\n    return scores.mean()\n")
     monkeypatch.setenv(registry.ENV, str(d))
     yield d
-    for name in [m for m in list(__import__("sys").modules) if m == "toy"]:
-        del __import__("sys").modules[name]
+    for name in [m for m in list(sys.modules) if m.startswith(registry.EXTERNAL)]:
+        del sys.modules[name]
 
 
 def test_the_shipped_recipes_declare_themselves():
