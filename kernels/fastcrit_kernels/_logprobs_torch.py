@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from fastcrit_kernels._fused_linear_torch import _one_thread, block_rows, output_buffer
+from fastcrit_kernels._fused_linear_torch import _one_thread, block_rows, compute_dtype, output_buffer
 
 
 # Chunks run over the vocabulary with all tokens at once: every weight row and every d_W row is
 # touched exactly once per pass, and each matmul has the full token count as its inner or outer
 # dimension. (Chunking over tokens instead re-streams the whole [V, H] d_W accumulator per chunk,
 # which makes the backward several times slower on CPU.)
-def _compute_dtype(*tensors):
-    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
-
-
 def _chunk_vocab(N: int, V: int, chunk_bytes: int) -> int:
     return max(1, min(V, chunk_bytes // (4 * max(N, 1))))
 
@@ -83,7 +79,7 @@ def _torch_forward(h, w, b, labels, inv_t, ignore_index, with_ent, chunk_bytes, 
     chunk ([N, width] each, contiguous), when ``keep``; else None and the backward recomputes them."""
     N, _ = h.shape
     V = w.shape[0]
-    cd = _compute_dtype(h, w, b)
+    cd = compute_dtype(h, w, b)
     dev = h.device
     h_c = h.to(cd)
     m = torch.full((N,), float("-inf"), device=dev, dtype=cd)

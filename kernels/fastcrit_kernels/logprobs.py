@@ -61,6 +61,7 @@ from fastcrit_kernels._dispatch import (
     triton,
     tuned,
 )
+from fastcrit_kernels._fused_linear_torch import compute_dtype
 from fastcrit_kernels._logprobs_kernels import _logprobs_bwd_dlogits_kernel, _logprobs_fwd_kernel
 from fastcrit_kernels._logprobs_torch import _torch_backward, _torch_forward
 from fastcrit_kernels._reference import logprobs_reference as logprobs_reference  # re-exported: callers import it here
@@ -397,7 +398,7 @@ class _FusedLogprobs(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 def keeps_logits(N: int, V: int, h: torch.Tensor, w: torch.Tensor, b, keep_bytes: int) -> bool:
     """Whether the torch path keeps the ``[N, V]`` logits of ``h`` x ``w`` under ``keep_bytes``."""
-    itemsize = 8 if any(t is not None and t.dtype == torch.float64 for t in (h, w, b)) else 4
+    itemsize = torch.finfo(compute_dtype(h, w, b)).bits // 8  # the dtype the torch path computes in
     return keep_bytes > 0 and N * V * itemsize <= keep_bytes
 
 
