@@ -33,7 +33,9 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     sys.path.insert(0, ROOT)
-    from fastcrit.reward.rule import reverse_reward
+    # the task's own score (standard library only): fastcrit.reward's package imports the kernels,
+    # which TRL's environment does not have
+    from fastcrit.data.tasks import reverse_reward
 
     def reward(prompts, completions, answer, **_):
         return [reverse_reward(c[0]["content"] if isinstance(c, list) else c, a) for c, a in zip(completions, answer)]
