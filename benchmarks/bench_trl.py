@@ -29,6 +29,9 @@ recomputes each layer's forward in the backward pass to hold less memory) and wi
 (``trl_grpo_trainer_no_gc``); fastcrit keeps its activations. fastcrit runs twice too: as it comes
 (``fastcrit_grpo``: trainer.share_prompts, a group's prompt run once in the reference and update
 passes) and with each sample running its prompt again, as TRL does (``fastcrit_grpo_unshared``).
+``--compile`` adds ``fastcrit_grpo_unshared_compiled``: the unshared run with trainer.compile=true
+(its rows run whole, so the compiled layers serve every pass); ``compile_s`` is the time torch.compile
+took in it, in the first steps, which the medians leave out.
 
 Measured: the wall time of one rollout step (generation, reward, reference, two updates, and for
 fastcrit the weight sync into its engine) -- fastcrit's own ``time/step_s``; TRL's from a callback,
@@ -103,9 +106,12 @@ def model_dir(spec: str | None) -> str:
     return resolve_model_path(spec or model_spec(load_config(CONFIG).model))
 
 
-def run_fastcrit(model: str, s: dict, steps: int, threads: int, workdir: str, share: bool = True) -> dict:
+def run_fastcrit(
+    model: str, s: dict, steps: int, threads: int, workdir: str, share: bool = True, compile: bool = False
+) -> dict:
     sets = {
         "trainer.share_prompts": str(share).lower(),
+        "trainer.compile": str(compile).lower(),
         "model.path": model,
         "model.dtype": s["dtype"],
         "trainer.total_steps": steps,
@@ -151,6 +157,7 @@ def run_fastcrit(model: str, s: dict, steps: int, threads: int, workdir: str, sh
         "step_s": [r["time/step_s"] for r in rows],
         "response_len": [r["response_len/mean"] for r in rows],
         "peak_rss_mb": peak,
+        "compile_s": rows[-1].get("compile/time_s", 0.0) if rows else 0.0,
     }
 
 
@@ -223,6 +230,12 @@ def main() -> None:
         default="float32",
         help="bfloat16: mixed precision on both sides (fastcrit model.dtype, TRL bf16=True)",
     )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="also fastcrit_grpo_unshared_compiled: trainer.compile=true (rows run whole: the shared-prompt "
+        "passes run the layers eager)",
+    )
     ap.add_argument("--peer-python", default=None, help="a Python with trl (default .venv-trl/bin/python)")
     args = ap.parse_args()
     python = peer_python(args.peer_python)
@@ -250,20 +263,25 @@ def main() -> None:
         model = model_dir(SETTINGS[name]["model"])
         # fastcrit_grpo_unshared: trainer.share_prompts=false (each sample runs its prompt again, as TRL does)
         sides = ("fastcrit_grpo", "fastcrit_grpo_unshared", "trl_grpo_trainer", "trl_grpo_trainer_no_gc")
-        got, peaks, lens = ({k: [] for k in sides} for _ in range(3))
+        if args.compile:
+            sides += ("fastcrit_grpo_unshared_compiled",)
+        got, peaks, lens, compiles = ({k: [] for k in sides} for _ in range(4))
         with tempfile.TemporaryDirectory(prefix="fastcrit-bench-trl-") as d:
             for r in range(rounds):
                 order = sides if r % 2 == 0 else sides[::-1]
                 for side in order:
                     w = os.path.join(d, f"{name}-{side}-{r}")
                     out = (
-                        run_fastcrit(model, s, steps, args.threads, w, share=side == "fastcrit_grpo")
+                        run_fastcrit(
+                            model, s, steps, args.threads, w, share=side == "fastcrit_grpo", compile="compiled" in side
+                        )
                         if side.startswith("fastcrit")
                         else run_trl(python, model, s, steps, args.threads, w, gc=side == "trl_grpo_trainer")
                     )
                     got[side] += out["step_s"][args.warmup :]
                     peaks[side].append(out["peak_rss_mb"])
                     lens[side] += out["response_len"]
+                    compiles[side].append(out.get("compile_s", 0.0))
                     print(
                         f"{name} round {r + 1}/{rounds} {side}: median step "
                         f"{1e3 * statistics.median(out['step_s'][args.warmup :]):.0f} ms",
@@ -294,6 +312,8 @@ def main() -> None:
                     "ms_q80": hi,
                     "peak_mb": max(peaks[side]),
                     "response_len": statistics.mean(lens[side]) if lens[side] else float("nan"),
+                    # torch.compile's time per run (in its first steps, which the medians leave out)
+                    "compile_s": statistics.mean(compiles[side]),
                     "speedup_vs_trl": med["trl_grpo_trainer"] / med[side],
                     "speedup_vs_trl_no_gc": med["trl_grpo_trainer_no_gc"] / med[side],
                     "rounds": rounds,

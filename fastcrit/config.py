@@ -390,6 +390,13 @@ class TrainerConfig:
     # one layer instead of all (what lets a 7B model's micro-batches fit beside its optimizer).
     # A training forward then runs rows whole (share_prompts applies to forward-only passes).
     gradient_checkpointing: bool = False
+    # Every model's decoder layers (the policy, the reference, SFT, PPO's critic, reward models)
+    # through torch.compile (Inductor, dynamic shapes; fastcrit.train.policy.compile_layers): the
+    # same log-probs and gradients to rounding. Compiling takes tens of seconds per kind of pass,
+    # paid in the first step (compile/time_s, compile/graphs in the metrics). Off by default: on a
+    # CPU our hand-fused RMSNorm / SwiGLU functions and SDPA already run the layers about as fast
+    # (benchmarks/README.md, bench_trl.py --compile).
+    compile: bool = False
     # `fastcrit train` on CUDA first runs `fastcrit plan`'s check (each phase's device memory from
     # the config and the models' config.json) and stops before loading weights when a phase cannot
     # fit, naming the keys that would make it fit. true skips the check.

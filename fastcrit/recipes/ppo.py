@@ -72,6 +72,7 @@ class PPO(GRPO):
             total_updates=updates,
             optim=dataclasses.replace(c.optim, lr=c.ppo.critic_lr),
             checkpointing=c.trainer.gradient_checkpointing,
+            compile=c.trainer.compile,
         )
         self.online = OnlineRM(run, self.reward) if c.ppo.rm_refresh_every else None
         self.kl_coef = c.ppo.kl_in_reward_coef  # moves under algorithm.kl_ctrl=adaptive; checkpointed
@@ -167,6 +168,7 @@ class OnlineRM:
             optim=optim,
             total_updates=refreshes * c.ppo.rm_refresh_steps,
             checkpointing=c.trainer.gradient_checkpointing,
+            compile=c.trainer.compile,
         )
         self.tok = load_tokenizer(reward_model_path(c))
         self.pairs: list[PreferencePair] = []

@@ -237,6 +237,7 @@ def run_rm(ctx: DistContext, cfg: Config) -> dict:
             optim=optim,
             total_updates=c.steps,
             checkpointing=cfg.trainer.gradient_checkpointing,
+            compile=cfg.trainer.compile,
         )
         micro = cfg.trainer.micro_batch_size
         start = accuracy(actor, tok, val, micro)

@@ -63,6 +63,7 @@ from fastcrit.train.colocate import sync_weights
 from fastcrit.train.dist import DistContext, agree_to_stop, all_reduce, all_reduce_mean, stop_if_asked
 from fastcrit.train.memory import PhaseMemory, return_memory
 from fastcrit.train.metrics import RunLog
+from fastcrit.train.policy import compile_stats
 from fastcrit.train.preempt import Stopped
 from fastcrit.train.trackers import TrackerSettings
 from fastcrit.types import Rollout, RolloutBatch, SamplingParams, scoring_temperature
@@ -294,6 +295,7 @@ def setup_run(ctx: DistContext, cfg: Config) -> Run:
         liger=cfg.model.liger,
         packed=cfg.trainer.pack_sequences,
         share_prompts=cfg.trainer.share_prompts,
+        compile=cfg.trainer.compile,
     )
     updates = cfg.trainer.total_steps * cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches
     actor = build_actor(
@@ -381,8 +383,16 @@ def _steps(run: Run, make_recipe: Callable[[Run], Any]) -> dict:
             t0 = time.perf_counter()
             metrics = recipe.step(step)
             dt = time.perf_counter() - t0
+            compiled = compile_stats() if cfg.trainer.compile else {}  # this process's, so far
             row = all_reduce_mean(
-                {**metrics, **run.metrics, **run.times, "time/step_s": dt, "throughput/tokens_per_s": run.tokens / dt}
+                {
+                    **metrics,
+                    **run.metrics,
+                    **run.times,
+                    **compiled,
+                    "time/step_s": dt,
+                    "throughput/tokens_per_s": run.tokens / dt,
+                }
             )
             mem = sorted(run.memory.metrics)  # the largest rank's: the one nearest to running out
             row.update(zip(mem, all_reduce([run.memory.metrics[k] for k in mem], "max")))

@@ -80,6 +80,7 @@ def run_sft(ctx: DistContext, cfg: Config, model_path: str | None = None) -> str
             total_updates=cfg.sft.steps,
             liger=cfg.model.liger,
             checkpointing=cfg.trainer.gradient_checkpointing,
+            compile=cfg.trainer.compile,
             packed=cfg.trainer.pack_sequences,
         )
         answers = [encode_answer(tok, p.example.answer) for p in prompts]

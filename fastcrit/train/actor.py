@@ -26,7 +26,7 @@ from fastcrit.models.mlp import patch_swiglu_mlps
 from fastcrit.models.norm import patch_rms_norms
 from fastcrit.train.balance import karmarkar_karp, split_to, token_micro_batches, workload
 from fastcrit.train.dist import all_reduce, world_size
-from fastcrit.train.policy import CausalLMLogprobs, checkpoint_layers, load_from_rank0, shard
+from fastcrit.train.policy import CausalLMLogprobs, checkpoint_layers, compile_layers, load_from_rank0, shard
 from fastcrit.types import RolloutBatch
 
 
@@ -67,6 +67,7 @@ def build_actor(
     packed: bool = False,
     share_prompts: bool = False,
     checkpointing: bool = False,
+    compile: bool = False,
 ) -> Actor:
     """The FSDP2 policy with AdamW by ``optim``, or a frozen model (a reference) when it is None.
     ``total_updates`` (optimizer steps in the whole run) is where a cosine schedule ends.
@@ -78,6 +79,7 @@ def build_actor(
     varlen path keeps packed sequences apart (``_forward_packed``). ``share_prompts``: in the
     padded (not packed) forward, the rows that share a prompt run it once. ``checkpointing``: a
     trainable model's decoder layers are recomputed in the backward (``checkpoint_layers``).
+    ``compile``: the decoder layers run through ``torch.compile`` (``compile_layers``).
     """
     trainable = optim is not None
     attn = None
@@ -104,6 +106,7 @@ def build_actor(
         optim=optim,
         total_updates=total_updates,
         checkpointing=checkpointing,
+        compile=compile,
     )
     actor.share_prompts = share_prompts
     return actor
@@ -126,11 +129,13 @@ def wrap_trainable(
     optim: OptimConfig | None,
     total_updates: int,
     checkpointing: bool = False,
+    compile: bool = False,
 ) -> Actor:
     """Shard ``module`` (loaded in fp32 when trainable, else in ``dtype``, on CPU) with FSDP2 onto
     ``device`` (mixed precision in ``dtype`` when trainable) and give it AdamW and the lr schedule by
     ``optim``; frozen (no gradients, no optimizer) when ``optim`` is None. ``checkpointing`` (a
     trainable module only): activation checkpointing per decoder layer (``checkpoint_layers``).
+    ``compile``: the decoder layers through ``torch.compile`` (``compile_layers``).
 
     The module is not moved to ``device`` first: ``fully_shard`` moves each group's parameters and
     buffers to the mesh's device just before sharding them (_fsdp_init.py:565-567 in torch 2.13 and
@@ -144,11 +149,14 @@ def wrap_trainable(
     trainable = optim is not None
     compute = parse_dtype(dtype)
     # On a CPU one autograd function per RMSNorm and per gated MLP (fastcrit.models.norm, .mlp); CUDA
-    # has Liger's kernels.
-    if device.type == "cpu":
+    # has Liger's kernels. Compiled layers keep Hugging Face's modules: Inductor fuses their
+    # element-wise work itself, and the functions' row-block loops would tie a graph to a row count.
+    if device.type == "cpu" and not compile:
         patch_rms_norms(module)
         patch_swiglu_mlps(module)
     module.train(trainable)
+    if compile:
+        compile_layers(module)
     if not trainable:
         module.requires_grad_(False)
     elif checkpointing:

@@ -350,6 +350,58 @@ def checkpoint_layers(module: nn.Module) -> None:
     module.checkpointing = True
 
 
+def compile_layers(module: nn.Module, backend: str = "inductor") -> None:
+    """``trainer.compile``: each decoder layer's ``forward`` through ``torch.compile`` (Inductor by
+    default; CPU and CUDA), with dynamic shapes, so rows and sequence lengths change without a new
+    graph. Only the layers: they are the same code, so one layer's graphs serve all of them, and
+    the rest of the forward (masks, the prompt-sharing cache gathers, the fused log-prob kernel)
+    stays eager, where its data-dependent shapes and Python loops would break graphs. A layer still
+    gets a graph per kind of call (with and without gradients, a 4D mask or none, one row or
+    more); ``compile_stats`` counts them.
+
+    A call with a KV cache (the shared-prompt passes, ``shared_prompt_hidden``) runs the layer
+    eager: Hugging Face's cache hands each layer its own slot by the layer's index, so a compiled
+    layer would be guarded on that index and on the slot's state, a graph per layer and per pass,
+    past torch's recompile limit (8) for any real depth.
+
+    ``forward`` is wrapped rather than ``__call__``, as in ``checkpoint_layers``: FSDP2's hooks stay
+    outside the graph. Call before ``checkpoint_layers`` (the checkpoint then recomputes the
+    compiled layer) and before ``shard``. The same log-probs and gradients as eager to fp32
+    rounding (tests/train/test_compile.py)."""
+    for layer in decoder_layers(module):
+        if getattr(layer, "_fastcrit_compiled", False):
+            continue
+        plain = layer.forward
+        graph = torch.compile(plain, dynamic=True, backend=backend)
+
+        def forward(*args, _plain=plain, _graph=graph, **kwargs):
+            cached = kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
+            return _plain(*args, **kwargs) if cached else _graph(*args, **kwargs)
+
+        layer.forward = forward
+        layer._fastcrit_compiled = True
+    module.compiled = True
+
+
+def compile_stats() -> dict[str, float]:
+    """This process's ``torch.compile`` work so far: ``compile/graphs`` (frames compiled, the
+    first of each kind of call and every recompile), ``compile/recompiles`` and ``compile/time_s``
+    (the wall time those compilations took; it is also inside the phase that triggered them, as
+    the first step's ``time/update_s``). From torch's own compilation records; {} where this torch
+    keeps none."""
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+
+        records = list(get_compilation_metrics())
+    except (ImportError, AttributeError):
+        return {}
+    return {
+        "compile/graphs": float(len(records)),
+        "compile/recompiles": float(sum(1 for r in records if getattr(r, "recompile_reason", None))),
+        "compile/time_s": float(sum(getattr(r, "entire_frame_compile_time_s", None) or 0.0 for r in records)),
+    }
+
+
 def shard(
     module: CausalLMLogprobs, world_size: int, device: torch.device, param_dtype: torch.dtype | None = None
 ) -> CausalLMLogprobs:

@@ -57,10 +57,12 @@ def build_value_actor(
     optim: OptimConfig | None = None,
     total_updates: int = 0,
     checkpointing: bool = False,
+    compile: bool = False,
 ) -> Actor:
     """A value model (head kept from a value-head checkpoint, fresh on a causal LM), sharded with
     FSDP2, with AdamW by ``optim``, or frozen when ``optim`` is None (a reward model);
-    ``checkpointing``: activation checkpointing per decoder layer when trainable."""
+    ``checkpointing``: activation checkpointing per decoder layer when trainable; ``compile``: the
+    decoder layers through ``torch.compile``."""
     dtype_load = torch.float32 if optim is not None else parse_dtype(dtype)
     model = load_value_model(model_path, dtype=dtype_load, meta=not reads_weights(world_size))
     return wrap_trainable(
@@ -71,6 +73,7 @@ def build_value_actor(
         optim=optim,
         total_updates=total_updates,
         checkpointing=checkpointing,
+        compile=compile,
     )
 
 
