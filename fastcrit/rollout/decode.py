@@ -125,7 +125,8 @@ def mkl_packing(model) -> bool:
 
 def fuse_weights(model) -> list[tuple]:
     """Per layer: (q/k/v projections as one weight, their bias, gate/up projections as one weight,
-    the scale the step still puts on q), so a layer runs two matmuls where it ran five. Where q is
+    the scale the step still puts on q), so q/k/v take one matmul where they took three (the step
+    multiplies by the gate/up weight's two halves separately: see ``_run``). Where q is
     not normalised (no q_norm), its rows carry the attention scale (rotary is linear, so q's scores
     come out scaled) and the step's scale is 1; a q_norm would undo a scaled weight, so there the
     step scales q. The RMSNorm before each (its weight scales the input's columns) is folded into
@@ -286,9 +287,14 @@ class StaticDecoder:
         for i, layer in enumerate(self.base.layers):
             pre, post = self.norms[i]
             x = x + self._attend(i, layer, pre(x), c, s, mask)
-            m = layer.mlp
-            gate, up = self._linear(post(x), ("gu", i), self.fused[i][2]).chunk(2, dim=-1)
-            x = x + self._proj(m.down_proj, self.acts[i](gate) * up, ("down", i))
+            m, h = layer.mlp, post(x)
+            # gate and up as two GEMMs on the fused weight's halves (contiguous rows), not one: the
+            # one [rows, 2 I] result outgrows the cache at a decode step's row counts, and its
+            # halves are strided views the activation then reads (docs/LOG.md has the A/B)
+            gu, inter = self.fused[i][2], self.fused[i][2].shape[0] // 2
+            gate = self._linear(h, ("gate", i), gu[:inter])
+            act = self.acts[i](gate)
+            x = x + self._proj(m.down_proj, act.mul_(self._linear(h, ("up", i), gu[inter:])), ("down", i))
         return self._proj(self.model.lm_head, self.final_norm(x[:, -1]), "head").float()
 
     def _linear(self, x, key, w, b=None):
@@ -316,7 +322,8 @@ class StaticDecoder:
         weights = {}
         for i, layer in enumerate(self.base.layers):
             w, b, gu, _ = self.fused[i]
-            weights[("qkv", i)], weights[("gu", i)] = w, gu
+            inter = gu.shape[0] // 2
+            weights[("qkv", i)], weights[("gate", i)], weights[("up", i)] = w, gu[:inter], gu[inter:]
             for name, mod in (("o", layer.self_attn.o_proj), ("down", layer.mlp.down_proj)):
                 if type(mod) is torch.nn.Linear:
                     weights[(name, i)] = mod.weight
