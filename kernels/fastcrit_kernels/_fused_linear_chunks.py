@@ -18,16 +18,17 @@ from fastcrit_kernels.logprobs import _MM_OUT_DTYPE, _add_mm_fp32, merge_splits
 _IGNORE = -100
 # Bytes of logits one chunk may hold on the grad-in-forward path (its tokens: as many as fit, at
 # least one). The GEMMs of a chunk get slower as it gets thinner, so a chunk is as large as the
-# memory it adds allows. CPU: at V = 151936, H = 896 256 MiB holds ~440 tokens, where the logits and
-# d_hidden GEMMs run close to one unchunked GEMM's time, and the peak stays a small fraction of the
-# unfused path's. GPU, fp32: as fused_logprobs' chunks (512 MiB; close to three plain GEMMs' time).
+# memory it adds allows. CPU: at V = 151936, H = 896 512 MiB holds ~880 tokens, where the three
+# GEMMs of a chunk run about as fast as unchunked ones (half as many passes over d_W as 256 MiB
+# chunks make) and the peak stays a third of the unfused path's. GPU, fp32: as fused_logprobs'
+# chunks (512 MiB; close to three plain GEMMs' time).
 # GPU, bf16 / fp16: 2 GiB of fp32 logits plus 16-bit d_logits, about 2350 tokens at that vocabulary.
 # Each chunk adds its products to the fp32 d_W through a separate fp32 GEMM result (block by block),
 # so thin chunks pay that pass many times: 512 MiB is much slower there, while 2 GiB is faster than
 # the recompute path at a few GB of peak. Reproduce with benchmarks/bench_ppo.py (``--lm-chunks``;
 # on a GPU through benchmarks/gpu_check.sh); the latest figures: benchmarks/README.md, "On a GPU"
 # (the 512 MiB bf16 run: docs/LOG.md).
-CPU_CHUNK_BYTES = 256 * 1024 * 1024
+CPU_CHUNK_BYTES = 512 * 1024 * 1024
 GPU_CHUNK_BYTES = 512 * 1024 * 1024
 GPU_CHUNK_BYTES_16BIT = 2 * 1024 * 1024 * 1024
 _W_BLOCK_GPU = 8192  # vocab rows per d_W GEMM where bf16/fp16 products are added to an fp32 d_W

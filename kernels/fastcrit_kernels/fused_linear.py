@@ -166,7 +166,7 @@ def fused_linear_ppo_loss(
         grad_in_forward: compute the gradients in the forward (three GEMMs; see the module
             docstring); default: whenever a gradient is wanted. False: the recompute path.
         chunk_bytes: logits per chunk on the grad-in-forward path (default ``CPU_CHUNK_BYTES``,
-            256 MiB; on a GPU ``GPU_CHUNK_BYTES``, 512 MiB, for fp32 and ``GPU_CHUNK_BYTES_16BIT``,
+            512 MiB; on a GPU ``GPU_CHUNK_BYTES``, 512 MiB, for fp32 and ``GPU_CHUNK_BYTES_16BIT``,
             2 GiB, for bf16 / fp16); the recompute path takes ``fused_logprobs``'.
         entropy: compute the entropy (the ``entropy`` stat). False, with ``entropy_coef == 0``,
             leaves it out, as verl's actor update does (``calculate_entropy = entropy_coeff !=
