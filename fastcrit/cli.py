@@ -124,6 +124,16 @@ def cmd_train(args) -> int:
     return _run(args, cfg, _train_entry, cfg.trainer.nproc)
 
 
+def _rank_entry(ctx, cfg, entry):
+    """Every rank's start: ``trainer.compute_threads`` (a spawned rank is a fresh process, which
+    the launching process's ``torch.set_num_threads`` does not reach), then ``entry``."""
+    if cfg.trainer.compute_threads > 0:
+        import torch
+
+        torch.set_num_threads(cfg.trainer.compute_threads)
+    entry(ctx, cfg)
+
+
 def _run(args, cfg, entry, nproc: int) -> int:
     """Launch ``entry`` on ``nproc`` ranks; a run stopped by SIGTERM / SIGINT (fastcrit.train.preempt)
     says how to continue it and exits with 128 + the signal number (143, 130)."""
@@ -135,8 +145,8 @@ def _run(args, cfg, entry, nproc: int) -> int:
 
     try:
         launch(
-            entry,
-            (cfg,),
+            _rank_entry,
+            (cfg, entry),
             nproc,
             cfg.trainer.device,
             cfg.trainer.dist_timeout_s,

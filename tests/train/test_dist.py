@@ -80,3 +80,25 @@ def test_under_torchrun_the_rank_gets_it_before_joining(tmp_path, clean_env):
     del os.environ["GLOO_SOCKET_IFNAME"]
     launch(_record_env, (str(tmp_path),), 1, "cpu", 30, env={"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"})
     assert _read(str(tmp_path), 0)["NCCL_CUMEM_ENABLE"] == "0"
+
+
+def _record_threads(ctx, cfg):
+    import torch
+
+    with open(f"{cfg.trainer.output_dir}/threads-{ctx.rank}", "w") as f:
+        f.write(str(torch.get_num_threads()))
+
+
+def test_compute_threads_reach_spawned_ranks(tmp_path):
+    """trainer.compute_threads is set in every rank: a spawned rank is a fresh process, where the
+    launching process's torch.set_num_threads does not reach."""
+    import torch
+
+    from fastcrit.cli import _rank_entry
+    from fastcrit.config import load_config
+    from fastcrit.train.dist import launch
+
+    want = 1 if torch.get_num_threads() != 1 else 2
+    cfg = load_config(None, [f"trainer.compute_threads={want}", f"trainer.output_dir={tmp_path}", "trainer.nproc=2"])
+    launch(_rank_entry, (cfg, _record_threads), 2, "cpu")
+    assert [(tmp_path / f"threads-{r}").read_text() for r in range(2)] == [str(want)] * 2
