@@ -1,5 +1,5 @@
 """trainer.compile: decoder layers through torch.compile (Inductor, dynamic shapes) give the update
-and the forward-only passes eager gives, to fp32 rounding; the graphs really ran, and a second
+and the forward-only passes eager gives, to fp32 rounding; the graphs really ran, and a third
 batch of other shapes compiles no new graph."""
 
 import pytest
