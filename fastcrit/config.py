@@ -395,7 +395,8 @@ class TrainerConfig:
     # same log-probs and gradients to rounding. Compiling takes tens of seconds per kind of pass,
     # paid in the first step (compile/time_s, compile/graphs in the metrics). Off by default: on a
     # CPU our hand-fused RMSNorm / SwiGLU functions and SDPA already run the layers about as fast
-    # (benchmarks/README.md, bench_trl.py --compile).
+    # (benchmarks/README.md, bench_trl.py --compile). With share_prompts the shared-prompt passes
+    # run the layers eager (a KV cache would give every layer its own graphs).
     compile: bool = False
     # `fastcrit train` on CUDA first runs `fastcrit plan`'s check (each phase's device memory from
     # the config and the models' config.json) and stops before loading weights when a phase cannot
