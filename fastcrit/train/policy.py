@@ -321,6 +321,12 @@ def decoder_layers(module: nn.Module) -> nn.ModuleList:
     return layers
 
 
+def _passes_cache(kwargs: dict) -> bool:
+    """Whether a decoder layer's call carries a KV cache (Transformers 5.x ``cache``, earlier
+    ``past_key_values``): the shared-prompt passes, which checkpointed and compiled layers run plain."""
+    return kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
+
+
 def checkpoint_layers(module: nn.Module) -> None:
     """Activation checkpointing per decoder layer (``trainer.gradient_checkpointing``): a forward
     that builds a graph keeps only each layer's input, and the backward runs the layer again
@@ -340,8 +346,7 @@ def checkpoint_layers(module: nn.Module) -> None:
         plain = layer.forward
 
         def forward(*args, _plain=plain, **kwargs):
-            cached = kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
-            if not torch.is_grad_enabled() or cached:
+            if not torch.is_grad_enabled() or _passes_cache(kwargs):
                 return _plain(*args, **kwargs)
             return torch.utils.checkpoint.checkpoint(_plain, *args, use_reentrant=False, **kwargs)
 
@@ -375,8 +380,7 @@ def compile_layers(module: nn.Module, backend: str = "inductor") -> None:
         graph = torch.compile(plain, dynamic=True, backend=backend)
 
         def forward(*args, _plain=plain, _graph=graph, **kwargs):
-            cached = kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
-            return _plain(*args, **kwargs) if cached else _graph(*args, **kwargs)
+            return _plain(*args, **kwargs) if _passes_cache(kwargs) else _graph(*args, **kwargs)
 
         layer.forward = forward
         layer._fastcrit_compiled = True
