@@ -177,6 +177,8 @@ class StaticDecoder:
         self.graph = None  # the captured step (torch.cuda.CUDAGraph), at the first step
         self._out = None  # the step's logits buffer when fixed
         self.fused = fused if fused is not None else fuse_weights(model)
+        # the fused gate/up weight's halves (contiguous rows, views), each layer's two MLP GEMMs
+        self.gate_up = [(f[2][: f[2].shape[0] // 2], f[2][f[2].shape[0] // 2 :]) for f in self.fused]
         # the projections pre-packed for MKL at one row count (made at a decode step, see _pack)
         self.packing = mkl_packing(model) and not graph and model.config.hidden_size >= _PACK_MIN_HIDDEN
         self._packs: dict | None = None
@@ -291,10 +293,9 @@ class StaticDecoder:
             # gate and up as two GEMMs on the fused weight's halves (contiguous rows), not one: the
             # one [rows, 2 I] result outgrows the cache at a decode step's row counts, and its
             # halves are strided views the activation then reads (docs/LOG.md has the A/B)
-            gu, inter = self.fused[i][2], self.fused[i][2].shape[0] // 2
-            gate = self._linear(h, ("gate", i), gu[:inter])
-            act = self.acts[i](gate)
-            x = x + self._proj(m.down_proj, act.mul_(self._linear(h, ("up", i), gu[inter:])), ("down", i))
+            w_gate, w_up = self.gate_up[i]
+            act = self.acts[i](self._linear(h, ("gate", i), w_gate))
+            x = x + self._proj(m.down_proj, act.mul_(self._linear(h, ("up", i), w_up)), ("down", i))
         return self._proj(self.model.lm_head, self.final_norm(x[:, -1]), "head").float()
 
     def _linear(self, x, key, w, b=None):
@@ -321,9 +322,8 @@ class StaticDecoder:
         self._packs = None  # the old packs go before the new ones are made
         weights = {}
         for i, layer in enumerate(self.base.layers):
-            w, b, gu, _ = self.fused[i]
-            inter = gu.shape[0] // 2
-            weights[("qkv", i)], weights[("gate", i)], weights[("up", i)] = w, gu[:inter], gu[inter:]
+            weights[("qkv", i)] = self.fused[i][0]
+            weights[("gate", i)], weights[("up", i)] = self.gate_up[i]
             for name, mod in (("o", layer.self_attn.o_proj), ("down", layer.mlp.down_proj)):
                 if type(mod) is torch.nn.Linear:
                     weights[(name, i)] = mod.weight
