@@ -76,10 +76,13 @@ def _rss() -> int:
 
 def _timed(fn, device, memory: bool = True) -> tuple[float, int]:
     """Wall time (s) and peak memory growth (bytes) of one ``fn()``: torch's peak allocation on a
-    GPU, the process's resident set sampled every 0.2 ms on CPU (``memory=False``: no sampling, 0
-    bytes; the sampling thread takes the GIL thousands of times a second, which slows code that
-    runs many small torch ops). (``measure_interleaved`` also records the process's CPU time
-    around each call.)"""
+    GPU; on CPU the process's peak resident set from the kernel (``VmHWM``, reset before the call
+    through ``/proc/self/clear_refs``: exact, and nothing runs beside ``fn``), or, where that reset
+    is refused, the resident set sampled every 0.2 ms by a thread. That thread takes the GIL and a
+    core thousands of times a second, which on a machine of few cores slows the GEMMs it runs
+    beside (the figures: docs/LOG.md), so it is the fallback only.
+    ``memory=False``: nothing measured, 0 bytes. (``measure_interleaved`` also records the
+    process's CPU time around each call.)"""
     import torch
 
     if device.type == "cuda":
@@ -94,6 +97,14 @@ def _timed(fn, device, memory: bool = True) -> tuple[float, int]:
         t0 = time.perf_counter()
         fn()
         return time.perf_counter() - t0, 0
+    from fastcrit.train.memory import proc_status_kb, reset_rss_peak
+
+    if reset_rss_peak():
+        base = _rss()
+        t0 = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - t0
+        return elapsed, proc_status_kb("VmHWM")["VmHWM"] * 1024 - base
     base, peak, stop = _rss(), [0], threading.Event()
 
     def sample():
