@@ -14,12 +14,13 @@ streams differ, so the token counts are reported too.
 On CUDA a third side takes the same turns: the native engine with the decode step captured as a
 CUDA graph (``cuda_graph=True``, its own copy of the weights); peaks there are torch's allocation.
 
-Times come from this process with glibc's allocator as a training run has it, the two sides taking turns
-(HF, engine, HF, ...: a change in the machine's load reaches both alike). Peak memory (growth
-of the resident set, sampled every 0.2 ms, on CPU) comes from a child process run with a fixed
-64 KiB mmap threshold, so that freed blocks leave the resident set at once: that setting makes
-every mid-sized allocation a fresh mmap and makes the engine's decode several times slower, so it
-must not be on while timing.
+Times come from this process with glibc's allocator as a training run has it, the two sides taking
+turns (HF, engine, HF, ...: a change in the machine's load reaches both alike). Peak memory (growth
+of the resident set on CPU: the kernel's high-water mark, or where that cannot be reset a sample
+every 0.2 ms; see ``_common._timed``) comes from a child process run with a fixed 64 KiB mmap
+threshold, so that freed blocks leave the resident set at once: that setting makes every mid-sized
+allocation a fresh mmap and makes the engine's decode several times slower, so it must not be on
+while timing.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Run alone: ``python benchmarks/bench_kl.py [--quick]``. Appends rows to
 benchmarks/results/bench_kl.csv and prints one JSON object as the last line. On CPU the measured
 path is ``backend="torch"`` (the Triton interpreter is a correctness tool, not a fast path); with a
 CUDA GPU, ``backend="triton"`` is measured too. Peak memory on CPU is the growth of the process RSS
-above its level before the call, sampled every 0.2 ms; on GPU it is torch's peak allocation.
+above its level before the call (the kernel's high-water mark, ``_common._timed``); on GPU it is
+torch's peak allocation.
 """
 
 from __future__ import annotations
