@@ -91,6 +91,38 @@ def test_new_columns_rewrite_the_header_and_keep_old_rows(tmp_path):
         assert list(r) == [["a", "b", "median"], ["1", "2", ""], ["3", "4", ""], ["5", "6", "7"]]
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident set from /proc (Linux)")
+@pytest.mark.parametrize("kernel_peak", [True, False])
+def test_timed_cpu_peak_counts_a_buffer_freed_before_it_returns(monkeypatch, kernel_peak):
+    """The peak of a call whose 64 MiB buffer is gone by the time it returns: the kernel's
+    high-water mark (reset before the call) and, where the reset is refused, the sampling thread."""
+    import time
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import _common
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    import fastcrit.train.memory as memory
+
+    if not kernel_peak:
+        monkeypatch.setattr(memory, "reset_rss_peak", lambda: False)
+    elif not memory.reset_rss_peak():
+        pytest.skip("this kernel refuses /proc/self/clear_refs")
+
+    def fn():
+        x = torch.ones(16 << 20)  # 64 MiB, every page written
+        time.sleep(0.05)  # long enough for the sampler's 0.2 ms period
+        del x
+
+    seconds, peak = _common._timed(fn, torch.device("cpu"))
+    assert seconds >= 0.05
+    assert 60 << 20 <= peak < 200 << 20, peak
+    assert _common._timed(fn, torch.device("cpu"), memory=False)[1] == 0
+
+
 def test_cheapest_real_part_writes_a_full_row_and_ends_with_json(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(
