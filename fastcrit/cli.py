@@ -75,11 +75,16 @@ def _load(args):
     from fastcrit.recipes.common import check_hardware
 
     check_hardware(cfg, args.config)
+    _compute_threads(cfg)
+    return cfg
+
+
+def _compute_threads(cfg) -> None:
+    """torch's intra-op threads := ``trainer.compute_threads`` (0: torch's default), in this process."""
     if cfg.trainer.compute_threads > 0:
         import torch
 
         torch.set_num_threads(cfg.trainer.compute_threads)
-    return cfg
 
 
 def _sglang_engines(cfg) -> list[tuple[str, object]]:
@@ -127,10 +132,7 @@ def cmd_train(args) -> int:
 def _rank_entry(ctx, cfg, entry):
     """Every rank's start: ``trainer.compute_threads`` (a spawned rank is a fresh process, which
     the launching process's ``torch.set_num_threads`` does not reach), then ``entry``."""
-    if cfg.trainer.compute_threads > 0:
-        import torch
-
-        torch.set_num_threads(cfg.trainer.compute_threads)
+    _compute_threads(cfg)
     entry(ctx, cfg)
 
 
