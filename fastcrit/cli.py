@@ -159,7 +159,7 @@ def _run(args, cfg, entry, nproc: int) -> int:
         stopped = s
     except KeyboardInterrupt:  # a second Ctrl-C in this process's rank (or a first before its handler)
         stopped = Stopped(signal.SIGINT, None, at_once=True)
-    except Exception:
+    except BaseException:  # torch's checkpoint saver wraps it in CheckpointException, a BaseException
         if not stopped_at_once():
             raise
         # the second Ctrl-C landed in a library that made its own error of it (e.g. in a save)

@@ -184,6 +184,19 @@ def test_the_launcher_reports_a_wrapped_second_sigint_as_the_stop_at_once(tmp_pa
     assert "stopped at once by a second SIGINT" in capsys.readouterr().err
     assert exit_code_of(RuntimeError("wrapped")) == 130
 
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    def in_a_save(ctx, cfg):  # the saver's own wrapper, which derives from BaseException, not Exception
+        with handling_signals(announce=False):
+            os.kill(os.getpid(), signal.SIGINT)
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+            except KeyboardInterrupt as e:
+                raise CheckpointException("plan", {0: e}) from e
+
+    assert _run(Args(), cfg, in_a_save, 1) == 130
+    assert "stopped at once by a second SIGINT" in capsys.readouterr().err
+
     def failing(ctx, cfg):
         with handling_signals(announce=False):
             raise RuntimeError("a real error")
