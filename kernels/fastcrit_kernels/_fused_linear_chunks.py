@@ -39,7 +39,7 @@ _W_BLOCK_GPU = 8192  # vocab rows per d_W GEMM where bf16/fp16 products are adde
 # ----------------------------------------------------------------------------------------------
 @jit
 def _chunk_stats_kernel(
-    z_ptr,  # [n, V] fp32 raw logits h @ W^T of the chunk's tokens, row stride stride_zn
+    z_ptr,  # [n, V] raw logits h @ W^T of the chunk's tokens (fp32, or the GEMM's 16-bit), stride stride_zn
     b_ptr,  # [V] fp32 bias (zeros for a layer without one)
     m_ptr,  # [S, n] fp32 out: per vocab split s, the max m of the scaled logits z = (raw + b) * inv_t
     s0_ptr,  # [S, n] fp32 out: sum exp(z - m)
@@ -62,7 +62,7 @@ def _chunk_stats_kernel(
     for v0 in range(v_lo, v_hi, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
         ok = cols < v_hi
-        raw = tl.load(base + cols, mask=ok, other=0.0)
+        raw = tl.load(base + cols, mask=ok, other=0.0).to(tl.float32)
         b = tl.load(b_ptr + cols, mask=ok, other=0.0)
         z = tl.where(ok, (raw + b) * inv_t, float("-inf"))  # padded columns must not count
         m_new = tl.maximum(m, tl.max(z, axis=0))
@@ -81,8 +81,8 @@ def _chunk_stats_kernel(
 
 @jit
 def _chunk_dlogits_kernel(
-    z_ptr,  # [n, V] fp32 raw logits of the chunk's tokens, row stride stride_zn
-    dz_ptr,  # [n, V] out: d loss / d raw logits (fp32: z_ptr itself; else the GEMM dtype), stride_dn
+    z_ptr,  # [n, V] raw logits of the chunk's tokens (fp32, or the GEMM's 16-bit), row stride stride_zn
+    dz_ptr,  # [n, V] out: d loss / d raw logits in the GEMM dtype (z_ptr itself where the dtypes agree)
     b_ptr,  # [V] fp32 bias (zeros for a layer without one)
     labels_ptr,  # [n] int64 labels, in [0, V)
     lse_ptr,  # [n] fp32 log-sum-exp of the scaled logits
@@ -103,7 +103,7 @@ def _chunk_dlogits_kernel(
     col_ok = cols < V
     ok = row_ok[:, None] & col_ok[None, :]
     r64 = rows.to(tl.int64)[:, None]  # int64: n * V passes 2**31
-    raw = tl.load(z_ptr + r64 * stride_zn + cols[None, :], mask=ok, other=0.0)
+    raw = tl.load(z_ptr + r64 * stride_zn + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
     labels = tl.load(labels_ptr + rows, mask=row_ok, other=-1).to(tl.int32)  # V < 2**31
     lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
@@ -165,26 +165,29 @@ def _dlogits_triton(z, dz, b, labels, lse, ent, g_lp, g_ent, inv_t):
 
 
 def _gpu_variants() -> list[Variant]:
-    """Every compilation a GPU launch of this module can ask for: the logits buffer is always fp32;
-    d_logits is written in the GEMM dtype."""
+    """Every compilation a GPU launch of this module can ask for: logits in fp32 (d_logits in the
+    GEMM dtype), or in the 16-bit GEMM dtype itself (``logits_dtype``; d_logits written in place)."""
     gpu = lambda cfg: {k: v for k, v in cfg.items() if k != "num_warps"}
-    out = [
-        Variant.of(
-            _chunk_stats_kernel,
-            "fp32",
-            dict(z_ptr="fp32", b_ptr="fp32", m_ptr="fp32", s0_ptr="fp32", s1_ptr="fp32"),
-            floats=("inv_t",),
-            constexprs=gpu(_STATS_GPU),
-            num_warps=_STATS_GPU["num_warps"],
+    out = []
+    for zt in ("fp32", "bf16", "fp16"):
+        out.append(
+            Variant.of(
+                _chunk_stats_kernel,
+                zt,
+                dict(z_ptr=zt, b_ptr="fp32", m_ptr="fp32", s0_ptr="fp32", s1_ptr="fp32"),
+                floats=("inv_t",),
+                constexprs=gpu(_STATS_GPU),
+                num_warps=_STATS_GPU["num_warps"],
+            )
         )
-    ]
-    for dt in ("fp32", "bf16", "fp16"):
+    pairs = [("fp32", dt) for dt in ("fp32", "bf16", "fp16")] + [("bf16", "bf16"), ("fp16", "fp16")]
+    for zt, dt in pairs:
         out.append(
             Variant.of(
                 _chunk_dlogits_kernel,
                 dt,
                 dict(
-                    z_ptr="fp32",
+                    z_ptr=zt,
                     dz_ptr=dt,
                     b_ptr="fp32",
                     labels_ptr="i64",
@@ -218,11 +221,14 @@ class _Chunks:
     """Runs segments of packed tokens through the three GEMMs, asking a head for the upstream
     gradient of each segment's log-probs (and entropies) between the softmax and the gradients."""
 
-    def __init__(self, h, w, b, labels, inv_t, chunk, backend, need):
+    def __init__(self, h, w, b, labels, inv_t, chunk, backend, need, logits16=False):
         n_tok, H = h.shape
         V = w.shape[0]
         self.w, self.labels, self.inv_t, self.backend = w, labels, inv_t, backend
-        if backend == "triton":  # raw logits in fp32; the kernels add bias and temperature
+        # Triton: raw logits in fp32, or (``logits16``) as the 16-bit GEMM writes them, d_logits
+        # then in place; the kernels add bias and temperature
+        self.logits16 = logits16
+        if backend == "triton":
             self.b = torch.zeros(V, device=w.device) if b is None else b.float().contiguous()
             self.h, acc = h, torch.float32
         else:
@@ -240,8 +246,9 @@ class _Chunks:
         self.d_b = torch.zeros(V, dtype=acc, device=h.device) if need_b else None
         # one logits buffer for all chunks (fresh ones would cost page faults on CPU); none where
         # bf16/fp16 GEMMs return a fresh fp32 product (the CUDA caching allocator reuses it)
-        fresh = backend == "triton" and w.dtype != torch.float32
-        self.buf = None if fresh else tp.output_buffer(min(chunk, n_tok), V, dtype=acc, device=h.device)
+        fresh = backend == "triton" and w.dtype != torch.float32 and not logits16
+        z_dtype = w.dtype if logits16 else acc
+        self.buf = None if fresh else tp.output_buffer(min(chunk, n_tok), V, dtype=z_dtype, device=h.device)
         self.chunk = chunk
 
     def forward(self, t0, t1):
@@ -249,7 +256,7 @@ class _Chunks:
         h_c, lab = self.h[t0:t1], self.labels[t0:t1]
         z = None if self.buf is None else self.buf[: t1 - t0]
         if self.backend == "triton":
-            z = _mm_fp32(h_c, self.w.t(), out=z)
+            z = torch.mm(h_c, self.w.t(), out=z) if self.logits16 else _mm_fp32(h_c, self.w.t(), out=z)
             lp, ent, lse = _stats_triton(z, self.b, lab, self.inv_t)
             return lp, (z, lse, ent)
         tp.logits_(z, h_c, self.w, self.b, self.inv_t)
@@ -274,7 +281,7 @@ class _Chunks:
             tp.grad_gemms_(z, h_c, self.w, d_h, self.d_w, self.d_b, first=not self.wrote)
             self.wrote = True
             return ent
-        dz = z if self.w.dtype == torch.float32 else torch.empty(z.shape, dtype=self.w.dtype, device=z.device)
+        dz = z if z.dtype == self.w.dtype else torch.empty(z.shape, dtype=self.w.dtype, device=z.device)
         _dlogits_triton(z, dz, self.b, lab, lse, ent, g_lp, g_ent, self.inv_t)
         del z, state
         if d_h is not None:
@@ -337,10 +344,13 @@ class _Chunks:
         return d_h, d_w, d_b
 
 
-def _chunk_tokens(chunk_bytes, V, h):
-    """Tokens per chunk at most: the fp32 (fp64) logits buffer, plus a bf16/fp16 d_logits one on a GPU."""
+def _chunk_tokens(chunk_bytes, V, h, logits16=False):
+    """Tokens per chunk at most: the fp32 (fp64) logits buffer, plus a bf16/fp16 d_logits one on a
+    GPU; with ``logits16``, one 16-bit buffer for both."""
     per_token = V * (8 if h.dtype == torch.float64 else 4)
-    if h.is_cuda and h.dtype in (torch.bfloat16, torch.float16):
+    if logits16:
+        per_token = V * 2
+    elif h.is_cuda and h.dtype in (torch.bfloat16, torch.float16):
         per_token += V * 2
     if chunk_bytes is None:
         chunk_bytes = (
@@ -426,6 +436,27 @@ def _grad_path(grad_in_forward, hidden, weight, bias, backend):
             return None
         h2, weight = h2.to(gd), weight.to(gd)
     return which, h2, weight.contiguous()
+
+
+def _check_logits_dtype(logits_dtype):
+    """``logits_dtype`` must be None, torch.bfloat16 or torch.float16 (checked on every path)."""
+    if logits_dtype is not None and logits_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(
+            f"logits_dtype must be None (fp32 logits), torch.bfloat16 or torch.float16; got {logits_dtype!r}"
+        )
+
+
+def _logits16(logits_dtype, which, w2) -> bool:
+    """Whether the grad-in-forward chunks keep the GEMM's 16-bit logits: asked for, and only where
+    the GEMM runs in that dtype on the Triton backend (elsewhere it would be a silent no-op)."""
+    if logits_dtype is None:
+        return False
+    if which != "triton" or w2.dtype != logits_dtype:
+        raise ValueError(
+            f"logits_dtype={logits_dtype} keeps the logits GEMM's own output, so it needs {logits_dtype} "
+            f"operands on the triton backend; got {w2.dtype} operands on the {which} backend"
+        )
+    return True
 
 
 def _flag_nan(loss, *flags):

@@ -47,7 +47,10 @@ Triton kernels per chunk: softmax statistics over vocab splits, and d_logits wri
 or into a bf16/fp16 buffer that feeds both gradient GEMMs with fp32 accumulation. bf16/fp16
 weights: the logits GEMM needs ``torch.mm(..., out_dtype=torch.float32)`` (torch >= 2.8), else
 the recompute path is taken; d_W accumulates over token chunks in fp32 ([V, H] fp32, twice the
-weight's size) and is rounded once. This GPU path's tests pass on an H100 (torch 2.11, triton
+weight's size) and is rounded once. ``logits_dtype=torch.bfloat16`` (or float16) keeps the
+chunk's logits as the 16-bit GEMM writes them instead of fp32 (the precision of an unfused bf16
+model's logits; d_logits then overwrites them): the element-wise passes move 8 bytes per logit
+instead of 14, and a chunk holds three times the tokens. This GPU path's tests pass on an H100 (torch 2.11, triton
 3.6); why its chunk sizes are what they are is beside ``GPU_CHUNK_BYTES_16BIT``
 (``_fused_linear_chunks.py``, where the chunks, the kernels and the autograd function live); its
 kernels are also compile-checked
@@ -63,12 +66,14 @@ import torch
 from fastcrit_kernels._fused_linear_chunks import (
     _IGNORE,
     _check_labels,
+    _check_logits_dtype,
     _chunk_tokens,
     _Chunks,
     _even_chunks,
     _flag_nan,
     _grad_path,
     _GradInForward,
+    _logits16,
     _pack,
 )
 
@@ -147,6 +152,7 @@ def fused_linear_ppo_loss(
     chunk_bytes: int | None = None,
     backend: str = "auto",
     entropy: bool = True,
+    logits_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO/GRPO actor loss from hidden states (verl ``dp_actor`` composition).
 
@@ -171,6 +177,14 @@ def fused_linear_ppo_loss(
         entropy: compute the entropy (the ``entropy`` stat). False, with ``entropy_coef == 0``,
             leaves it out, as verl's actor update does (``calculate_entropy = entropy_coeff !=
             0``): the torch path then skips a pass over every block of logits.
+        logits_dtype: None (default): each chunk's logits are the exact fp32 products of the
+            operands. ``torch.bfloat16`` / ``torch.float16``, with operands of that dtype on the
+            triton backend (else ValueError): the logits as the 16-bit GEMM writes them (rounded
+            once, as an unfused bf16 model's logits are in verl or Liger); the softmax statistics
+            and d_logits are computed from them in fp32, d_logits is written in their place, and a
+            chunk holds three times the tokens at the same ``chunk_bytes``: less memory traffic.
+            The recompute path (``grad_in_forward=False``, no gradient wanted, or a torch without
+            ``out_dtype`` on a GPU) keeps fp32.
     Returns:
         (loss scalar fp32, stats of detached scalars: ``pg_loss``, ``entropy`` (agg of the
         entropy; not with ``entropy=False``), ``kl`` (agg of the KL; only with ``ref_logp``),
@@ -186,6 +200,7 @@ def fused_linear_ppo_loss(
         _check_bt("ref_logp", ref_logp, B, T)
     if not entropy and entropy_coef != 0.0:
         raise ValueError(f"entropy=False leaves the entropy out, but entropy_coef={entropy_coef} needs it")
+    _check_logits_dtype(logits_dtype)
     path = _grad_path(grad_in_forward, hidden, weight, bias, backend)
     if path is None:
         return _ppo_recompute(
@@ -223,7 +238,8 @@ def fused_linear_ppo_loss(
         ref=pick(ref_logp),
     )
     safe, bad = _check_labels(lab.reshape(-1)[idx], w2.shape[0])
-    chunk = _chunk_tokens(chunk_bytes, w2.shape[0], h2)
+    z16 = _logits16(logits_dtype, which, w2)
+    chunk = _chunk_tokens(chunk_bytes, w2.shape[0], h2, z16)
     segments = _even_chunks(idx.numel(), chunk)
     head = _PPOHead(
         tok,
@@ -235,7 +251,7 @@ def fused_linear_ppo_loss(
     )
 
     def compute(need_h, need_w, need_b):
-        run = _Chunks(h2[idx], w2, bias, safe, 1.0 / float(temperature), chunk, which, (need_h, need_w, need_b))
+        run = _Chunks(h2[idx], w2, bias, safe, 1.0 / float(temperature), chunk, which, (need_h, need_w, need_b), z16)
         run.run(segments, head, with_ent=entropy)
         s = head.sums  # pg_loss, entropy agg, kl agg, then m [clipped], m [lower], -m d
         loss = s[0] - entropy_coef * s[1] if entropy_coef != 0.0 else s[0].clone()
@@ -394,19 +410,21 @@ def fused_linear_pacs_loss(
     grad_in_forward: bool | None = None,
     chunk_bytes: int | None = None,
     backend: str = "auto",
+    logits_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PACS loss from hidden states: ``pacs_loss(fused_logprobs(hidden, weight, labels), ...)``.
 
     Args:
         hidden: [B, T, H]; weight: [V, H]; labels, old_logp, mask: [B, T]; scores: [B] 0/1 labels;
         index: [B] group id per sample. The rest as ``pacs_loss`` and ``fused_logprobs``.
-        grad_in_forward, chunk_bytes: as ``fused_linear_ppo_loss``. Chunks hold whole groups:
+        grad_in_forward, chunk_bytes, logits_dtype: as ``fused_linear_ppo_loss``. Chunks hold whole groups:
             a group with more valid tokens than one chunk holds takes two passes (four GEMMs).
     Returns:
         (loss scalar fp32, stats of ``pacs_loss``: ``reward_mean``, ``advantage_mean``, ``accuracy``).
     """
     lab, B, T = _masked_labels(hidden, labels, mask)
     _check_bt("old_logp", old_logp, B, T)
+    _check_logits_dtype(logits_dtype)
     path = _grad_path(grad_in_forward, hidden, weight, bias, backend)
     if path is None:
         logp = fused_logprobs(
@@ -436,7 +454,8 @@ def fused_linear_pacs_loss(
     rows = dict(y=y[order], inv=inv[order], cnt=mf.sum(-1)[order])
     tok = dict(m=mf.reshape(-1)[idx], old=old_logp.reshape(-1)[idx].float(), pos=pos[row])
     safe, bad = _check_labels(lab.reshape(-1)[idx], w2.shape[0])
-    chunk = _chunk_tokens(chunk_bytes, w2.shape[0], h2)
+    z16 = _logits16(logits_dtype, which, w2)
+    chunk = _chunk_tokens(chunk_bytes, w2.shape[0], h2, z16)
     segments = _pacs_segments(rows["inv"], (mask != 0)[order].sum(-1), chunk)
     head = _PACSHead(
         tok,
@@ -451,7 +470,7 @@ def fused_linear_pacs_loss(
     )
 
     def compute(need_h, need_w, need_b):
-        run = _Chunks(h2[idx], w2, bias, safe, 1.0 / float(temperature), chunk, which, (need_h, need_w, need_b))
+        run = _Chunks(h2[idx], w2, bias, safe, 1.0 / float(temperature), chunk, which, (need_h, need_w, need_b), z16)
         run.run(segments, head, with_ent=False)
         return _flag_nan(head.loss.clone(), not_01, bad), head.sums / B, run.grads(hidden, weight, bias, idx)
 
