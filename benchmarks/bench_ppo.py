@@ -8,6 +8,10 @@ section), side by side in one process, taking turns:
                    in its backward (four GEMMs)
   fused_gif        fused_linear_ppo_loss (gradients computed in the forward: three GEMMs)
   fused_gif_entropy  the same, also computing the entropy for its stats (``entropy=True``, the default)
+  liger_grpo       on a GPU where liger-kernel is installed: its LigerFusedLinearGRPOLoss on the same
+                   inputs (token-mean "bnpo", the same clip range and k3 KL; no dual clip), eager
+  fused_gif_logits16  on a GPU in bf16 / fp16: fused_gif with ``logits_dtype`` the operands' dtype
+                   (each chunk's logits as the 16-bit GEMM writes them, not fp32)
 
 at N tokens, H, V (default the issue's N=2048, H=896, V=151936, fp32: each GEMM ~0.56 TFLOP, a few
 seconds on 2 CPU cores; ``--quick``: N=256, H=256, V=16384). The loss: token-mean, clip 0.2/0.28,
@@ -26,6 +30,7 @@ peak allocation).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -105,7 +110,7 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=(), dtype=
         loss.backward()
         zero()
 
-    def fused(gif, chunk_bytes=None, entropy=False):
+    def fused(gif, chunk_bytes=None, entropy=False, logits_dtype=None):
         def run():
             loss, _ = fused_linear_ppo_loss(
                 hidden,
@@ -117,12 +122,23 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=(), dtype=
                 grad_in_forward=gif,
                 chunk_bytes=chunk_bytes,
                 entropy=entropy,
+                logits_dtype=logits_dtype,
                 **kw,
             )
             loss.backward()
             zero()
 
         return run
+
+    def liger_grpo():
+        from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
+
+        peer = LigerFusedLinearGRPOLoss(
+            beta=0.04, compiled=False, use_ref_model=True, epsilon_low=0.2, epsilon_high=0.28, loss_type="bnpo"
+        )
+        loss, _ = peer(hidden, weight, labels, mask.long(), adv, ref_per_token_logps=ref, old_per_token_logps=old)
+        loss.backward()
+        zero()
 
     cases = {
         "gemm3": gemm3,
@@ -133,6 +149,12 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=(), dtype=
     }
     for mib in chunks_mib:  # the grad-in-forward path at other chunk sizes than its default
         cases[f"fused_gif_{mib}MiB"] = fused(True, mib << 20)
+    if device.type == "cuda" and importlib.util.find_spec("liger_kernel") is not None:
+        cases["liger_grpo"] = liger_grpo
+    if backend == "triton" and dtype != torch.float32:  # the chunks' logits as the 16-bit GEMM writes them
+        cases["fused_gif_logits16"] = fused(True, logits_dtype=dtype)
+        for mib in chunks_mib:
+            cases[f"fused_gif_logits16_{mib}MiB"] = fused(True, mib << 20, logits_dtype=dtype)
     return cases
 
 

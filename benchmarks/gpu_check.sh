@@ -9,7 +9,7 @@
 # beside each phase's measured peak, tokens/s/GPU, sync s/GiB, and a second process allocating what
 # the trainer gave back: benchmarks/gpu_realsize.py), tests (the kernel tests with the compiled Triton kernels, the gpu-marked
 # engine and Liger tests), kernels (fused linear loss and fused log-probs against naive and three plain
-# GEMMs, fp32 and bf16, and Liger's fused GRPO loss), generate (native engine, eager and CUDA-graph decode, against HF generate),
+# GEMMs, fp32 and bf16 at H 896 and 3584, and Liger's fused GRPO loss), generate (native engine, eager and CUDA-graph decode, against HF generate),
 # grpo (a short GRPO run of configs/cpu/grpo.yaml on the GPU: bf16 mixed precision through FSDP2 on
 # NCCL, Liger patches, CUDA-graph rollout), grpo_fp32 (a shorter fp32 run: the plain module with
 # torch's fused AdamW on CUDA, exact-fp32 log-probs through the torch path), ppo (configs/cpu/ppo.yaml's reward model, then a short
@@ -156,9 +156,13 @@ fi
 
 if has kernels; then
   TAIL=6 step bench_ppo_fp32 90 "$PY" benchmarks/bench_ppo.py --lm-shape 16384,896,151936 --lm-repeats 10
-  # bf16, also at 2 GiB (the 16-bit default, asked for explicitly) and 8 GiB grad-in-forward chunks
-  TAIL=7 step bench_ppo_bf16 60 "$PY" benchmarks/bench_ppo.py --lm-only --lm-shape 16384,896,151936 \
+  # bf16, also at 2 GiB (the 16-bit default, asked for explicitly) and 8 GiB grad-in-forward chunks,
+  # each also with the chunks' logits in bf16 (fused_gif_logits16*)
+  TAIL=10 step bench_ppo_bf16 60 "$PY" benchmarks/bench_ppo.py --lm-only --lm-shape 16384,896,151936 \
     --lm-repeats 10 --lm-dtype bfloat16 --lm-chunks 2048,8192
+  # Qwen2.5-7B's hidden size (each GEMM 4x the above)
+  TAIL=10 step bench_ppo_bf16_h3584 90 "$PY" benchmarks/bench_ppo.py --lm-only --lm-shape 16384,3584,151936 \
+    --lm-repeats 5 --lm-dtype bfloat16 --lm-chunks 8192
   TAIL=14 step bench_fused_logprobs 120 "$PY" benchmarks/bench_fused_logprobs.py --device cuda \
     --tokens 8192,32768 --impls naive,ours,ours_triton,ours_grpo,liger_grpo --no-plot
 fi
