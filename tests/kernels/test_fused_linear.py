@@ -263,14 +263,21 @@ def test_pacs_matches_unfused(case, path, backend, dtype):
     params = _params(hidden, weight, b)
     p64 = [p.detach().double().requires_grad_() for p in params]
     lp = logprobs_reference(p64[0], p64[1], torch.where(mask > 0, labels, 0), temperature=0.9, bias=p64[2])
-    want, want_stats = ref_pacs_loss(lp, old, scores, mask, index, **kw)
+    got = _check_pacs(loss, stats, params, p64, lp, (old, scores, mask, index), kw, dtype)
+    assert (got[0][mask == 0] == 0).all()
+
+
+def _check_pacs(loss, stats, params, p64, lp, batch, kw, dtype):
+    """The fused PACS loss, stats and gradients (upstream -1.3) against ``ref_pacs_loss`` on the
+    fp64 log-probs ``lp`` of the leaves ``p64``; returns the gradients."""
+    want, want_stats = ref_pacs_loss(lp, *batch, **kw)
     latol, lrtol, _, _ = TOL[dtype]
     torch.testing.assert_close(loss.double(), want, atol=latol, rtol=lrtol)
     for k in ("reward_mean", "advantage_mean", "accuracy"):
         torch.testing.assert_close(stats[k].double(), want_stats[k].double(), atol=latol, rtol=lrtol)
     got = torch.autograd.grad(loss * -1.3, params)
     _check_grads(params, got, torch.autograd.grad(want * -1.3, p64), dtype)
-    assert (got[0][mask == 0] == 0).all()
+    return got
 
 
 class _MatmulFlops(TorchDispatchMode):

@@ -8,9 +8,9 @@ is refused by name."""
 import pytest
 import torch
 from _triton_on_cuda import on_cuda
-from test_fused_linear import PPO_CASES, TOL, _batch, _check_grads, _params, _ref_clip_loss
+from test_fused_linear import PPO_CASES, TOL, _batch, _check_grads, _check_pacs, _params, _ref_clip_loss
 
-from fastcrit_kernels._reference import ref_agg_loss, ref_kl_penalty, ref_pacs_loss
+from fastcrit_kernels._reference import ref_agg_loss, ref_kl_penalty
 from fastcrit_kernels.fused_linear import fused_linear_pacs_loss, fused_linear_ppo_loss
 from fastcrit_kernels.logprobs import logprobs_reference
 
@@ -106,13 +106,7 @@ def test_pacs_on_the_rounded_logits():
     params = _params(hidden, weight, b)
     p64 = [p.detach().double().requires_grad_() for p in params]
     lp, _ = _ref_logprobs(p64, _raw16(hidden, weight), labels, mask, 0.9)
-    want, want_stats = ref_pacs_loss(lp, old, scores, mask, index, **kw)
-    latol, lrtol, _, _ = TOL[BF16]
-    torch.testing.assert_close(loss.double(), want, atol=latol, rtol=lrtol)
-    for k in ("reward_mean", "advantage_mean", "accuracy"):
-        torch.testing.assert_close(stats[k].double(), want_stats[k].double(), atol=latol, rtol=lrtol)
-    got = torch.autograd.grad(loss * -1.3, params)
-    _check_grads(params, got, torch.autograd.grad(want * -1.3, p64), BF16)
+    _check_pacs(loss, stats, params, p64, lp, (old, scores, mask, index), kw, BF16)
 
 
 def test_logits_dtype_is_refused_where_it_cannot_apply():
