@@ -2,7 +2,7 @@
 kernels on a GPU, the interpreter elsewhere): each chunk keeps the logits as the 16-bit GEMM writes
 them, and the loss, its stats and its gradients are those of the unfused fp64 path fed with exactly
 those rounded logits (their gradient passed straight through the rounding). Also: the option is not
-a no-op (fp32 logits give another loss), several chunks add up to one, and where it cannot apply it
+a no-op (from fp32 logits the gradients differ), several chunks add up to one, and where it cannot apply it
 is refused by name."""
 
 import pytest
@@ -19,11 +19,9 @@ BF16 = torch.bfloat16
 
 
 def _raw16(hidden, weight):
-    """The [B, T, V] logits as a 16-bit GEMM writes them (fp32 accumulation, rounded once), on the
-    device the fused loss runs them on."""
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    h, w = hidden.detach().to(dev), weight.detach().to(dev)
-    return torch.mm(h.reshape(-1, h.shape[-1]), w.t()).reshape(*h.shape[:2], -1).cpu()
+    """The [B, T, V] logits as a 16-bit GEMM writes them: ``_grid_batch``'s inputs make every fp32
+    sum exact whatever the GEMM's order, so this is its one rounding, on any device and kernel."""
+    return (hidden.detach().double() @ weight.detach().double().t()).to(hidden.dtype)
 
 
 def _ref_logprobs(p64, raw16, labels, mask, temperature):
@@ -45,11 +43,15 @@ def _rel(a, e):
 CHUNKS = {"one": None, "of5": 5 * 2 * 131}
 
 
-def _wide_batch(B, T, H, V, seed=0):
-    """``_batch`` with logits of std ~16 (weights x8), where a bf16 logit is off by up to 1/16, so
-    that rounded and exact logits give clearly different losses; old/ref log-probs near the new ones."""
-    hidden, weight, b, labels, mask, _, _, g = _batch(B, T, H, V, BF16, seed=seed)
-    weight = (weight.detach().float() * 8).to(BF16).requires_grad_()
+def _grid_batch(B, T, H, V, seed=0):
+    """``_batch`` with hidden states in k/8 (|k| <= 16) and weights in k/16 (|k| <= 64): each
+    product is a multiple of 1/128, so the fp32 sums of the logits are exact (any GEMM, any order)
+    and only their rounding to bf16 remains, a deterministic one. The logits' std is ~14, where
+    bf16 is off by up to 1/32, so that rounded and exact logits give clearly different gradients;
+    old/ref log-probs near the new ones."""
+    _, _, b, labels, mask, _, _, g = _batch(B, T, H, V, BF16, seed=seed)
+    hidden = (torch.randint(-16, 17, (B, T, H), generator=g) / 8).to(BF16).requires_grad_()
+    weight = (torch.randint(-64, 65, (V, H), generator=g) / 16).to(BF16).requires_grad_()
     with torch.no_grad():
         lp = logprobs_reference(hidden, weight, torch.where(mask > 0, labels, 0), bias=b).float()
     old = lp + 0.3 * torch.randn(B, T, generator=g)
@@ -61,7 +63,7 @@ def _wide_batch(B, T, H, V, seed=0):
 def test_ppo_on_the_rounded_logits(chunks):
     agg, kind, kl_coef, ent_coef, clip_c, temp, _, _ = PPO_CASES["grpo_k3_entropy"]
     B, T, H, V = 4, 7, 24, 131
-    hidden, weight, b, labels, mask, old, ref, g = _wide_batch(B, T, H, V)
+    hidden, weight, b, labels, mask, old, ref, g = _grid_batch(B, T, H, V)
     adv = torch.randn(B, generator=g)
     kw = dict(kl_coef=kl_coef, kl_kind=kind, entropy_coef=ent_coef, clip_c=clip_c, agg=agg, temperature=temp)
     call = dict(ref_logp=ref, bias=b, backend="triton", grad_in_forward=True, chunk_bytes=CHUNKS[chunks], **kw)
@@ -95,7 +97,7 @@ def test_ppo_on_the_rounded_logits(chunks):
 
 def test_pacs_on_the_rounded_logits():
     B, T, H, V = 6, 5, 20, 97
-    hidden, weight, b, labels, mask, old, _, _ = _batch(B, T, H, V, BF16, seed=2)
+    hidden, weight, b, labels, mask, old, _, _ = _grid_batch(B, T, H, V, seed=2)
     scores = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0])
     index = [0, 0, 0, 1, 1, 2]
     kw = dict(beta=0.7, reward_method="1", estimator="rloo", weight_mode="question")
