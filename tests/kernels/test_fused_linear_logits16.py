@@ -2,8 +2,8 @@
 kernels on a GPU, the interpreter elsewhere): each chunk keeps the logits as the 16-bit GEMM writes
 them, and the loss, its stats and its gradients are those of the unfused fp64 path fed with exactly
 those rounded logits (their gradient passed straight through the rounding). Also: the option is not
-a no-op (from fp32 logits the gradients differ), several chunks add up to one, and where it cannot apply it
-is refused by name."""
+a no-op (from fp32 logits the gradients differ), several chunks add up to one, and where it cannot
+apply it is refused by name."""
 
 import pytest
 import torch
