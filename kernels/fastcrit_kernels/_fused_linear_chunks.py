@@ -438,19 +438,17 @@ def _grad_path(grad_in_forward, hidden, weight, bias, backend):
     return which, h2, weight.contiguous()
 
 
-def _check_logits_dtype(logits_dtype):
-    """``logits_dtype`` must be None, torch.bfloat16 or torch.float16 (checked on every path)."""
+def _logits16(logits_dtype, path) -> bool:
+    """Whether the grad-in-forward chunks (``path``, from ``_grad_path``; None: the recompute path,
+    which keeps fp32) keep the GEMM's 16-bit logits. The value is checked on every path; asking for
+    it where the GEMM does not run in that dtype on the Triton backend is refused, not ignored."""
     if logits_dtype is not None and logits_dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(
             f"logits_dtype must be None (fp32 logits), torch.bfloat16 or torch.float16; got {logits_dtype!r}"
         )
-
-
-def _logits16(logits_dtype, which, w2) -> bool:
-    """Whether the grad-in-forward chunks keep the GEMM's 16-bit logits: asked for, and only where
-    the GEMM runs in that dtype on the Triton backend (elsewhere it would be a silent no-op)."""
-    if logits_dtype is None:
+    if logits_dtype is None or path is None:
         return False
+    which, _, w2 = path
     if which != "triton" or w2.dtype != logits_dtype:
         raise ValueError(
             f"logits_dtype={logits_dtype} keeps the logits GEMM's own output, so it needs {logits_dtype} "

@@ -50,8 +50,8 @@ the recompute path is taken; d_W accumulates over token chunks in fp32 ([V, H] f
 weight's size) and is rounded once. ``logits_dtype=torch.bfloat16`` (or float16) keeps the
 chunk's logits as the 16-bit GEMM writes them instead of fp32 (the precision of an unfused bf16
 model's logits; d_logits then overwrites them): the element-wise passes move 8 bytes per logit
-instead of 14, and a chunk holds three times the tokens. This GPU path's tests pass on an H100 (torch 2.11, triton
-3.6); why its chunk sizes are what they are is beside ``GPU_CHUNK_BYTES_16BIT``
+instead of 14, and a chunk holds three times the tokens. This GPU path's tests pass on an H100
+(torch 2.11, triton 3.6); why its chunk sizes are what they are is beside ``GPU_CHUNK_BYTES_16BIT``
 (``_fused_linear_chunks.py``, where the chunks, the kernels and the autograd function live); its
 kernels are also compile-checked
 for sm_80 / sm_90a, and its launches tested under the Triton interpreter, where the bf16/fp16
@@ -66,7 +66,6 @@ import torch
 from fastcrit_kernels._fused_linear_chunks import (
     _IGNORE,
     _check_labels,
-    _check_logits_dtype,
     _chunk_tokens,
     _Chunks,
     _even_chunks,
@@ -200,8 +199,8 @@ def fused_linear_ppo_loss(
         _check_bt("ref_logp", ref_logp, B, T)
     if not entropy and entropy_coef != 0.0:
         raise ValueError(f"entropy=False leaves the entropy out, but entropy_coef={entropy_coef} needs it")
-    _check_logits_dtype(logits_dtype)
     path = _grad_path(grad_in_forward, hidden, weight, bias, backend)
+    z16 = _logits16(logits_dtype, path)
     if path is None:
         return _ppo_recompute(
             hidden,
@@ -238,7 +237,6 @@ def fused_linear_ppo_loss(
         ref=pick(ref_logp),
     )
     safe, bad = _check_labels(lab.reshape(-1)[idx], w2.shape[0])
-    z16 = _logits16(logits_dtype, which, w2)
     chunk = _chunk_tokens(chunk_bytes, w2.shape[0], h2, z16)
     segments = _even_chunks(idx.numel(), chunk)
     head = _PPOHead(
@@ -417,15 +415,16 @@ def fused_linear_pacs_loss(
     Args:
         hidden: [B, T, H]; weight: [V, H]; labels, old_logp, mask: [B, T]; scores: [B] 0/1 labels;
         index: [B] group id per sample. The rest as ``pacs_loss`` and ``fused_logprobs``.
-        grad_in_forward, chunk_bytes, logits_dtype: as ``fused_linear_ppo_loss``. Chunks hold whole groups:
-            a group with more valid tokens than one chunk holds takes two passes (four GEMMs).
+        grad_in_forward, chunk_bytes, logits_dtype: as ``fused_linear_ppo_loss``. Chunks hold
+            whole groups: a group with more valid tokens than one chunk holds takes two passes
+            (four GEMMs).
     Returns:
         (loss scalar fp32, stats of ``pacs_loss``: ``reward_mean``, ``advantage_mean``, ``accuracy``).
     """
     lab, B, T = _masked_labels(hidden, labels, mask)
     _check_bt("old_logp", old_logp, B, T)
-    _check_logits_dtype(logits_dtype)
     path = _grad_path(grad_in_forward, hidden, weight, bias, backend)
+    z16 = _logits16(logits_dtype, path)
     if path is None:
         logp = fused_logprobs(
             hidden, weight, lab, temperature=temperature, bias=bias, ignore_index=_IGNORE, backend=backend
@@ -454,7 +453,6 @@ def fused_linear_pacs_loss(
     rows = dict(y=y[order], inv=inv[order], cnt=mf.sum(-1)[order])
     tok = dict(m=mf.reshape(-1)[idx], old=old_logp.reshape(-1)[idx].float(), pos=pos[row])
     safe, bad = _check_labels(lab.reshape(-1)[idx], w2.shape[0])
-    z16 = _logits16(logits_dtype, which, w2)
     chunk = _chunk_tokens(chunk_bytes, w2.shape[0], h2, z16)
     segments = _pacs_segments(rows["inv"], (mask != 0)[order].sum(-1), chunk)
     head = _PACSHead(
