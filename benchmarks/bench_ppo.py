@@ -136,9 +136,13 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=(), dtype=
         peer = LigerFusedLinearGRPOLoss(
             beta=0.04, compiled=False, use_ref_model=True, epsilon_low=0.2, epsilon_high=0.28, loss_type="bnpo"
         )
-        loss, _ = peer(hidden, weight, labels, mask.long(), adv, ref_per_token_logps=ref, old_per_token_logps=old)
-        loss.backward()
-        zero()
+
+        def run():
+            loss, _ = peer(hidden, weight, labels, mask.long(), adv, ref_per_token_logps=ref, old_per_token_logps=old)
+            loss.backward()
+            zero()
+
+        return run
 
     cases = {
         "gemm3": gemm3,
@@ -150,7 +154,7 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=(), dtype=
     for mib in chunks_mib:  # the grad-in-forward path at other chunk sizes than its default
         cases[f"fused_gif_{mib}MiB"] = fused(True, mib << 20)
     if device.type == "cuda" and importlib.util.find_spec("liger_kernel") is not None:
-        cases["liger_grpo"] = liger_grpo
+        cases["liger_grpo"] = liger_grpo()
     if backend == "triton" and dtype != torch.float32:  # the chunks' logits as the 16-bit GEMM writes them
         cases["fused_gif_logits16"] = fused(True, logits_dtype=dtype)
         for mib in chunks_mib:
