@@ -10,7 +10,7 @@ install: $(STAMP)
 
 # torch==2.13.0 first: the CPU build lies on this machine's disk; any later range it satisfies
 # installs nothing more.
-$(STAMP): setup.py kernels/pyproject.toml CMakeLists.txt
+$(STAMP): setup.py kernels/pyproject.toml CMakeLists.txt $(wildcard native/*.c)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0

@@ -4,8 +4,8 @@
 - ``fastcrit_kernels`` (source in ``kernels/fastcrit_kernels``): the standalone kernel library. It is
   also installable alone with ``pip install ./kernels`` (torch only; ``'./kernels[triton]'`` adds triton).
 
-The sandbox's native jail (``CMakeLists.txt`` at the root) is built by cmake during install; see
-``_build_native`` below.
+The native parts (``CMakeLists.txt`` at the root: the sandbox's jail, the engine's CPU decode attention)
+are built by cmake during install; see ``_build_native`` below.
 """
 
 import os
@@ -19,34 +19,64 @@ from setuptools.command.build_py import build_py
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
-def _build_native(dest_dir: str) -> None:
-    """Build the C targets of CMakeLists.txt and copy the executables into ``dest_dir``.
+# (cmake target, install component, where under the package it goes, what is lost without it)
+_NATIVE = [
+    ("fastcrit-jail", "jail", ("sandbox", "_native"), "the sandbox jail is not built"),
+    (
+        "fastcrit_decode_attn",
+        "decode_attn",
+        ("rollout", "_native"),
+        "the native engine's CPU decode attention is not built (it runs in torch ops)",
+    ),
+]
+
+
+def _build_native(package_dir: str) -> None:
+    """Build each target of CMakeLists.txt and install it under ``package_dir`` (the ``fastcrit``
+    package), one target at a time, so that one failing leaves the other.
 
     A failure here is loud but not fatal: the sandbox refuses untrusted code at run time when its
-    jail is missing (unless the user opts into ``isolation: none``), so the trainer stays usable.
+    jail is missing (unless the user opts into ``isolation: none``), and the engine's decode step
+    runs in torch ops without its C attention, so the trainer stays usable.
     """
     if not os.path.exists(os.path.join(ROOT, "CMakeLists.txt")):
         return
     if shutil.which("cmake") is None:
-        print("fastcrit: WARNING cmake not found; the sandbox jail is not built", file=sys.stderr)
+        for *_, lost in _NATIVE:
+            print(f"fastcrit: WARNING cmake not found; {lost}", file=sys.stderr)
         return
     build_dir = os.path.join(ROOT, "build", "native")
     os.makedirs(build_dir, exist_ok=True)
     try:
         subprocess.check_call(["cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release"])
-        subprocess.check_call(["cmake", "--build", build_dir, "-j", "2"])
-        subprocess.check_call(["cmake", "--install", build_dir, "--prefix", dest_dir])
     except (OSError, subprocess.CalledProcessError) as exc:
-        print(f"fastcrit: WARNING building the sandbox jail failed: {exc}", file=sys.stderr)
+        print(f"fastcrit: WARNING configuring the native build failed: {exc}", file=sys.stderr)
+        return
+    for target, component, where, lost in _NATIVE:
+        try:
+            subprocess.check_call(["cmake", "--build", build_dir, "--target", target, "-j", "2"])
+            subprocess.check_call(
+                [
+                    "cmake",
+                    "--install",
+                    build_dir,
+                    "--component",
+                    component,
+                    "--prefix",
+                    os.path.join(package_dir, *where),
+                ]
+            )
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(f"fastcrit: WARNING building {target} failed ({exc}): {lost}", file=sys.stderr)
 
 
 class BuildPyWithNative(build_py):
     def run(self):
         super().run()
         # Editable installs read the source tree; regular installs read build_lib.
-        targets = {os.path.join(ROOT, "fastcrit", "sandbox", "_native")}
+        targets = {os.path.join(ROOT, "fastcrit")}
         if not getattr(self, "editable_mode", False):
-            targets.add(os.path.join(self.build_lib, "fastcrit", "sandbox", "_native"))
+            targets.add(os.path.join(self.build_lib, "fastcrit"))
         for t in targets:
             _build_native(t)
 
@@ -59,7 +89,14 @@ setup(
     packages=find_packages(include=["fastcrit", "fastcrit.*"])
     + find_packages(where="kernels", include=["fastcrit_kernels", "fastcrit_kernels.*"]),
     package_dir={"fastcrit_kernels": "kernels/fastcrit_kernels"},
-    package_data={"fastcrit": ["data/task_files/*.jsonl", "models/tokenizer_corpus.jsonl.gz", "sandbox/_native/bin/*"]},
+    package_data={
+        "fastcrit": [
+            "data/task_files/*.jsonl",
+            "models/tokenizer_corpus.jsonl.gz",
+            "sandbox/_native/bin/*",
+            "rollout/_native/lib/*",
+        ]
+    },
     include_package_data=True,
     install_requires=[
         # A range that admits the CPU build of 2.13 already installed (see README): never a bare

@@ -40,6 +40,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fastcrit.rollout import decode_attn
+
 TYPES = ("qwen2", "qwen3", "llama", "mistral")
 _PACK_MIN_STEPS = 4  # decode steps left for which packing the projections for MKL pays (StaticDecoder._pack)
 # Models narrower than this decode on plain linears: per-op overhead, not the GEMMs, bounds their
@@ -190,8 +192,17 @@ class StaticDecoder:
         p = next(model.parameters())
         self.dtype, self.device = p.dtype, p.device
         self.P, self.max_new, self.t = prompt_len, max_new, 0
+        # the decode step's attention in C (decode_attn.py) where it applies: its key caches are
+        # then in that module's blocked layout (decode_attn.key_cache)
+        self.native_attn = not fixed and decode_attn.usable(p.dtype, p.device, self.head_dim)
+        self._scratch = torch.empty(0, dtype=p.dtype)
         shape = (rows, self.kv_heads, prompt_len, self.head_dim)
-        self.kp = [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in self.base.layers]
+        self.kp = [
+            decode_attn.key_cache(shape[:2], prompt_len, self.head_dim, p.dtype)
+            if self.native_attn
+            else torch.zeros(shape, dtype=p.dtype, device=p.device)
+            for _ in self.base.layers
+        ]
         self.vp = [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in self.base.layers]
         self.kg = self.vg = None  # generated part [rows, kv, max_new, d], made at the first step
         self.bias_p = None  # [prompts, P]: 0 on a prompt token, -inf on padding (added to the scores)
@@ -234,10 +245,16 @@ class StaticDecoder:
             k = self.qk_norm[i][1](qkv[..., h * d : (h + kv) * d].view(b, q_len, kv, d)).transpose(1, 2)
             q, k = _rotate(q, c, s), _rotate(k, c, s)
         if mask is not None:  # prefill: the prompt part of the cache
-            self.kp[i].copy_(k)
+            if self.native_attn:
+                decode_attn.store_keys(self.kp[i], k)
+            else:
+                self.kp[i].copy_(k)
             self.vp[i].copy_(v)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=kv != h)
             return a.o_proj(out.transpose(1, 2).reshape(b, q_len, h * d))
+        if self.native_attn:
+            out = self._native_attend(i, q, k, v, scale)
+            return self._proj(a.o_proj, out.reshape(b, 1, h * d), ("o", i))
         if self.fixed:  # the column is a tensor, the generated keys the whole width
             self.kg[i].index_copy_(2, self._col, k)
             self.vg[i].index_copy_(2, self._col, v)
@@ -258,6 +275,27 @@ class StaticDecoder:
         out = torch.matmul(probs[..., self.P :], vg)
         out += self._from_grid(torch.matmul(self._to_grid(probs[..., : self.P]), self.vp[i]))
         return self._proj(a.o_proj, out.reshape(b, 1, h * d), ("o", i))
+
+    def _native_attend(self, i, q, k, v, scale) -> torch.Tensor:
+        """Step ``t``'s attention of layer i in C (decode_attn.attend), which also writes k and v
+        into the generated cache."""
+        need = torch.get_num_threads() * 2 * (self.kp[i].shape[2] + self.kg[i].shape[2]) * decode_attn.BLOCK
+        if self._scratch.numel() < need:
+            self._scratch = torch.empty(need, dtype=self.dtype)
+        return decode_attn.attend(
+            q,
+            k,
+            v,
+            self.kp[i],
+            self.vp[i],
+            self.bias_p,
+            self.group,
+            self.kg[i],
+            self.vg[i],
+            self.t,
+            scale,
+            self._scratch,
+        )
 
     def _to_grid(self, x: torch.Tensor) -> torch.Tensor:
         """[rows, kv, g, m] -> [prompts, kv, width * g, m]: each prompt's rows stacked (empty
@@ -347,8 +385,15 @@ class StaticDecoder:
 
     def _start_decode(self) -> None:
         """The generated part of the cache, one row per sample (after ``repeat_interleave``)."""
-        shape = (self.group.numel(), self.kv_heads, self.max_new, self.head_dim)
-        self.kg = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.base.layers]
+        rows = self.group.numel()
+        if self.native_attn:  # keys blocked (decode_attn.key_cache); values' rows padded alike
+            shape = (rows, self.kv_heads, decode_attn.padded(self.max_new), self.head_dim)
+            self.kg = [
+                decode_attn.key_cache(shape[:2], self.max_new, self.head_dim, self.dtype) for _ in self.base.layers
+            ]
+        else:
+            shape = (rows, self.kv_heads, self.max_new, self.head_dim)
+            self.kg = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.base.layers]
         self.vg = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.base.layers]
         if self.fixed:
             self.bias_g = torch.full((shape[0], self.max_new), float("-inf"), dtype=self.dtype, device=self.device)
