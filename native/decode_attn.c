@@ -71,9 +71,10 @@ INL vf exp_neg(vf x) {
 }
 
 /* sa[j], sb[j] = scale * (qa . k_j), (qb . k_j) for j < roundup(n, 16), the keys in blocks
- * KT [n / 16, d, 16]. Four blocks at a time: eight independent accumulators keep the FMA units busy. */
-INL void scores_t(const float *restrict qa, const float *restrict qb, const float *restrict KT, int64_t n,
-                  int64_t d, float scale, float *restrict sa, float *restrict sb) {
+ * KT [n / 16, d, 16]; sb only when `two` (a constant at each call: the loops are compiled for
+ * each). Four blocks at a time: eight independent accumulators keep the FMA units busy. */
+INL void scores_t(const float *restrict qa, const float *restrict qb, const int two, const float *restrict KT,
+                  int64_t n, int64_t d, float scale, float *restrict sa, float *restrict sb) {
     const int64_t nb = (n + B - 1) / B * B, bs = d * B; /* floats per block */
     int64_t j = 0;
     for (; j + 4 * B <= nb; j += 4 * B) {
@@ -82,44 +83,52 @@ INL void scores_t(const float *restrict qa, const float *restrict qb, const floa
         for (int64_t e = 0; e < d; ++e) {
             const float *k = kb + e * B;
             vf k0 = ld(k), k1 = ld(k + bs), k2 = ld(k + 2 * bs), k3 = ld(k + 3 * bs);
-            float x = qa[e], y = qb[e];
+            float x = qa[e];
             a0 += x * k0, a1 += x * k1, a2 += x * k2, a3 += x * k3;
-            b0 += y * k0, b1 += y * k1, b2 += y * k2, b3 += y * k3;
+            if (two) {
+                float y = qb[e];
+                b0 += y * k0, b1 += y * k1, b2 += y * k2, b3 += y * k3;
+            }
         }
         st(sa + j, a0 * scale), st(sa + j + B, a1 * scale), st(sa + j + 2 * B, a2 * scale);
         st(sa + j + 3 * B, a3 * scale);
-        st(sb + j, b0 * scale), st(sb + j + B, b1 * scale), st(sb + j + 2 * B, b2 * scale);
-        st(sb + j + 3 * B, b3 * scale);
+        if (two) {
+            st(sb + j, b0 * scale), st(sb + j + B, b1 * scale), st(sb + j + 2 * B, b2 * scale);
+            st(sb + j + 3 * B, b3 * scale);
+        }
     }
     for (; j < nb; j += B) {
         vf a = {0}, b = {0};
         const float *kb = KT + (j / B) * bs;
         for (int64_t e = 0; e < d; ++e) {
             vf k = ld(kb + e * B);
-            a += qa[e] * k, b += qb[e] * k;
+            a += qa[e] * k;
+            if (two) b += qb[e] * k;
         }
-        st(sa + j, a * scale), st(sb + j, b * scale);
+        st(sa + j, a * scale);
+        if (two) st(sb + j, b * scale);
     }
 }
 
-/* oa += sum_j pa[j] V[j, :], ob likewise, over n rows of V [n, d]; two rows at a time into separate
- * accumulators (independent FMA chains), added at the end. */
-INL void wsum(const float *restrict pa, const float *restrict pb, const float *restrict V, int64_t n, int64_t d,
-              float *restrict oa, float *restrict ob) {
+/* oa += sum_j pa[j] V[j, :], ob likewise when `two`, over n rows of V [n, d]; two rows at a time
+ * into separate accumulators (independent FMA chains), added at the end. */
+INL void wsum(const float *restrict pa, const float *restrict pb, const int two, const float *restrict V, int64_t n,
+              int64_t d, float *restrict oa, float *restrict ob) {
     for (int64_t e = 0; e < d; e += B) {
         vf a = {0}, b = {0}, a2 = {0}, b2 = {0};
         int64_t j = 0;
         for (; j + 2 <= n; j += 2) {
             vf v = ld(V + j * d + e), w = ld(V + (j + 1) * d + e);
-            a += pa[j] * v, b += pb[j] * v;
-            a2 += pa[j + 1] * w, b2 += pb[j + 1] * w;
+            a += pa[j] * v, a2 += pa[j + 1] * w;
+            if (two) b += pb[j] * v, b2 += pb[j + 1] * w;
         }
         if (j < n) {
             vf v = ld(V + j * d + e);
-            a += pa[j] * v, b += pb[j] * v;
+            a += pa[j] * v;
+            if (two) b += pb[j] * v;
         }
         st(oa + e, ld(oa + e) + (a + a2));
-        st(ob + e, ld(ob + e) + (b + b2));
+        if (two) st(ob + e, ld(ob + e) + (b + b2));
     }
 }
 
@@ -146,6 +155,30 @@ INL void softmax_(float *restrict s, int64_t n) {
     for (int64_t j = 0; j < nb; j += B) st(s + j, ld(s + j) * inv);
 }
 
+/* The attention of query qa (and qa + d when `two`) of one row and KV head: scores over the
+ * prompt's P keys (plus the bias) and the row's n generated keys, one softmax, the weighted values
+ * into oa (and oa + d). sa, sb: Pl + cap floats each. */
+INL void attend_item(const float *qa, const int two, float *oa, const float *KP, const float *VP, const float *bp,
+                     int64_t P, int64_t Pl, const float *KT, const float *VG, int64_t n, int64_t d, float scale,
+                     float *sa, float *sb) {
+    const float *qb = qa + d;
+    float *ob = oa + d;
+    scores_t(qa, qb, two, KP, P, d, scale, sa, sb);
+    for (int64_t j = 0; j < P; ++j) sa[j] += bp[j];
+    if (two)
+        for (int64_t j = 0; j < P; ++j) sb[j] += bp[j];
+    scores_t(qa, qb, two, KT, n, d, scale, sa + Pl, sb + Pl);
+    if (Pl != P) { /* the generated scores right after the prompt's P */
+        memmove(sa + P, sa + Pl, sizeof(float) * n);
+        if (two) memmove(sb + P, sb + Pl, sizeof(float) * n);
+    }
+    softmax_(sa, P + n);
+    if (two) softmax_(sb, P + n);
+    memset(oa, 0, sizeof(float) * d * (two ? 2 : 1));
+    wsum(sa, sb, two, VP, P, d, oa, ob);
+    wsum(sa + P, sb + P, two, VG, n, d, oa, ob);
+}
+
 /* The attention of decode step t (0-based) for every (row, KV head); see the top of the file.
  * scratch: nthreads * 2 * (Pl + cap) floats. Returns 0, or -1 when d is not supported. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -167,26 +200,13 @@ int fc_decode_attn(const float *q, int64_t qs, const float *k_new, int64_t ks, c
         memcpy(VG + t * d, vn, sizeof(float) * d);
         const float *KP = kpT + (p * kv + h) * d * Pl, *VP = vp + (p * kv + h) * P * d, *bp = bias_p + p * P;
         float *scratch = scratch_all + (int64_t)omp_get_thread_num() * 2 * Ls;
-        float zero_q[MAX_D], spare[MAX_D]; /* the second query and output when g is odd */
-        memset(zero_q, 0, sizeof(float) * d);
         for (int64_t i = 0; i < g; i += 2) { /* two queries at a time: each key and value read once */
-            const int two = i + 1 < g;
-            const float *qa = q + r * qs + (h * g + i) * d, *qb = two ? qa + d : zero_q;
-            float *sa = scratch, *sb = scratch + Ls;
-            scores_t(qa, qb, KP, P, d, scale, sa, sb);
-            for (int64_t j = 0; j < P; ++j) sa[j] += bp[j], sb[j] += bp[j];
-            scores_t(qa, qb, KT, n, d, scale, sa + Pl, sb + Pl);
-            if (Pl != P) { /* the generated scores right after the prompt's P */
-                memmove(sa + P, sa + Pl, sizeof(float) * n);
-                memmove(sb + P, sb + Pl, sizeof(float) * n);
-            }
-            softmax_(sa, P + n);
-            softmax_(sb, P + n);
-            float *oa = out + (r * kv * g + h * g + i) * d, *ob = two ? oa + d : spare;
-            memset(oa, 0, sizeof(float) * d);
-            memset(ob, 0, sizeof(float) * d);
-            wsum(sa, sb, VP, P, d, oa, ob);
-            wsum(sa + P, sb + P, VG, n, d, oa, ob);
+            const float *qa = q + r * qs + (h * g + i) * d;
+            float *oa = out + (r * kv * g + h * g + i) * d;
+            if (i + 1 < g)
+                attend_item(qa, 1, oa, KP, VP, bp, P, Pl, KT, VG, n, d, scale, scratch, scratch + Ls);
+            else /* the last of an odd number */
+                attend_item(qa, 0, oa, KP, VP, bp, P, Pl, KT, VG, n, d, scale, scratch, scratch + Ls);
         }
     }
     return 0;
