@@ -179,6 +179,11 @@ INL void attend_item(const float *qa, const int two, float *oa, const float *KP,
     wsum(sa + P, sb + P, two, VG, n, d, oa, ob);
 }
 
+/* The interface's version: decode_attn.py loads a library only when it matches (a library built
+ * from an older decode_attn.c, say after a pull without a reinstall, would be called with the wrong
+ * arguments). Bump it with any change to fc_decode_attn's arguments or layouts. */
+int fc_decode_attn_abi(void) { return 1; }
+
 /* The attention of decode step t (0-based) for every (row, KV head); see the top of the file.
  * scratch: nthreads * 2 * (Pl + cap) floats. Returns 0, or -1 when d is not supported. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

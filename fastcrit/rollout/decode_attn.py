@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import warnings
 
 import torch
 
+ABI = 1  # native/decode_attn.c's fc_decode_attn_abi(): the arguments and layouts this module passes
 BLOCK = 16  # columns of a transposed key cache come in multiples of this
 MAX_HEAD_DIM = 512
 _LIB_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native", "lib", "libfastcrit_decode_attn.so")
@@ -36,6 +38,15 @@ def _load():
                 lib = ctypes.CDLL(_LIB_PATH)
             except OSError:
                 return False  # e.g. built for another machine's libc: the torch ops run
+            abi = getattr(lib, "fc_decode_attn_abi", None)
+            found = abi() if abi is not None else None
+            if found != ABI:  # built from another version of decode_attn.c: calling it could crash
+                warnings.warn(
+                    f"{_LIB_PATH} has interface {found}, this fastcrit needs {ABI}: the decode attention "
+                    "runs in torch ops until the library is rebuilt (pip install -e . or make install)",
+                    stacklevel=2,
+                )
+                return False
             v, i, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
             lib.fc_decode_attn.argtypes = [
                 v,

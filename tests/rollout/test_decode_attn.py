@@ -148,3 +148,14 @@ def test_decoder_uses_it_where_it_applies(model_dir):
     engine = NativeEngine(model_dir)
     assert StaticDecoder(engine.model, 2, 5, 4).native_attn  # fp32 on a CPU, head size 16
     assert not StaticDecoder(engine.model, 2, 5, 4, fixed=True).native_attn  # a fixed step keeps torch ops
+
+
+@needs_lib
+def test_a_library_of_another_interface_is_not_called(monkeypatch):
+    """A library built from another version of decode_attn.c (a pull without a reinstall) is
+    refused with a warning naming both versions; the torch ops run instead."""
+    monkeypatch.setattr(decode_attn, "_lib", None)
+    monkeypatch.setattr(decode_attn, "ABI", decode_attn.ABI + 1)
+    with pytest.warns(UserWarning, match=f"has interface {decode_attn.ABI - 1}, this fastcrit needs {decode_attn.ABI}"):
+        assert not decode_attn.available()
+    assert not decode_attn.usable(torch.float32, torch.device("cpu"), 32)
