@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import fixed_mmap_threshold, machine, measure_interleaved, write_rows
 
 from fastcrit.models.hf import load_tokenizer, resolve_model_path
+from fastcrit.rollout import decode_attn
 from fastcrit.rollout.native import NativeEngine
 from fastcrit.types import SamplingParams
 
@@ -143,7 +144,18 @@ def main() -> None:
         if probe.returncode != 0:
             raise SystemExit(f"bench_generate: the memory probe failed:\n{probe.stderr[-3000:]}")
         peaks = json.loads(probe.stdout.strip().splitlines()[-1])
-    info = {**machine(), "threads": torch.get_num_threads(), "model": args.model, "dtype": args.dtype}
+    # which decode attention the engine runs (the C one, or torch ops where it is off, not built, or
+    # refused), so that a row says what it measured
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    attn = "c" if decode_attn.usable(next(model.parameters()).dtype, device, head_dim) else "torch ops"
+    info = {
+        **machine(),
+        "threads": torch.get_num_threads(),
+        "model": args.model,
+        "dtype": args.dtype,
+        "decode_attn": attn,
+    }
     rows = []
     for num_prompts, n, max_new in settings:
         prompts = make_prompts(tok, num_prompts)
@@ -189,7 +201,7 @@ def main() -> None:
         print(
             f"{r['variant']:14s} prompts={r['prompts']:3d} n={r['n']} new={r['max_new_tokens']:4d}  "
             f"{r['ms']:9.1f} ms  {r['tokens_per_s']:9.1f} tok/s  peak {r['peak_mb']:8.1f} MB  "
-            f"x{r['tps_ratio_vs_hf']:.2f} tok/s vs HF",
+            f"x{r['tps_ratio_vs_hf']:.2f} tok/s vs HF  (decode attention: {r['decode_attn']})",
             file=sys.stderr,
         )
     print(json.dumps({"bench": NAME, "csv": out, "rows": rows}))
