@@ -193,7 +193,7 @@ int fc_decode_attn(const float *q, int64_t qs, const float *k_new, int64_t ks, c
                    const float *kpT, int64_t Pl, const float *vp, const float *bias_p, const int64_t *group,
                    float *kgT, float *vg, int64_t cap, int64_t t, float *out, int64_t rows, int64_t kv, int64_t g,
                    int64_t d, int64_t P, float scale, float *scratch_all, int nthreads) {
-    if (d % B != 0 || d > MAX_D || cap % B != 0 || Pl % B != 0 || Pl < P || t >= cap) return -1;
+    if (d % B != 0 || d > MAX_D || cap % B != 0 || Pl % B != 0 || Pl < P || t < 0 || t >= cap) return -1;
     const int64_t n = t + 1, Ls = Pl + cap;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t it = 0; it < rows * kv; ++it) {

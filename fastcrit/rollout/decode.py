@@ -204,7 +204,8 @@ class StaticDecoder:
             for _ in self.base.layers
         ]
         self.vp = [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in self.base.layers]
-        self.kg = self.vg = None  # generated part [rows, kv, max_new, d], made at the first step
+        # generated part [rows, kv, max_new, d] (keys blocked where native_attn), made at the first step
+        self.kg = self.vg = None
         self.bias_p = None  # [prompts, P]: 0 on a prompt token, -inf on padding (added to the scores)
         self.bias_g = None  # fixed only, [rows, max_new]: -inf until the column is written
         self.group = torch.arange(rows, device=p.device)  # each row's prompt (ascending)

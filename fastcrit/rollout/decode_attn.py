@@ -48,32 +48,13 @@ def _load():
                 )
                 return False
             v, i, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-            lib.fc_decode_attn.argtypes = [
-                v,
-                i,
-                v,
-                i,
-                v,
-                i,
-                v,
-                i,
-                v,
-                v,
-                v,
-                v,
-                v,
-                i,
-                i,
-                v,
-                i,
-                i,
-                i,
-                i,
-                i,
-                f,
-                v,
-                ctypes.c_int,
-            ]
+            lib.fc_decode_attn.argtypes = (
+                [v, i, v, i, v, i]  # q, k_new, v_new, each with its row stride
+                + [v, i, v, v, v]  # the prompt's keys and their padded width, values, bias, group
+                + [v, v, i, i, v]  # the generated keys and values, their capacity, t, out
+                + [i, i, i, i, i, f]  # rows, kv, g, d, P, scale
+                + [v, ctypes.c_int]  # scratch, threads
+            )
             lib.fc_decode_attn.restype = ctypes.c_int
             _lib = lib
     return _lib
@@ -130,15 +111,38 @@ def attend(q, k, v, kp_t, vp, bias_p, group, kg_t, vg, t: int, scale: float, scr
     """Decode step ``t``'s attention for every row and KV head (see the module docstring).
 
     q [rows, heads, 1, d]; k, v [rows, kv, 1, d]; kp_t the prompt's keys ([prompts, kv, Pl / 16,
-    d, 16], ``key_cache``); vp [prompts, kv, P, d]; bias_p [prompts, P]; group [rows] (int64); kg_t
-    [rows, kv, cap / 16, d, 16] and vg [rows, kv, cap, d], whose key / value t this call writes;
-    scratch: at least ``threads * 2 * (Pl + cap)`` floats. Returns [rows, heads, d]."""
+    d, 16], ``key_cache``); vp [prompts, kv, P, d]; bias_p [prompts, P]; group [rows] (int64: each
+    row's prompt, which the caller keeps in range); kg_t [rows, kv, cap / 16, d, 16] and vg [rows,
+    kv, cap, d], whose key / value t this call writes; scratch: at least ``threads * 2 * (Pl + cap)``
+    floats. All fp32 on the CPU but group. Returns [rows, heads, d]."""
     rows, heads, _, d = q.shape
     kv, P = vp.shape[1], vp.shape[2]
-    cap, pl = kg_t.shape[2] * BLOCK, kp_t.shape[2] * BLOCK
+    cap, pl = vg.shape[2], kp_t.shape[2] * BLOCK
     q, qs = _rows(q, heads, d)
     k, ks = _rows(k, kv, d)
     v, vs = _rows(v, kv, d)
+    prompts = vp.shape[0]
+    shapes = {
+        "kp_t": (kp_t, (prompts, kv, pl // BLOCK, d, BLOCK)),
+        "bias_p": (bias_p, (prompts, P)),
+        "group": (group, (rows,)),
+        "k": (k, (rows, kv, d)),
+        "v": (v, (rows, kv, d)),
+        "kg_t": (kg_t, (rows, kv, cap // BLOCK, d, BLOCK)),
+        "vg": (vg, (rows, kv, cap, d)),
+        "vp": (vp, (prompts, kv, P, d)),
+        "scratch": (scratch, (scratch.numel(),)),
+    }
+    # the C kernel reads raw pointers: a wrong dtype, device or shape is refused here, not read
+    for name, (x, shape) in shapes.items():
+        want = torch.int64 if name == "group" else torch.float32
+        if x.dtype != want or x.device.type != "cpu" or tuple(x.shape) != shape:
+            raise ValueError(
+                f"decode_attn.attend: {name} is {x.dtype} {tuple(x.shape)} on {x.device}, "
+                f"expected {want} {shape} on cpu"
+            )
+    if q.dtype != torch.float32 or q.device.type != "cpu":
+        raise ValueError(f"decode_attn.attend: q is {q.dtype} on {q.device}, expected float32 on cpu")
     threads = torch.get_num_threads()
     if scratch.numel() < threads * 2 * (pl + cap):
         raise ValueError(

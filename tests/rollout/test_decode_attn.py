@@ -107,6 +107,18 @@ def test_bad_shapes_are_refused_by_name():
         decode_attn.attend(*args, *rest, vg, 16, 1.0, torch.empty(4096))  # step 16 of a 16-column cache
     with pytest.raises(ValueError, match="vg must be contiguous"):
         decode_attn.attend(*args, *rest, torch.zeros(1, 1, 16, 32)[..., :16], 0, 1.0, torch.empty(4096))
+    with pytest.raises(ValueError, match="refused by the C kernel"):
+        decode_attn.attend(*args, *rest, vg, -1, 1.0, torch.empty(4096))
+    with pytest.raises(ValueError, match=r"group is torch.int32 \(1,\) on cpu, expected torch.int64"):
+        decode_attn.attend(*args, *rest[:3], torch.zeros(1, dtype=torch.int32), kg_t, vg, 0, 1.0, torch.empty(4096))
+    with pytest.raises(
+        ValueError, match=r"kg_t is torch.float32 \(1, 1, 2, 16, 16\) on cpu, expected .* \(1, 1, 1, 16"
+    ):
+        decode_attn.attend(
+            *args, *rest[:4], decode_attn.key_cache((1, 1), 32, 16, torch.float32), vg, 0, 1.0, torch.empty(4096)
+        )
+    with pytest.raises(ValueError, match="q is torch.bfloat16"):
+        decode_attn.attend(args[0].bfloat16(), *args[1:], *rest, vg, 0, 1.0, torch.empty(4096))
     assert not decode_attn.usable(torch.float32, torch.device("cpu"), 24)  # not a multiple of 16
     assert not decode_attn.usable(torch.bfloat16, torch.device("cpu"), 32)
     assert not decode_attn.usable(torch.float32, torch.device("cpu"), 1024)
