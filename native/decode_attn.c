@@ -12,7 +12,8 @@
  *   q       [rows, heads, d] with row stride qs; head h*g + i is query i of KV head h
  *   k_new   [rows, kv, d] with row stride ks;  v_new likewise (vs)
  *   kpT     [prompts, kv, Pl / 16, d, 16]: the prompt's keys in blocks of 16 keys, each block
- *           transposed ([d, 16]); Pl = P rounded up to 16 (columns past P are never used)
+ *           transposed ([d, 16]); Pl = P rounded up to 16 (the scores of columns past P are
+ *           computed with their block and then overwritten)
  *   vp      [prompts, kv, P, d]
  *   bias_p  [prompts, P]: 0 on a prompt token, -inf on padding
  *   group   [rows] int64: each row's prompt
@@ -185,7 +186,9 @@ INL void attend_item(const float *qa, const int two, float *oa, const float *KP,
 int fc_decode_attn_abi(void) { return 1; }
 
 /* The attention of decode step t (0-based) for every (row, KV head); see the top of the file.
- * scratch: nthreads * 2 * (Pl + cap) floats. Returns 0, or -1 when d is not supported. */
+ * scratch: nthreads * 2 * (Pl + cap) floats. Returns 0, or -1 (nothing read or written) when a size
+ * is refused: d not a multiple of 16 or above 512, cap or Pl not multiples of 16, Pl < P, or t
+ * outside [0, cap). */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
