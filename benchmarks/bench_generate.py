@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import fixed_mmap_threshold, machine, measure_interleaved, write_rows
 
 from fastcrit.models.hf import load_tokenizer, resolve_model_path
-from fastcrit.rollout import decode_attn
+from fastcrit.rollout.decode import c_attention
 from fastcrit.rollout.native import NativeEngine
 from fastcrit.types import SamplingParams
 
@@ -146,9 +146,7 @@ def main() -> None:
         peaks = json.loads(probe.stdout.strip().splitlines()[-1])
     # which decode attention the engine runs (the C one, or torch ops where it is off, not built, or
     # refused), so that a row says what it measured
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    attn = "c" if decode_attn.usable(next(model.parameters()).dtype, device, head_dim) else "torch ops"
+    attn = "c" if c_attention(model) else "torch ops"
     info = {
         **machine(),
         "threads": torch.get_num_threads(),

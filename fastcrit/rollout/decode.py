@@ -87,6 +87,18 @@ def unsupported(model) -> str | None:
     return None
 
 
+def _head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def c_attention(model, fixed: bool = False) -> bool:
+    """Whether the engine's decode step for ``model`` runs its attention in C (decode_attn.py): a
+    model this decoder supports, a step that is not fixed, and what ``decode_attn.usable`` accepts
+    (fp32 on a CPU, the library built, head sizes in multiples of 16)."""
+    p = next(model.parameters())
+    return not fixed and unsupported(model) is None and decode_attn.usable(p.dtype, p.device, _head_dim(model.config))
+
+
 def _rms(norm, scaled: bool = True):
     """An RMSNorm module as one fused call (F.rms_norm: x * rsqrt(mean(x^2) + eps) * weight, in
     fp32 for fp32 inputs), instead of its seven eager ops; ``scaled=False`` leaves the weight out
@@ -188,13 +200,13 @@ class StaticDecoder:
         cfg = model.config
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.head_dim = _head_dim(cfg)
         p = next(model.parameters())
         self.dtype, self.device = p.dtype, p.device
         self.P, self.max_new, self.t = prompt_len, max_new, 0
         # the decode step's attention in C (decode_attn.py) where it applies: its key caches are
         # then in that module's blocked layout (decode_attn.key_cache)
-        self.native_attn = not fixed and decode_attn.usable(p.dtype, p.device, self.head_dim)
+        self.native_attn = c_attention(model, fixed)
         self._scratch = torch.empty(0, dtype=p.dtype)
         shape = (rows, self.kv_heads, prompt_len, self.head_dim)
         self.kp = [

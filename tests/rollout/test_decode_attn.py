@@ -155,9 +155,10 @@ def test_engine_samples_the_same_tokens_on_both_paths(model_dir, prompts, monkey
 
 @needs_lib
 def test_decoder_uses_it_where_it_applies(model_dir):
-    from fastcrit.rollout.decode import StaticDecoder
+    from fastcrit.rollout.decode import StaticDecoder, c_attention
 
     engine = NativeEngine(model_dir)
+    assert c_attention(engine.model) and not c_attention(engine.model, fixed=True)
     assert StaticDecoder(engine.model, 2, 5, 4).native_attn  # fp32 on a CPU, head size 16
     assert not StaticDecoder(engine.model, 2, 5, 4, fixed=True).native_attn  # a fixed step keeps torch ops
 
