@@ -13,7 +13,7 @@ from torch.autograd.function import once_differentiable
 
 from fastcrit_kernels import _fused_linear_torch as tp
 from fastcrit_kernels._dispatch import Variant, check_on_host, device_guard, jit, resolve_backend, tl, triton
-from fastcrit_kernels.logprobs import _MM_OUT_DTYPE, _add_mm_fp32, merge_splits
+from fastcrit_kernels.logprobs import _ADDMM_OUT_DTYPE, _MM_OUT_DTYPE, _add_mm_fp32, merge_splits
 
 _IGNORE = -100
 # Bytes of logits one chunk may hold on the grad-in-forward path (its tokens: as many as fit, at
@@ -23,15 +23,17 @@ _IGNORE = -100
 # chunks make) and the peak stays a third of the unfused path's. GPU, fp32: as fused_logprobs'
 # chunks (512 MiB; close to three plain GEMMs' time).
 # GPU, bf16 / fp16: 2 GiB of fp32 logits plus 16-bit d_logits, about 2350 tokens at that vocabulary.
-# Each chunk adds its products to the fp32 d_W through a separate fp32 GEMM result (block by block),
-# so thin chunks pay that pass many times: 512 MiB is much slower there, while 2 GiB is faster than
-# the recompute path at a few GB of peak. Reproduce with benchmarks/bench_ppo.py (``--lm-chunks``;
+# Each chunk reads and writes the whole fp32 d_W (V x H x 8 bytes), so thin chunks pay that pass many
+# times. The 2 GiB default was measured when each chunk also wrote and re-read a separate fp32 GEMM
+# result (block by block): 512 MiB was much slower then, 2 GiB faster than the recompute path at a few
+# GB of peak. From torch 2.10 the add is the GEMM's own epilogue (``_add_mm_fp32``); the block loop
+# remains for older torch. Reproduce with benchmarks/bench_ppo.py (``--lm-chunks``;
 # on a GPU through benchmarks/gpu_check.sh); the latest figures: benchmarks/README.md, "On a GPU"
 # (the 512 MiB bf16 run: docs/LOG.md).
 CPU_CHUNK_BYTES = 512 * 1024 * 1024
 GPU_CHUNK_BYTES = 512 * 1024 * 1024
 GPU_CHUNK_BYTES_16BIT = 2 * 1024 * 1024 * 1024
-_W_BLOCK_GPU = 8192  # vocab rows per d_W GEMM where bf16/fp16 products are added to an fp32 d_W
+_W_BLOCK_GPU = 8192  # vocab rows per d_W GEMM where bf16/fp16 products are added to an fp32 d_W (torch < 2.10)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -209,11 +211,13 @@ def _gpu_variants() -> list[Variant]:
 # ----------------------------------------------------------------------------------------------
 def _mm_fp32(a, b, out=None):
     """a @ b with an fp32 result: fp32 operands directly; bf16/fp16 ones on CUDA with fp32
-    accumulation (``out_dtype``; the caller checked ``_MM_OUT_DTYPE``), on CPU (the interpreter's
-    tests) through fp32 copies."""
+    accumulation (``out_dtype``, written straight into ``out``; the caller checked
+    ``_MM_OUT_DTYPE``), on CPU (the interpreter's tests) through fp32 copies."""
     if a.dtype == torch.float32:
         return torch.mm(a, b, out=out)
-    r = torch.mm(a, b, out_dtype=torch.float32) if a.is_cuda else torch.mm(a.float(), b.float())
+    if a.is_cuda:
+        return torch.mm(a, b, torch.float32) if out is None else torch.mm(a, b, torch.float32, out=out)
+    r = torch.mm(a.float(), b.float())
     return r if out is None else out.copy_(r)
 
 
@@ -236,9 +240,9 @@ class _Chunks:
             self.b, self.h = b, h.to(acc)
         need_h, need_w, need_b = need
         self.d_h = torch.empty(n_tok, H, dtype=acc, device=h.device) if need_h else None
-        # the first chunk writes d_W, the others add to it (bf16/fp16 products on the Triton path are
-        # added to zeros, block by block)
-        self.overwrite = backend == "torch" or w.dtype == torch.float32
+        # the first chunk writes d_W, the others add to it (bf16/fp16 products on the Triton path:
+        # through addmm's fp32 epilogue on CUDA, else added to zeros block by block)
+        self.overwrite = backend == "torch" or w.dtype == torch.float32 or (w.is_cuda and _ADDMM_OUT_DTYPE)
         self.wrote = False
         self.d_w = (
             (tp.output_buffer if self.overwrite else torch.zeros)(V, H, dtype=acc, device=h.device) if need_w else None
@@ -287,10 +291,8 @@ class _Chunks:
         if d_h is not None:
             _mm_fp32(dz, self.w, out=d_h)
         if self.d_w is not None:
-            if self.overwrite and not self.wrote:
-                torch.mm(dz.t(), h_c, out=self.d_w)
-            elif dz.dtype == torch.float32:
-                self.d_w.addmm_(dz.t(), h_c)
+            if self.overwrite:
+                _add_mm_fp32(self.d_w, dz.t(), h_c, first=not self.wrote)
             else:  # vocab blocks: the fp32 products stay block-sized
                 for v0 in range(0, self.w.shape[0], _W_BLOCK_GPU):
                     v1 = min(v0 + _W_BLOCK_GPU, self.w.shape[0])

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import torch
 
@@ -200,16 +201,34 @@ def merge_splits(m_s, s0_s, s1_s, with_ent):
 # in fp32 either way); the overload came with pytorch#150812 (torch 2.8) and works on CUDA only.
 # Ran on an H100 (torch 2.11); on machines without a GPU the tests exercise the CPU fallback below.
 _MM_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
+# torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc): the same GEMM adding into an fp32 acc in
+# its epilogue (cuBLAS beta = 1), so no fp32 product the size of acc is written and read back. The
+# overload came with the one above, but until pytorch#167931 (torch 2.10) it refused an fp32 acc for
+# 16-bit operands, hence the version floor. Liger's fused linear cross entropy accumulates its fp32
+# d_W this way (torch >= 2.8 there).
+_ADDMM_OUT_DTYPE = (
+    _MM_OUT_DTYPE
+    and "dtype_out" in torch.ops.aten.addmm.overloads()
+    and tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 10)
+)
 
 
-def _add_mm_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc (fp32) += a @ b, with a and b in the GEMM dtype; the GEMM itself accumulates in fp32."""
+def _add_mm_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: bool = False) -> None:
+    """acc (fp32) += a @ b (``first``: acc = a @ b, acc's old values unread), with a and b in the
+    GEMM dtype; the GEMM itself accumulates in fp32."""
     if a.dtype == torch.float32:
-        acc.addmm_(a, b)
+        torch.mm(a, b, out=acc) if first else acc.addmm_(a, b)
+    elif a.is_cuda and _ADDMM_OUT_DTYPE:
+        if first:
+            torch.mm(a, b, torch.float32, out=acc)
+        else:
+            torch.addmm(acc, a, b, torch.float32, out=acc)
     elif a.is_cuda and _MM_OUT_DTYPE:
-        acc.add_(torch.mm(a, b, out_dtype=torch.float32))
+        r = torch.mm(a, b, out_dtype=torch.float32)
+        acc.copy_(r) if first else acc.add_(r)
     else:  # CPU (the interpreter's tests) or an older torch: this chunk's product is rounded once
-        acc.add_(torch.mm(a, b))
+        r = torch.mm(a, b)
+        acc.copy_(r) if first else acc.add_(r)
 
 
 def _triton_backward(h, w, b, labels, lse, ent, g_lp, g_ent, inv_t, need_w, need_b, chunk_bytes, precision):

@@ -249,6 +249,38 @@ def test_parity_with_liger_chunk_forward(backend):
         torch.testing.assert_close(a, e, atol=2e-5, rtol=1e-4)
 
 
+def test_fp32_accumulating_gemm_overload_is_on_for_this_torch():
+    """bf16 / fp16 gradients on CUDA add each GEMM product into fp32 through addmm's out_dtype
+    overload (no product-sized fp32 temporary). It is on for every torch from 2.10, and the calls as
+    written resolve to fp32 results in place (meta tensors: CPU has no kernel for the overload)."""
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    assert L._ADDMM_OUT_DTYPE == ((major, minor) >= (2, 10))
+    if not L._ADDMM_OUT_DTYPE:
+        pytest.skip(f"torch {torch.__version__} has no fp32-accumulating addmm for 16-bit operands")
+    acc = torch.empty(6, 5, device="meta")
+    a = torch.empty(6, 4, device="meta", dtype=torch.bfloat16)
+    b = torch.empty(4, 5, device="meta", dtype=torch.bfloat16)
+    for r in (torch.addmm(acc, a, b, torch.float32, out=acc), torch.mm(a, b, torch.float32, out=acc)):
+        assert r.dtype == torch.float32 and r.shape == (6, 5) and r.data_ptr() == acc.data_ptr()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_cuda_add_mm_fp32_into_row_blocks(dtype):
+    """_add_mm_fp32 on CUDA: the first product written, the next ones added, into row blocks of an
+    fp32 buffer (as d_W's vocab blocks and d_hidden's token chunks are), against fp64 products of the
+    same 16-bit operands."""
+    torch.manual_seed(0)
+    acc = torch.full((96, 40), float("nan"), device="cuda")
+    a = [torch.randn(96, 64, device="cuda").to(dtype) for _ in range(3)]
+    b = [torch.randn(64, 40, device="cuda").to(dtype) for _ in range(3)]
+    for v0, v1 in ((0, 32), (32, 96)):
+        for i in range(3):
+            L._add_mm_fp32(acc[v0:v1], a[i][v0:v1], b[i], first=i == 0)
+    want = sum(x.double() @ y.double() for x, y in zip(a, b))
+    torch.testing.assert_close(acc.double(), want, atol=1e-3, rtol=1e-5)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 def test_cuda_kernels_at_gpu_shapes(dtype):
