@@ -19,7 +19,10 @@ dual clip 3, k3 KL 0.04; entropy coefficient 0, so naive and every fused row but
 compute no entropy (``entropy=False``, as verl's update does with a zero coefficient).
 Peak memory includes the gradients (d_W is V x H x 4 B for every case). Times are medians over
 ``--lm-repeats`` turns after one warm-up turn; the machine's load average at the start and the end
-is in every row (on a shared machine, read the times with it).
+is in every row (on a shared machine, read the times with it). The warm-up turn also checks each
+case's loss and gradients against naive's (``rel_err_vs_naive`` in the rows; a fused case further
+off than ``AGREE_TOL`` makes the run exit 1 after its rows are written: a fast wrong kernel is not
+a result).
 
 Run alone: ``python benchmarks/bench_ppo.py [--quick] [--threads 2] [--lm-only] [--lm-shape N,H,V]``.
 Appends rows to benchmarks/results/bench_ppo.csv and prints one JSON object as the last line.
@@ -87,11 +90,15 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=(), dtype=
         ref_logp=ref, kl_coef=0.04, kl_kind="low_var_kl", clip_low=0.2, clip_high=0.28, clip_c=3.0, backend=backend
     )
 
-    def zero():
+    def zero(loss, keep):
+        """Drop the gradients (the next case's peak counts its own), or with ``keep`` hand them
+        back with the loss for the agreement check."""
+        out = (loss.detach().float(), hidden.grad, weight.grad) if keep else None
         hidden.grad = None
         weight.grad = None
+        return out
 
-    def gemm3():
+    def gemm3(keep=False):
         h, w = hidden.detach().view(-1, H), weight.detach()
         z = torch.mm(h, w.t())
         d_h = torch.mm(z, w)
@@ -99,7 +106,7 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=(), dtype=
         del z, d_h, d_w
 
     # each case drops its gradients when done, so that the next one's peak memory counts its own
-    def naive():
+    def naive(keep=False):
         if dtype == torch.float32:
             lp = logprobs_reference(hidden, weight, labels, dtype=torch.float32)
         else:
@@ -108,10 +115,10 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=(), dtype=
         a = adv[:, None].expand(B, T)
         loss = eager_policy_loss(lp, old, a, mask) + 0.04 * eager_k3(lp, ref, mask)
         loss.backward()
-        zero()
+        return zero(loss, keep)
 
     def fused(gif, chunk_bytes=None, entropy=False, logits_dtype=None):
-        def run():
+        def run(keep=False):
             loss, _ = fused_linear_ppo_loss(
                 hidden,
                 weight,
@@ -126,7 +133,7 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=(), dtype=
                 **kw,
             )
             loss.backward()
-            zero()
+            return zero(loss, keep)
 
         return run
 
@@ -137,10 +144,10 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=(), dtype=
             beta=0.04, compiled=False, use_ref_model=True, epsilon_low=0.2, epsilon_high=0.28, loss_type="bnpo"
         )
 
-        def run():
+        def run(keep=False):
             loss, _ = peer(hidden, weight, labels, mask.long(), adv, ref_per_token_logps=ref, old_per_token_logps=old)
             loss.backward()
-            zero()
+            return zero(loss, keep)
 
         return run
 
@@ -162,6 +169,32 @@ def lm_cases(N: int, H: int, V: int, device, backend: str, chunks_mib=(), dtype=
     return cases
 
 
+# How far a case's loss and gradients may be from naive's, relative (see ``agreement``). 16-bit:
+# naive rounds its logits to the operands' dtype and every case returns 16-bit gradients.
+AGREE_TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 3e-2}
+
+
+def agreement(cases: dict, dtype) -> dict:
+    """Runs every case once, keeping its loss and gradients, against naive's: {case: the largest
+    relative error of loss, d_hidden and d_weight (norm of the difference over naive's norm; the
+    loss over max(|loss|, 0.01))}. A fast row is only worth reporting if it computes the same
+    thing. This round is also the cases' warm-up."""
+    ref = cases["naive"](keep=True)
+    errs = {"naive": 0.0}
+    for k, fn in cases.items():
+        out = None if k == "naive" else fn(keep=True)
+        if out is None:  # naive itself; gemm3 computes no loss
+            continue
+        loss, d_h, d_w = out
+        e = float((loss - ref[0]).abs() / ref[0].abs().clamp(min=0.01))
+        for got, want in ((d_h, ref[1]), (d_w, ref[2])):
+            want = want.float()
+            e = max(e, float((got.float() - want).norm() / want.norm().clamp(min=1e-30)))
+        errs[k] = e
+        del out, loss, d_h, d_w
+    return errs
+
+
 def lm_rows(args, device, info) -> list[dict]:
     N, H, V = (256, 256, 16384) if args.quick else (2048, 896, 151936)
     dtype = getattr(torch, args.lm_dtype)
@@ -177,11 +210,16 @@ def lm_rows(args, device, info) -> list[dict]:
         flush=True,
     )
     chunks = [int(x) for x in args.lm_chunks.split(",")] if args.lm_chunks else []
+    cases = lm_cases(N, H, V, device, backend, chunks, dtype)
+    errs = agreement(cases, dtype)
+    tol = AGREE_TOL[dtype]
+    for k, e in errs.items():
+        print(f"  {k:16s} relative error vs naive {e:.1e}{'  DISAGREES' if e > tol else ''}", file=sys.stderr)
     res = measure_interleaved(
-        lm_cases(N, H, V, device, backend, chunks, dtype),
+        cases,
         device,
         repeats,
-        warmup=1,
+        warmup=0,  # agreement() ran every case once
         log=lambda k, r, t, c: print(
             f"  {k:16s} turn {r:>2} {t:8.2f} s  cpu {c:8.2f} s  load {os.getloadavg()[0]:.2f}",
             file=sys.stderr,
@@ -206,6 +244,7 @@ def lm_rows(args, device, info) -> list[dict]:
                 "time_ratio_vs_naive": r["ms"] / res["naive"]["ms"],
                 "mem_ratio_vs_naive": r["peak_mb"] / max(res["naive"]["peak_mb"], 1e-9),
                 "mem_ratio_vs_recompute": r["peak_mb"] / max(res["fused_recompute"]["peak_mb"], 1e-9),
+                "rel_err_vs_naive": errs.get(k, ""),
                 **info,
                 "loadavg_1m": round(load0, 2),
                 "loadavg_1m_end": round(load1, 2),
@@ -237,6 +276,14 @@ def main() -> None:
             file=sys.stderr,
         )
     print(json.dumps({"bench": NAME, "csv": path, "rows": rows}))
+    wrong = [
+        r["variant"]
+        for r in rows
+        if r["variant"].startswith("fused") and r.get("rel_err_vs_naive", "") != ""
+        if r["rel_err_vs_naive"] > AGREE_TOL[getattr(torch, r["dtype"])]
+    ]
+    if wrong:
+        sys.exit(f"bench_ppo: {', '.join(wrong)} disagree with naive beyond {AGREE_TOL}: see rel_err_vs_naive")
 
 
 def _extra_args(ap) -> None:

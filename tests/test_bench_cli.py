@@ -185,3 +185,32 @@ def test_trl_bench_without_a_trl_python_writes_nothing_and_says_why(tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["rows_written"] == 0 and "make trl-venv" in summary["scripts"][0]["skipped"]
     assert not (tmp_path / "bench_trl.csv").exists()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bench_ppo_checks_every_case_against_naive(dtype):
+    """bench_ppo's agreement round: every fused case of the real loss lies within the tolerance
+    of naive's loss and gradients, and a case whose d_weight is 10% off (as a wrong kernel's would
+    be) does not."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_ppo
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    dt = getattr(torch, dtype)
+    cases = bench_ppo.lm_cases(64, 32, 257, torch.device("cpu"), "torch", (1,), dt)
+    fused = cases["fused_gif"]
+
+    def off_by_ten_percent(keep=False):
+        out = fused(keep)
+        return None if out is None else (out[0], out[1], out[2] * 1.1)
+
+    cases["broken"] = off_by_ten_percent
+    errs = bench_ppo.agreement(cases, dt)
+    tol = bench_ppo.AGREE_TOL[dt]
+    assert "gemm3" not in errs and errs["naive"] == 0.0
+    assert {"fused_recompute", "fused_gif", "fused_gif_entropy", "fused_gif_1MiB"} <= set(errs)
+    assert all(e < tol / 3 for k, e in errs.items() if k != "broken"), errs
+    assert errs["broken"] > tol
