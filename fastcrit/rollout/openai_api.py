@@ -5,7 +5,10 @@ holds both), so every shape is testable on plain values.
 Shapes follow OpenAI's API reference and what vLLM and SGLang send:
 - chat ``logprobs``: ``choices[i].logprobs.content[t] = {token, logprob, bytes, top_logprobs: [{token,
   logprob, bytes}]}``; completions ``logprobs``: ``{tokens, token_logprobs, top_logprobs: [{token:
-  logprob}], text_offset}`` with offsets into the choice's text (vLLM's, without echo).
+  logprob}], text_offset}`` with offsets into the choice's text (vLLM's). With ``echo`` the text
+  begins with the prompt and the lists with one entry per prompt token (the first one's log-prob
+  and top entry None, as OpenAI sends them), then one per generated token, the EOS included: lm-eval
+  reads the prompt's scores by position (``token_logprobs[ctxlen:-1]``).
 - a stream is ``chat.completion.chunk`` / ``text_completion`` objects, each choice's first chunk
   carrying ``delta.role``, its last the ``finish_reason``; with ``stream_options.include_usage`` a
   last chunk with ``choices: []`` and the usage (the others carry ``usage: null``).
@@ -20,6 +23,7 @@ after it; the tokens listed are those that begin before the cut.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -65,6 +69,7 @@ class ApiRequest:
     include_usage: bool = False
     logprobs: int | None = None  # None: no logprobs; k >= 0: the chosen token's plus the top k
     model: str | None = None
+    echo: bool = False  # completions: the prompt is sent back before each choice's text
 
 
 # Fields whose non-neutral values ask for something this server does not do: a 400 naming the field
@@ -80,7 +85,6 @@ _REFUSED = {
     "modalities": (None, ["text"]),
     "prediction": (None,),
     "suffix": (None, ""),
-    "echo": (None, False),
     "min_p": (None, 0, 0.0),
     "guided_json": (None,),
     "guided_regex": (None,),
@@ -93,7 +97,6 @@ _REASON = {
     "function_call": "function calling is not supported",
     "tool_choice": "tool calling is not supported",
     "response_format": "only response_format {'type': 'text'} is supported (no JSON mode or json_schema)",
-    "echo": "echo=true is not supported (no prompt log-probs)",
     "suffix": "suffix (insertion) is not supported",
 }
 
@@ -104,7 +107,9 @@ def _number(body: dict, name: str, default, lo: float, hi: float, *, lo_open: bo
         v = default
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise RequestError(400, f"{name} must be a number, got {type(v).__name__}", name)
-    if v < lo or (lo_open and v == lo) or v > hi:
+    # json.loads reads NaN: it fails every comparison, so the range test below would let it through
+    # to the sampler (a 500, or NaN logits)
+    if not math.isfinite(v) or v < lo or (lo_open and v == lo) or v > hi:
         raise RequestError(400, f"{name}={v} must be in {'(' if lo_open else '['}{lo}, {hi}]", name)
     return float(v)
 
@@ -174,7 +179,13 @@ def parse_request(body, kind: str) -> ApiRequest:
     if kind == "text" and best_of is not None and best_of != n:
         raise RequestError(400, f"best_of={best_of!r} is not supported (only best_of equal to n)", "best_of")
 
+    echo = body.get("echo", False)
+    if echo is not None and not isinstance(echo, bool):
+        raise RequestError(400, f"echo must be a boolean, got {type(echo).__name__}", "echo")
+    echo = bool(echo)
     if kind == "chat":
+        if echo:  # vLLM's chat echo (the last message's text) is not OpenAI's; refused, not ignored
+            raise RequestError(400, "echo: echo=true is only supported by /v1/completions", "echo")
         if "messages" not in body:
             raise RequestError(400, "messages is missing", "messages")
         try:
@@ -197,8 +208,12 @@ def parse_request(body, kind: str) -> ApiRequest:
 
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(name)
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        raise RequestError(400, f"{name}={max_tokens!r} must be an integer >= 1", name)
+    least = 0 if echo else 1  # max_tokens=0 with echo scores the prompt alone (OpenAI's legacy use)
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < least
+    ):
+        more = "" if echo else " (0 only with echo=true)"
+        raise RequestError(400, f"{name}={max_tokens!r} must be an integer >= {least}{more}", name)
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
         raise RequestError(400, f"seed={seed!r} must be an integer in [0, 2**63)", "seed")
@@ -233,6 +248,7 @@ def parse_request(body, kind: str) -> ApiRequest:
         include_usage=include_usage,
         logprobs=logprobs,
         model=model,
+        echo=echo,
     )
 
 
@@ -273,10 +289,11 @@ class Choice:
     tokens: list[tuple[int, str, float, list]] = field(default_factory=list)
 
 
-def make_choice(tokenizer, rollout: Rollout, stop: list[str], *, pieces: bool) -> Choice:
+def make_choice(tokenizer, rollout: Rollout, stop: list[str], *, pieces: bool, specials: bool = False) -> Choice:
     """Decode ``rollout`` and cut the first stop string in ``stop`` with what follows.
     ``pieces``: also split the text into per-token pieces (for logprobs and streaming; quadratic
-    in the length, so only when asked)."""
+    in the length, so only when asked). ``specials``: list special tokens too (echo: one entry
+    per token, since clients index the list by token count)."""
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     ids = rollout.output_ids
     text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -293,11 +310,40 @@ def make_choice(tokenizer, rollout: Rollout, stop: list[str], *, pieces: bool) -
             emitted += len(piece)
             if cut >= 0 and offset >= len(text):
                 break
-            if t not in special:
+            if specials or t not in special:
                 top = rollout.top_logprobs[k] if rollout.top_logprobs is not None else []
                 toks.append((t, piece[: max(0, len(text) - offset)], rollout.logprobs[k], top))
             offset += len(piece)
     return Choice(text, finish, len(ids), toks)
+
+
+def token_pieces(tokenizer, ids: list[int], text: str | None = None, window: int = 16) -> list[tuple[int, str]]:
+    """(id, piece) per token of a prompt, the pieces joining to ``text`` (default: the decoded ids).
+    Each piece is what the token adds to a decode of the ``window`` tokens before it (linear in the
+    length, where decoding every prefix would be quadratic); a character split over tokens shows
+    on the token that completes it. When ``text`` (the prompt as the client sent it) is not what
+    the ids decode to, the last piece takes the difference, so offsets after the prompt stay exact."""
+    out, total = [], 0
+    for k, t in enumerate(ids):
+        w = max(0, k - window)
+        prev = tokenizer.decode(ids[w:k], skip_special_tokens=True) if k > w else ""
+        cur = tokenizer.decode(ids[w : k + 1], skip_special_tokens=True)
+        # a previous token whose character was not complete added nothing yet: it shows here
+        piece = "" if cur.endswith("\ufffd") and k + 1 < len(ids) else cur[len(prev.rstrip("\ufffd")) :]
+        out.append((t, piece))
+        total += len(piece)
+    if text is not None and out and "".join(p for _, p in out) != text:
+        head = total - len(out[-1][1])
+        out[-1] = (out[-1][0], text[head:] if head <= len(text) else "")
+    return out
+
+
+def echo_choice(choice: Choice, prompt_text: str, prompt_tokens: list) -> Choice:
+    """``choice`` with the prompt in front (``echo``): its text, and its listed tokens preceded by
+    ``prompt_tokens``, (id, piece, log-prob or None, top) per prompt token."""
+    return Choice(
+        prompt_text + choice.text, choice.finish_reason, choice.completion_tokens, prompt_tokens + choice.tokens
+    )
 
 
 def _token_text(tokenizer, t: int) -> str:
@@ -322,6 +368,9 @@ def _text_logprobs(tokenizer, tokens, start: int = 0) -> dict:
         pos += len(piece)
     tops = []
     for t, _, lp, top in tokens:
+        if lp is None:  # an echoed prompt's first token: nothing predicts it
+            tops.append(None)
+            continue
         d = {_token_text(tokenizer, i): v for i, v in top}
         d.setdefault(_token_text(tokenizer, t), lp)  # the chosen token always, as vLLM lists it
         tops.append(d)

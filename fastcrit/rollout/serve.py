@@ -15,11 +15,17 @@ gets for the same conversations in one call; a completions prompt is the tokeniz
 the string (special tokens added as the tokenizer adds them), or the token ids given.
 
 Departures from the OpenAI API, each refused with a 400 naming the field rather than ignored: no
-tools / function calling, response_format other than text, echo, suffix, best_of other than n,
-images or audio. A stream is live: NativeEngine.generate's ``on_step`` hands each drawn token to
-the request's thread, which sends the text as it grows (a stop string's length - 1 characters held
-back, so no part of a stop string is ever sent). A stream that asks for logprobs, or one served by
-an engine without ``on_step``, is sent when its answer is complete, in the same chunks.
+tools / function calling, response_format other than text, echo on chat, suffix, best_of other
+than n, images or audio. Completions' ``echo`` sends the prompt back before each choice, with
+``logprobs`` its tokens' log-probs from one forward pass of the engine's model (what lm-eval's
+loglikelihood tasks read; ``max_tokens=0`` then scores the prompt alone).
+
+A stream is live: NativeEngine.generate's ``on_step`` hands each drawn token to the request's
+thread, which sends the text as it grows (a stop string's length - 1 characters held back, so no
+part of a stop string is ever sent). A stream that asks for logprobs or echo, or one served by an
+engine without ``on_step``, is sent when its answer is complete, in the same chunks. When every
+client of a live generate call has gone, the call stops (else an abandoned stream would hold the
+engine, and every request queued behind it, for all of its max_tokens).
 ``max_tokens`` defaults to ``default_max_tokens`` (chat) or 16 (completions, as OpenAI),
 each cut to the room the model's positions leave. ``temperature`` defaults to 1 as in OpenAI.
 A prompt over ``max_prompt_len`` tokens, or one that leaves no room for max_tokens within the
@@ -48,13 +54,15 @@ from fastcrit.rollout.openai_api import (
     ApiRequest,
     Chunks,
     RequestError,
+    echo_choice,
     make_choice,
     parse_request,
     response,
     stream_chunks,
+    token_pieces,
 )
 from fastcrit.rollout.serve_http import _Handler, _HTTPServer
-from fastcrit.types import SamplingParams
+from fastcrit.types import Rollout, SamplingParams
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
 _LOOPBACK_NAMES = ("localhost", "ip6-localhost")
@@ -70,6 +78,13 @@ class _Pending:
     # A live stream: (choice index, token id) per drawn token, then None when the prompt is done
     stream: queue.Queue | None = None
     first: int = 0  # the choice index of this prompt's first sample
+    score: int | None = None  # echo with logprobs: score the prompt too, with this many top entries
+    prompt_scores: list | None = None  # then (log-prob, top [(id, log-prob)]) per prompt token
+    abandoned: bool = False  # its stream's client left
+
+
+class _Abandoned(Exception):
+    """Raised from on_step to stop a generate call whose every client has gone."""
 
 
 class ChatServer:
@@ -188,6 +203,14 @@ class ChatServer:
         except ConversationError as e:
             raise RequestError(400, str(e), e.param) from None
         vocab = getattr(self.engine, "vocab_size", None)
+        for t in req.params.logit_bias:  # the engine would refuse the whole call: a 500, not a 400
+            if vocab and not 0 <= t < vocab:
+                raise RequestError(
+                    400, f"logit_bias: token id {t} is outside the vocabulary [0, {vocab})", "logit_bias"
+                )
+        score = req.logprobs if req.echo and req.logprobs is not None else None
+        if score is not None and getattr(self.engine, "model", None) is None:
+            raise RequestError(400, "echo with logprobs needs the native engine's model to score prompts", "echo")
         for p in prompts:
             if vocab and not all(0 <= t < vocab for t in p):
                 raise RequestError(400, f"prompt holds a token id outside the vocabulary [0, {vocab})", "prompt")
@@ -218,9 +241,9 @@ class ChatServer:
         params.max_new_tokens = max_tokens
         if is_greedy(params.temperature):
             params.seed = None  # greedy draws nothing; without a seed such requests share calls
-        live = req.stream and self._live and req.logprobs is None
+        live = req.stream and self._live and req.logprobs is None and not req.echo
         events: queue.Queue | None = queue.Queue() if live else None
-        items = [_Pending(p, params, stream=events, first=k * params.n) for k, p in enumerate(prompts)]
+        items = [_Pending(p, params, stream=events, first=k * params.n, score=score) for k, p in enumerate(prompts)]
         if self._closing.is_set():
             raise RequestError(503, "the server is shutting down", kind="server_error")
         for item in items:
@@ -235,13 +258,45 @@ class ChatServer:
                 raise RequestError(500 if not self._closing.is_set() else 503, item.error, kind="server_error")
         pieces = req.stream or req.logprobs is not None
         with self._tok_lock:
-            choices = [make_choice(self.tokenizer, r, params.stop, pieces=pieces) for it in items for r in it.output]
+            choices = [
+                make_choice(self.tokenizer, r, params.stop, pieces=pieces, specials=req.echo)
+                for it in items
+                for r in it.output
+            ]
+            if req.echo:
+                choices = self._echoed(req, items, choices, pieces)
             prompt_tokens = sum(len(p) for p in prompts)
             if req.stream:
                 return req, list(stream_chunks(req, self.tokenizer, self.model_name, prompt_tokens, choices))
             return req, response(req, self.tokenizer, self.model_name, prompt_tokens, choices)
 
+    def _echoed(self, req: ApiRequest, items: list[_Pending], choices: list, pieces: bool) -> list:
+        """``choices`` with their prompt in front (``echo``; called under _tok_lock): the prompt as
+        sent, or the ids decoded, and with ``pieces`` one listed token per prompt token."""
+        n, out = req.params.n, []
+        for k, it in enumerate(items):
+            given = req.prompts[k]
+            text = given if isinstance(given, str) else self.tokenizer.decode(it.ids, skip_special_tokens=True)
+            toks = []
+            if pieces:
+                scores = it.prompt_scores or [(None, [])] * len(it.ids)
+                toks = [
+                    (t, p, lp, top) for (t, p), (lp, top) in zip(token_pieces(self.tokenizer, it.ids, text), scores)
+                ]
+            out += [echo_choice(ch, text, toks) for ch in choices[k * n : (k + 1) * n]]
+        return out
+
     def _live_chunks(self, req: ApiRequest, items: list[_Pending], prompt_tokens: int, events: queue.Queue):
+        """The stream's chunks (``_live_body``); when the client goes (the handler closes this
+        generator), its prompts are marked abandoned, which stops their generate call."""
+        try:
+            yield from self._live_body(req, items, prompt_tokens, events)
+        except GeneratorExit:
+            for it in items:
+                it.abandoned = True
+            raise
+
+    def _live_body(self, req: ApiRequest, items: list[_Pending], prompt_tokens: int, events: queue.Queue):
         """A stream's chunks as the engine draws the tokens. A choice's text is sent up to a stop
         string it holds, else up to where one could still begin (its length - 1 characters held
         back), and never with a character still split over tokens; what the finished choice (stop string cut) holds
@@ -335,14 +390,16 @@ class ChatServer:
             params = items[0].params
             n = params.n
             try:
-                if params.seed is None:
+                if params.max_new_tokens == 0:  # echo with max_tokens=0: the prompt is the whole answer
+                    rollouts = [Rollout(k, it.ids, [], [], "length") for k, it in enumerate(items) for _ in range(n)]
+                elif params.seed is None:
                     rollouts = self.engine.generate([it.ids for it in items], params, **self._on_step(items, n))
                 else:  # sample k of a call draws from seed + k: alone, each prompt's answers are the seed's
-                    rollouts = [
-                        r for it in items for r in self.engine.generate([it.ids], params, **self._on_step([it], n))
-                    ]
+                    rollouts = [r for it in items for r in self._generate_alone(it, params, n)]
                 for k, it in enumerate(items):
                     it.output = rollouts[k * n : (k + 1) * n]
+                    if it.score is not None:  # here, so the engine's model is never used by two threads
+                        it.prompt_scores = _prompt_logprobs(self.engine, it.ids, it.score)
                 self.stats["requests"] += len(items)
             except Exception as e:  # one bad group must not take the server down; its requests get a 500
                 for it in items:
@@ -353,18 +410,52 @@ class ChatServer:
                     if it.stream is not None:
                         it.stream.put(None)
 
+    def _generate_alone(self, it: _Pending, params: SamplingParams, n: int) -> list[Rollout]:
+        """``it``'s samples from a generate call of its own. A stream its client left stops there,
+        with empty samples nobody reads, and the group's other requests still get theirs."""
+        try:
+            return self.engine.generate([it.ids], params, **self._on_step([it], n))
+        except _Abandoned:
+            return [Rollout(0, it.ids, [], [], "length") for _ in range(n)]
+
     def _on_step(self, items: list[_Pending], n: int) -> dict:
         """``on_step=`` for a generate call over ``items`` when one of them streams, else nothing."""
         if not any(it.stream is not None for it in items):
             return {}
 
         def on_step(ks: list[int], tokens: list[int]) -> None:
+            if all(it.abandoned for it in items):  # nobody reads on: free the engine for the queue
+                raise _Abandoned
             for k, t in zip(ks, tokens):
                 it = items[k // n]
                 if it.stream is not None:
                     it.stream.put((it.first + k % n, t))
 
         return {"on_step": on_step}
+
+
+def _prompt_logprobs(engine, ids: list[int], top: int, rows: int = 256) -> list:
+    """(log-prob, top ``top`` [(id, log-prob)]) of each prompt token given those before it, from
+    one forward pass of the engine's model at temperature 1 (as vLLM's prompt log-probs; nothing
+    predicts the first token: (None, None)). Log-softmax runs ``rows`` positions at a time, so
+    float32 copies of the logits stay small for a large vocabulary."""
+    import torch
+
+    out: list = [(None, None)]
+    with torch.inference_mode():
+        x = torch.tensor([ids], dtype=torch.long, device=engine.device)
+        logits = engine.model(input_ids=x, use_cache=False).logits[0]
+        for s in range(0, len(ids) - 1, rows):
+            e = min(s + rows, len(ids) - 1)  # position i predicts token i + 1
+            lp = torch.log_softmax(logits[s:e].float(), dim=-1)
+            chosen = lp.gather(1, x[0, s + 1 : e + 1, None])[:, 0].tolist()
+            if top:
+                v, i = lp.topk(min(top, lp.shape[-1]), dim=-1)
+                tops = [list(zip(a, b)) for a, b in zip(i.tolist(), v.tolist())]
+            else:
+                tops = [[] for _ in chosen]
+            out += list(zip(chosen, tops))
+    return out
 
 
 def serve(

@@ -84,8 +84,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(b"data: " + json.dumps(err.body()).encode("utf-8") + b"\n\n")
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):  # the client left; the engine finishes anyway
+        except (BrokenPipeError, ConnectionResetError):  # the client left
             pass
+        finally:  # closing a live stream's chunks now (not when collected) stops a call nobody else waits on
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
 
     def _read_body(self) -> bytes:
         """The body by Content-Length or chunked transfer coding; RequestError 411 / 413 / 400."""

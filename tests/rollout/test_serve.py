@@ -237,8 +237,8 @@ def test_json_errors_for_bad_bodies(server, client):
         client.chat.completions.create(model=NAME, messages=HI, tools=[{"type": "function", "function": {"name": "f"}}])
     assert e.value.body["param"] == "tools"
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=NAME, prompt="x", echo=True)
-    assert e.value.body["param"] == "echo"
+        client.completions.create(model=NAME, prompt="x", suffix="y")
+    assert e.value.body["param"] == "suffix"
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=NAME, messages=HI, presence_penalty=3)
     assert e.value.body["param"] == "presence_penalty"

@@ -1,0 +1,135 @@
+"""``fastcrit serve`` against requests real clients send that test_serve.py does not cover: lm-eval's
+loglikelihood payload (completions with echo + logprobs, token-id prompts, max_tokens 1 or 0),
+out-of-range values that must be a 400 and not a 500, and a streaming client that leaves early."""
+
+import http.client
+import json
+import math
+
+import pytest
+
+from fastcrit.rollout.serve import serve
+
+openai = pytest.importorskip("openai")
+
+NAME = "tiny"
+HI = [{"role": "user", "content": "Write a short poem about the sea."}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path):
+    srv = serve(tiny_model_path, "127.0.0.1", 0, max_batch=16, served_model_name=NAME)
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_lm_eval_loglikelihood_payload_gets_the_prompt_scored(client, server):
+    # lm-eval's local-completions loglikelihood request, as it sends it: token ids of context +
+    # continuation, echo, logprobs=1, max_tokens=1, temperature 0, seed 1234. It then reads
+    # token_logprobs[ctxlen:-1] (the continuation) and compares each to max(top_logprobs) (greedy?).
+    from fastcrit.types import SamplingParams
+
+    ctx = server.tokenizer.encode("The sea is")
+    # the greedy next token and its log-prob, from the engine (idle: the server is between requests)
+    g = server.engine.generate([ctx], SamplingParams(max_new_tokens=1, temperature=0.0))[0]
+    greedy_id = g.output_ids[0]
+    other = (greedy_id + 1) % server.engine.vocab_size
+    prompts = [ctx + [greedy_id], ctx + [other]]
+    r = client.completions.create(
+        model=NAME, prompt=prompts, max_tokens=1, temperature=0, logprobs=1, seed=1234, echo=True
+    )
+    assert r.usage.prompt_tokens == 2 * (len(ctx) + 1) and r.usage.completion_tokens == 2
+    for ch, p in zip(sorted(r.choices, key=lambda c: c.index), prompts):
+        lp = ch.logprobs
+        # one entry per prompt token, then the generated one; nothing predicts the first token
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(p) + 1
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert all(v <= 0 for v in lp.token_logprobs[1:])
+        assert ch.text.startswith(server.tokenizer.decode(p, skip_special_tokens=True))
+        assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] <= len(ch.text)
+    cont = [(c.logprobs.token_logprobs[len(ctx) : -1], c.logprobs.top_logprobs[len(ctx) : -1]) for c in r.choices]
+    (lp_g, top_g), (lp_o, top_o) = cont
+    # the prompt's score of the greedy token is what the engine gave it when it drew it
+    assert lp_g[0] == pytest.approx(g.logprobs[0], abs=1e-4)
+    assert lp_g[0] == max(top_g[0].values()) and lp_o[0] < max(top_o[0].values())  # lm-eval's is_greedy
+    # max_tokens=0 with echo scores the prompt alone (and only with echo)
+    z = client.completions.create(model=NAME, prompt=prompts[0], max_tokens=0, temperature=0, logprobs=1, echo=True)
+    assert z.usage.completion_tokens == 0 and z.choices[0].finish_reason == "length"
+    assert z.choices[0].logprobs.token_logprobs == pytest.approx(r.choices[0].logprobs.token_logprobs[:-1])
+    assert z.choices[0].text == server.tokenizer.decode(prompts[0], skip_special_tokens=True)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=NAME, prompt="x", max_tokens=0)
+    assert e.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=NAME, messages=HI, extra_body={"echo": True})
+    assert e.value.body["param"] == "echo"
+
+
+def test_echo_sends_the_prompt_first_also_when_streamed(client):
+    plain = client.completions.create(model=NAME, prompt="The sea is", max_tokens=4, temperature=0)
+    echoed = client.completions.create(model=NAME, prompt="The sea is", max_tokens=4, temperature=0, echo=True)
+    assert echoed.choices[0].text == "The sea is" + plain.choices[0].text
+    for kw in ({}, {"logprobs": 2}):
+        chunks = list(
+            client.completions.create(
+                model=NAME, prompt="The sea is", max_tokens=4, temperature=0, echo=True, stream=True, **kw
+            )
+        )
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == echoed.choices[0].text, kw
+
+
+def test_non_finite_sampling_values_are_a_400(server):
+    # json.loads reads NaN, and NaN passes every range comparison: it reached the sampler (a 500)
+    for field in ("temperature", "presence_penalty", "frequency_penalty", "top_p", "repetition_penalty"):
+        body = json.dumps({"model": NAME, "messages": HI, "max_tokens": 2, field: math.nan}).encode()
+        conn = http.client.HTTPConnection(server.url.removeprefix("http://"), timeout=60)
+        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        err = json.loads(resp.read())["error"]
+        conn.close()
+        assert resp.status == 400 and err["param"] == field, (field, err)
+
+
+def test_a_logit_bias_token_outside_the_vocabulary_is_a_400(client):
+    # the engine refused the whole call for it: a 500 "generation failed"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=NAME, messages=HI, max_tokens=2, logit_bias={"99999999": 5})
+    assert e.value.body["param"] == "logit_bias"
+    assert client.chat.completions.create(model=NAME, messages=HI, max_tokens=2, logit_bias={"7": 5}).choices
+
+
+def test_a_stream_the_client_leaves_stops_holding_the_engine(client, server):
+    # The batcher runs one engine call at a time: an abandoned stream that ran to max_tokens held
+    # every request queued behind it. Now its call stops once the client is gone, unfinished.
+    before = server.stats["requests"]
+    stream = client.chat.completions.create(model=NAME, messages=HI, max_tokens=1900, temperature=0, stream=True)
+    next(c for c in stream if c.choices and c.choices[0].delta.content)
+    stream.close()
+    r = client.chat.completions.create(model=NAME, messages=HI, max_tokens=2, temperature=0)
+    assert r.choices[0].message.content
+    # only the short request was answered: the abandoned one never ran to its end
+    assert server.stats["requests"] == before + 1
+
+
+def test_an_abandoned_seeded_stream_leaves_the_rest_of_its_group_answered(server):
+    # Seeded requests of one batch group run one generate call each; the abandoned one's call
+    # stops, and the request after it in the group is still generated (not failed with it).
+    import queue
+
+    from fastcrit.rollout.serve import _Pending
+    from fastcrit.types import SamplingParams
+
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=11, stop_token_ids=[])
+    ids = server.tokenizer.encode("The sea is")
+    left, stays = _Pending(ids, params, stream=queue.Queue()), _Pending(ids, params, stream=queue.Queue())
+    left.abandoned = True
+    server._run([left, stays])  # the batcher's own step, called while the server is idle
+    assert left.error is None and stays.error is None
+    assert left.output[0].output_ids == []
+    want = server.engine.generate([ids], params)[0]
+    assert stays.output[0].output_ids == want.output_ids and len(want.output_ids) > 0
