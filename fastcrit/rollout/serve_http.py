@@ -14,7 +14,13 @@ from fastcrit.rollout.openai_api import RequestError
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # path -> the methods it answers; any other method on a known path gets 405
-_ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/v1/chat/completions": ("POST",), "/v1/completions": ("POST",)}
+# (HEAD where GET is: `curl -I` and load balancers' health checks send it; _send omits its body)
+_ROUTES = {
+    "/health": ("GET", "HEAD"),
+    "/v1/models": ("GET", "HEAD"),
+    "/v1/chat/completions": ("POST",),
+    "/v1/completions": ("POST",),
+}
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -147,7 +153,7 @@ class _Handler(BaseHTTPRequestHandler):
         model_id = None
         if path.startswith("/v1/models/"):
             model_id = urllib.parse.unquote(path[len("/v1/models/") :])
-            allowed = ("GET",)
+            allowed = ("GET", "HEAD")
         elif path in _ROUTES:
             allowed = _ROUTES[path]
         else:

@@ -225,7 +225,17 @@ def test_json_errors_for_every_method_and_path(server, method, path, status):
     err = json.loads(data)["error"]
     assert set(err) == {"message", "type", "param", "code"} and path in err["message"]
     if status == 405:
-        assert resp.getheader("Allow") in ("GET", "POST")
+        assert resp.getheader("Allow") in ("GET, HEAD", "POST")
+
+
+@pytest.mark.parametrize("path", ["/health", "/v1/models", f"/v1/models/{NAME}"])
+def test_head_answers_where_get_does(server, path):
+    # `curl -I` and load balancers' health checks send HEAD: GET's status and headers, no body
+    get, data = _raw(server, "GET", path)
+    head, nothing = _raw(server, "HEAD", path)
+    assert head.status == get.status == 200 and nothing == b""
+    assert head.getheader("Content-Type") == "application/json"
+    assert head.getheader("Content-Length") == str(len(data))
 
 
 def test_json_errors_for_bad_bodies(server, client):
