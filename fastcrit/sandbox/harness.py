@@ -143,6 +143,12 @@ def _main_namespace(builtins_dict: dict) -> dict:
     return g
 
 
+# Programs up to this many characters are compiled in the worker; a longer one is compiled by its
+# execution, under its limits: compiling takes about a second per 2 MB of source (more for some
+# shapes) and memory to match, which the worker, with no limits, must not spend on a program's word.
+COMPILE_IN_WORKER_MAX = 32 << 10
+
+
 class Prepared:
     """Everything an execution needs, made in the worker before the fork so that the child
     does not parse or copy anything shared (each page it writes is copied)."""
@@ -152,15 +158,21 @@ class Prepared:
         self.start = start
         self.error = None
         self.code = None
+        if _len(view["code"]) <= COMPILE_IN_WORKER_MAX:
+            self.compile()
+        self.builtins = dict(_PRISTINE_BUILTINS)
+
+    def compile(self) -> None:
         try:
-            self.code = compile(view["code"], "<solution>", "exec", dont_inherit=True)
+            self.code = compile(self.view["code"], "<solution>", "exec", dont_inherit=True)
         except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
             self.error = _describe(exc)
-        self.builtins = dict(_PRISTINE_BUILTINS)
 
 
 def _load(prep: Prepared, g: dict):
     """Run the program's code; None, or (status, message) when it did not load."""
+    if prep.code is None and prep.error is None:
+        prep.compile()  # a long program: compiled here, in the execution
     if prep.error is not None:
         return "error", prep.error
     try:
@@ -416,6 +428,8 @@ def run_program(prep: Prepared) -> None:
     g = _main_namespace(prep.builtins)
     status = 0
     try:
+        if prep.code is None and prep.error is None:
+            prep.compile()  # a long program: compiled here, in the execution
         if prep.error is not None:
             raise SyntaxError(prep.error)
         _FunctionType(prep.code, g)()

@@ -396,8 +396,11 @@ def _compiled(source: str):
 
         try:
             tree = ast.parse(source, "<test >")  # parsed once, for the code and for the plan
-            code = compile(tree, "<test >", "exec", dont_inherit=True)
-            hit = (code, _names(code), callplan.plan_tree(tree), "")
+            if tree.body:
+                code = compile(tree, "<test >", "exec", dont_inherit=True)
+                hit = (code, _names(code), callplan.plan_tree(tree), "")
+            else:  # blank or comments only: it would pass every program that loads, so it is an error
+                hit = (None, set(), [], "the test is empty (no statement): it checks nothing")
         except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as exc:
             hit = (None, set(), [], f"the test does not compile: {_describe(exc)}")
         if len(_COMPILED) >= _MAX_COMPILED:
@@ -525,6 +528,9 @@ def main(sock_fd: int) -> None:
         if hdr.get("secret"):
             job = json.loads(_read_exact(sock, hdr["secret"]).decode("utf-8", "surrogatepass"))
             tests, seal_key = job["t"], bytes.fromhex(job["k"])
+            # Each job gets its memory_mb on top of what the judge holds when it starts: memory an
+            # earlier job's values left mapped (freed, kept by the allocators) is not charged to it.
+            base_as = _address_space()
         if len(fds) != 2:
             os._exit(70)
         try:

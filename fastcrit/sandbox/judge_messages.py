@@ -20,7 +20,12 @@ def _assert_message(exc, source: str, chan) -> str:
         if tb.tb_frame.f_code.co_filename.startswith("<test "):
             line = tb.tb_lineno
         tb = tb.tb_next
-    text = str(exc)
+    try:
+        text = str(exc)
+    except Exception:
+        # ``assert x, value`` with a value str() refuses (an int past the digit limit a program
+        # returned): the message must not take the judge down, and every later test with it.
+        text = "(a message that cannot be shown)"
     if not text and line is not None:
         lines = source.splitlines()
         text = lines[line - 1].strip() if 0 < line <= len(lines) else ""

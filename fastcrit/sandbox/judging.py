@@ -25,8 +25,17 @@ import time
 
 from . import harness, judge
 from .channels import RecordReader, Tail, drain_tails
+from .reaping import process_settings
 
 JUDGE_GRACE_S = 0.5
+# A judge whose address space grew by more than this over a job is replaced before the next job:
+# what a program's values made it map stays mapped after they are freed (the allocators keep it),
+# host memory held for nothing by every worker.
+JUDGE_RECYCLE_BYTES = 128 << 20
+# Once an execution has run this long, the judge's records are read as they arrive (as the result
+# pipe in workers.Worker._watch): a judge with more records than its socket holds would otherwise
+# block on writing them, and the job would wait for the deadline.
+RECORDS_AFTER_S = 0.02
 _VERDICTS = ("passed", "failed", "error", "memory", "output_limit")
 
 
@@ -35,6 +44,8 @@ class JudgedRuns:
 
     judge_pid: int | None = None
     judge_sock: socket.socket | None = None
+    judge_size = 0  # its address space when it started, in bytes
+    judge_settings = None
     secret_left = 0  # bytes of the current job's tests still in the pool's channel
     _relay = None  # the pipe the tests pass through on their way to the judge
     fd_in = 0
@@ -60,6 +71,20 @@ class JudgedRuns:
             os._exit(70)
         b.close()
         self.judge_pid, self.judge_sock = pid, a
+        self.judge_size = _address_space(pid)  # a fresh fork: the worker's size
+        self.judge_settings = process_settings(0, as_soft=False)  # and the worker's settings
+
+    def ready_judge(self) -> None:
+        """Between jobs: a judge that is gone, that grew by more than JUDGE_RECYCLE_BYTES, or
+        whose limits, priority or CPU affinity a program changed (reaping.process_settings) is
+        replaced by a fresh one."""
+        if self.judge_pid is not None and (
+            _address_space(self.judge_pid) - self.judge_size > JUDGE_RECYCLE_BYTES
+            or process_settings(self.judge_pid, as_soft=False) != self.judge_settings
+        ):
+            self._kill_judge()
+        if self.judge_pid is None:
+            self.start_judge()
 
     def _judge_gone(self) -> None:
         if self.judge_sock is not None:
@@ -126,8 +151,8 @@ class JudgedRuns:
                     for i in range(start, n):
                         statuses[i] = (
                             "error",
-                            "not run: the judge was stopped at an earlier test that "
-                            "ran out of time in the judge's own evaluation",
+                            "not run: the judge holding this job's tests was stopped at an earlier "
+                            "test (out of time in its own evaluation, or killed)",
                         )
                     break
                 self.start_judge()
@@ -256,10 +281,12 @@ class JudgedRuns:
         program writes too much or the judge dies. Returns (reason or None, the execution's wait
         status or None).
 
-        While the execution lives the worker does not read the judge's records: each wake-up would
-        run Python here while the execution still shares this process's pages (every page written
-        is copied). The judge closes the execution's channel when it is done, so the execution
-        exits; only then, or at a deadline (held records may move it on), are the records read."""
+        For its first RECORDS_AFTER_S the worker does not read the judge's records: each wake-up
+        would run Python here while the execution still shares this process's pages (every page
+        written is copied), and most executions are over by then; the judge closes the execution's
+        channel when it is done, so the execution exits, and the records wait in the socket. After
+        that they are read as they come (the judge sends them in batches, ``judge.Records``): a
+        judge whose records fill its socket would otherwise block until the deadline."""
         out_r, err_r = fds
         sock = self.judge_sock.fileno()
         # poll, not epoll: one system call per wait, none to set up. Every fd is read only once
@@ -270,11 +297,15 @@ class JudgedRuns:
             ep.register(fd, select.POLLIN)
         cap = self.cfg["max_output_bytes"]
         deadline = time.monotonic() + timeout_s
+        watch_records_at = time.monotonic() + RECORDS_AFTER_S
         reason, status, judge_eof, swept = None, None, False, None
 
         def judge_bytes(wait: bool = True) -> bool:
             """Take in what the judge sent; False when it is gone."""
             nonlocal deadline, judge_eof
+            if self.judge_sock is None:  # reaped by a sweep (killed by the program): its socket is closed
+                judge_eof = True
+                return False
             try:
                 b = self.judge_sock.recv(1 << 16, 0 if wait else socket.MSG_DONTWAIT)
             except BlockingIOError:
@@ -289,7 +320,9 @@ class JudgedRuns:
             return parsed["end"] or parsed["stop"] is not None or parsed["bad"] or parsed["fresh"] is not None
 
         try:
-            while not finished():
+            # Done when the judge has ended the segment and the execution is gone (the judge closes
+            # its channel after its last record, so it goes at once), or at the deadline.
+            while not (finished() and status is not None):
                 now = time.monotonic()
                 if now >= deadline:
                     # Records the judge held back may move the deadline on.
@@ -299,16 +332,24 @@ class JudgedRuns:
                         reason = "judge"
                     elif not finished() and time.monotonic() >= deadline:
                         reason = "timeout"
-                    if reason is not None:
+                    if reason is not None or finished():
                         break
                     continue
-                for fd, _ in ep.poll(max(1, int((deadline - now) * 1000 + 1))):
+                if now >= watch_records_at:
+                    watch_records_at = float("inf")
+                    ep.register(sock, select.POLLIN)
+                wait = min(deadline, watch_records_at) - now
+                for fd, _ in ep.poll(max(1, int(wait * 1000 + 1))):
                     if fd == pidfd:
                         ep.unregister(pidfd)
                         _, status = os.waitpid(pid, 0)
                         # What it left would keep the judge's channel open: the judge must see it
                         # close (if it still waits on the program) and say so.
                         swept = self._sweep(None)
+                        if self.judge_sock is None:  # the sweep reaped a judge the program killed
+                            judge_eof, reason = True, "judge"
+                            break
+                        watch_records_at = float("inf")
                         ep.register(sock, select.POLLIN)
                     elif fd == sock:
                         if not judge_bytes():
@@ -339,7 +380,12 @@ class JudgedRuns:
                 end = time.monotonic() + JUDGE_GRACE_S
                 while not finished():
                     left = end - time.monotonic()
-                    if left <= 0 or not select.select([sock], [], [], left)[0] or not judge_bytes():
+                    if (
+                        self.judge_sock is None  # reaped by the sweep above: it died
+                        or left <= 0
+                        or not select.select([sock], [], [], left)[0]
+                        or not judge_bytes()
+                    ):
                         self._kill_judge()
                         break
             if judge_eof:
@@ -349,3 +395,12 @@ class JudgedRuns:
             for fd in fds:
                 os.close(fd)
         return reason, status
+
+
+def _address_space(pid: int) -> int:
+    """The address space of process ``pid`` in bytes (0 when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

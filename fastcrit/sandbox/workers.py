@@ -16,7 +16,8 @@ Nothing of one execution may reach the next. After each one the worker waits unt
 it left is reaped (RLIMIT_NPROC counts zombies and dying processes too) and resets the scratch
 directory. A program that changed what belongs to the worker (the scratch directory itself rather
 than its contents) has its job scored 0; a state the worker cannot restore (processes that do not
-die, space that stays used, file descriptors of its own that changed) scores the job 0 too, and
+die, space that stays used, file descriptors of its own that changed, its resource limits, nice
+value, scheduling policy or CPU affinity changed: reaping.process_settings) scores the job 0 too, and
 the worker answers it with ``retire`` and exits, so that the pool replaces it.
 """
 
@@ -37,7 +38,7 @@ import time
 from . import harness
 from .channels import RecordReader, Tail, drain_tails, read_frame, write_frame
 from .judging import JudgedRuns
-from .reaping import REAP_S, Reaping
+from .reaping import REAP_S, Reaping, process_settings
 from .scratch import Scratch, Unrestorable
 
 _GOOD = ("passed", "returned")  # statuses that do not stop a run_all_cases=False job here
@@ -327,11 +328,8 @@ class Worker(JudgedRuns, Reaping):
             if not self._sweep(None):
                 self.broken = self.broken or "processes it started could not be killed"
             self._restore()
-        if self.judge_pid is None:  # stopped at a deadline, or killed by the program: a fresh one
-            self.start_judge()
-        problem = self.broken
-        if problem is None and self.fd_count is not None and self._fd_count() != self.fd_count:
-            problem = "the worker's own file descriptors changed"
+        self.ready_judge()  # stopped at a deadline, killed by the program, or grown big: a fresh one
+        problem = self.broken or self.changed_process()
         if problem is not None:
             msg = (
                 f"the program left its sandbox worker in a state it could not restore ({problem}); "
@@ -406,7 +404,9 @@ class Worker(JudgedRuns, Reaping):
                 for r in new:
                     if not job["run_all_cases"] and any(x is not None and x[0] not in _GOOD for x in statuses):
                         break  # stop at the first failure: later records are ignored
-                    if r.get("k") == "code":
+                    # A program that reaches the key can sign any record: a "code" record with a
+                    # status harness._load never gives (e.g. "returned", without a value) is tampering.
+                    if r.get("k") == "code" and r.get("s") in ("error", "memory", "output_limit"):
                         parsed["code"] = r
                     elif r.get("k") == "loaded":
                         parsed["loaded"] = True
@@ -474,6 +474,7 @@ class Worker(JudgedRuns, Reaping):
         tests, last_out, last_err = [], "", ""
         failed = False
         cap = self.cfg["max_output_bytes"]
+        prep = harness.Prepared({"code": job["code"]})  # compiled once for every test
         for t in job["tests"]:
             if failed and not job["run_all_cases"]:
                 tests.append({"status": "skipped", "message": ""})
@@ -488,7 +489,6 @@ class Worker(JudgedRuns, Reaping):
                 os.lseek(stdin_fd, 0, os.SEEK_SET)
                 stdout = Tail(cap, self.cfg["tail_bytes"])
                 stderr = Tail(0, self.cfg["tail_bytes"])
-                prep = harness.Prepared({"code": job["code"]})
                 reason, status, _ = self._execute(
                     job,
                     stdin_fd,
@@ -551,6 +551,7 @@ def main(argv=None) -> int:
     os.environ.update(worker.env, HOME=worker.scratch.home, TMPDIR=worker.scratch.home)
     failed = harness.prepare_worker(cfg.get("preimport", ()))
     worker.fd_in = fd_in
+    worker.settings = process_settings(0)
     worker.start_judge()
     worker.fd_count = worker._fd_count()
     write_frame(

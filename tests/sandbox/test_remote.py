@@ -198,3 +198,16 @@ def test_remote_return_values_are_results(server):
     deep, big, flt = run(go())
     assert deep.status == "error" and deep.tests[0].message == "unparseable return value"
     assert big.status == "failed" and flt.status == "failed"
+
+
+def test_remote_empty_assert_test_is_an_error(server):
+    """As with the local judge: a test with no statement checks nothing, so it never passes."""
+    cfg = SandboxConfig(backend="remote", remote_url=f"http://127.0.0.1:{server.server_port}")
+    job = Job(code="def f():\n    return 0\n", kind="assert", tests=["# nothing\n", "assert f() == 0"], id="e")
+
+    async def go():
+        async with make_pool(cfg) as pool:
+            return await pool.run(job)
+
+    r = run(go())
+    assert [t.status for t in r.tests] == ["error", "passed"] and "empty" in r.tests[0].message
