@@ -283,7 +283,8 @@ class SandboxConfig:
     memory_mb: int = DEFAULT_MEMORY_MB  # default address-space limit
     max_output_bytes: int = 1 << 20  # stdout + stderr per run; more is "output_limit"
     # Return values (call tests, and what the program answers its judge in assert tests) of one
-    # job together, as JSON; more is "output_limit" for the test whose value passes it.
+    # job together, as JSON, or the stdout of a stdio job's tests together; more is "output_limit"
+    # for the test whose value passes it.
     max_result_bytes: int = 16 << 20
     tail_bytes: int = 2048  # how much of stdout/stderr a result keeps
     max_processes: int = 32  # RLIMIT_NPROC per execution (enforced when the jail drops root)

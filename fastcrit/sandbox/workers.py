@@ -474,6 +474,10 @@ class Worker(JudgedRuns, Reaping):
         tests, last_out, last_err = [], "", ""
         failed = False
         cap = self.cfg["max_output_bytes"]
+        # Every passing test's stdout travels to the pool (which alone holds the expected output),
+        # so the job's together are bounded as call and assert jobs' values are: else 1 MiB a test
+        # over hundreds of tests is hundreds of MB in the worker and the pool, per job in flight.
+        budget = self.cfg["max_result_bytes"]
         prep = harness.Prepared({"code": job["code"]})  # compiled once for every test
         for t in job["tests"]:
             if failed and not job["run_all_cases"]:
@@ -501,11 +505,17 @@ class Worker(JudgedRuns, Reaping):
             finally:
                 os.close(stdin_fd)
             if reason is None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+                last_out, last_err = stdout.tail_text(), stderr.tail_text()
+                budget -= len(stdout.head)
+                if budget < 0:
+                    msg = f"stdout over {self.cfg['max_result_bytes']} bytes over the job's tests (max_result_bytes)"
+                    tests.append({"status": "output_limit", "message": msg})
+                    failed = True
+                    continue
                 # Judged by the pool, which alone holds the expected output.
                 tests.append(
                     {"status": "returned", "message": "", "value": bytes(stdout.head).decode("utf-8", "replace")}
                 )
-                last_out, last_err = stdout.tail_text(), stderr.tail_text()
                 continue
             elif reason is None and os.WIFEXITED(status):
                 tail = stderr.tail_text()

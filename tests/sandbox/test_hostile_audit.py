@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from fastcrit.sandbox import Job, SyncSandboxPool, harness
+from fastcrit.sandbox import Job, SandboxConfig, SyncSandboxPool, harness
 
 # Finds the harness's record writer on the stack (any program can: it runs in the same process),
 # as a program that wants to forge records would.
@@ -231,3 +231,22 @@ def test_process_settings_a_program_changed_do_not_reach_later_jobs(lone_worker,
         )
     )
     assert ok.all_passed, ok.tests
+
+
+def test_stdio_job_stdout_is_bounded_over_its_tests(jail_probe):
+    # Each passing stdio test's stdout travels to the pool for comparison; 1 MiB a test over
+    # hundreds of tests was hundreds of MB per job in the worker and the pool. The job's together
+    # take max_result_bytes, as call and assert jobs' values do; a test past it is output_limit.
+    big = "import sys\nsys.stdout.write('7' * 300_000 + '\\n')\n"
+    tests = [{"input": "", "output": "7" * 300_000} for _ in range(5)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        isolation = "jail" if jail_probe.ok else "none"
+        cfg = SandboxConfig(workers=1, isolation=isolation, max_result_bytes=1 << 20)
+        with SyncSandboxPool(cfg) as p:
+            r = p.run(Job(code=big, kind="stdio", tests=tests))
+            assert [t.status for t in r.tests] == ["passed"] * 3 + ["output_limit"] * 2, r.tests
+            assert "max_result_bytes" in r.tests[3].message
+            # within the budget, every test is compared as before
+            ok = p.run(Job(code=big, kind="stdio", tests=tests[:3]))
+            assert [t.status for t in ok.tests] == ["passed"] * 3
