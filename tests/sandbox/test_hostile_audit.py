@@ -179,14 +179,16 @@ def test_hostile_audit_leaves_no_stray_processes(jail_probe):
 
 
 # The settings of the worker (first) and of its judge, as a program sees them: every one of them
-# is inherited by the executions a worker forks.
+# is inherited by the executions a worker forks. Of the address-space limit only the hard one: the
+# judge sets its soft one itself for each assert job it serves (so it differs between a fresh judge
+# and one that has served a job, and the attacks lower both).
 SETTINGS_PROBE = """
 import os, resource
 pp = os.getppid()
 kids = sorted(int(k) for k in open(f"/proc/{pp}/task/{pp}/children").read().split() if int(k) != os.getpid())
 print([
     (os.getpriority(os.PRIO_PROCESS, p), os.sched_getscheduler(p), sorted(os.sched_getaffinity(p)),
-     resource.prlimit(p, resource.RLIMIT_AS), resource.prlimit(p, resource.RLIMIT_NOFILE))
+     resource.prlimit(p, resource.RLIMIT_AS)[1], resource.prlimit(p, resource.RLIMIT_NOFILE))
     for p in [pp] + kids
 ])
 """
