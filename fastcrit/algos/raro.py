@@ -18,8 +18,10 @@ from fastcrit_kernels import group_advantages
 
 TIE = 0
 # A label: brackets around "Answer 1", "Answer 2" or "Tie", in any case, with any spacing and
-# markdown emphasis inside ("[answer1]", "[ **Tie** ]").
-_LABEL = re.compile(r"\[\s*[*_]*\s*(?:answer\s*([12])|(tie))\s*[*_]*\s*\]", re.IGNORECASE)
+# markdown emphasis inside ("[answer1]", "[ **Tie** ]"). Emphasis is "(?:[*_]+\s*)?" after the
+# spaces, not "[*_]*\s*": two space runs side by side split a long run of spaces every way, so
+# "[" and 100 kB of spaces (a critic's output) took minutes.
+_LABEL = re.compile(r"\[\s*(?:[*_]+\s*)?(?:answer\s*([12])|(tie))\s*(?:[*_]+\s*)?\]", re.IGNORECASE)
 # What may follow the final label: spaces, emphasis, closing parentheses, sentence punctuation.
 _TAIL = re.compile(r"[\s*_.!,;:)]*")
 # Quoted text, masked in this order (each pattern sees the text with the earlier ones masked, so a

@@ -12,7 +12,9 @@ import re
 
 from fastcrit.data.ctrl_prompts import COMPACT_CRITIC, FINALIZE
 
-JUDGMENT_RE = re.compile(r"Overall judgment:\s*\**\s*(Correct|Incorrect)\b")
+# Spaces, then optional emphasis and more spaces: the old "\s*\**\s*" let its two space runs share
+# a long run of spaces, so "Overall judgment:" and 100 kB of spaces (a critic's output) took minutes.
+JUDGMENT_RE = re.compile(r"Overall judgment:\s*(?:\*+\s*)?(Correct|Incorrect)\b")
 NO_SUGGESTION = "none."
 
 # Texts the tiny tokenizer should know as whole words (fastcrit.models.tokenizer adds them).
@@ -215,12 +217,34 @@ def apply_edit(code: str, edit: tuple[str, str]) -> str | None:
 
 
 _REVIEW_RE = re.compile(r"the code's line, checked: `([^`\n]*)`")
-_DIFF_RE = re.compile(r"\[([^\[\]\n]*?) -> ([^\[\]\n]*?)\]")
+# A bracket's text, split on its first " -> " by _diffs: one pattern with both sides lazy tried
+# every split of every " -> " against every end, so "[ -> -> -> ..." (100 kB) took minutes.
+_BRACKET_RE = re.compile(r"\[([^\[\]\n]*)\]")
 _LINE_RE = re.compile(r"needs `([^`\n]*)` and the code has `([^`\n]*)`")
 
 
 def _squash(text: str) -> str:
     return " ".join(text.split())
+
+
+def _diffs(review: str) -> list[tuple[str, str]]:
+    """The (has, needed) pairs a review marks as ``[has -> needed]``."""
+    out = []
+    for inner in _BRACKET_RE.findall(review):
+        has, arrow, needed = inner.partition(" -> ")
+        if arrow:
+            out.append((has, needed))
+    return out
+
+
+def _side(review: str, right: bool) -> str:
+    """``review`` with each ``[has -> needed]`` read as its right (needed) or left (has) side."""
+
+    def pick(m: re.Match) -> str:
+        has, arrow, needed = m.group(1).partition(" -> ")
+        return (needed if right else has) if arrow else m.group(0)
+
+    return _BRACKET_RE.sub(pick, review)
 
 
 def read_review(critique: str, words: list[str] | None = None) -> list[tuple[str, str]]:
@@ -229,7 +253,7 @@ def read_review(critique: str, words: list[str] | None = None) -> list[tuple[str
     review, its two lines. Empty when it has no review. ``words``: its word-by-word reviews, when
     the caller has found them already."""
     words = _REVIEW_RE.findall(critique) if words is None else words
-    pairs = [(_DIFF_RE.sub(lambda m: m.group(2), r), _DIFF_RE.sub(lambda m: m.group(1), r)) for r in words]
+    pairs = [(_side(r, right=True), _side(r, right=False)) for r in words]
     return pairs + _LINE_RE.findall(critique)
 
 
@@ -256,7 +280,7 @@ def review_agrees(critique: str, code: str | None = None) -> bool | None:
     pairs = read_review(critique, words)
     if not pairs:
         return None
-    if any(_squash(x) == _squash(y) for r in words for x, y in _DIFF_RE.findall(r)):
+    if any(_squash(x) == _squash(y) for r in words for x, y in _diffs(r)):
         return False  # a word marked [x -> x]: a difference where both sides are the same
     if code is not None:
         text = _squash(code)

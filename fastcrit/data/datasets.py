@@ -16,6 +16,7 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import math
 import os
 import re
 import zlib
@@ -74,6 +75,15 @@ def _object(row) -> str | None:
     return None if isinstance(row, dict) else f"expected a JSON object, got {type(row).__name__}"
 
 
+def _json_limit(e: Exception) -> str:
+    """Why json.loads refused text that is valid JSON: an integer of more digits than Python converts
+    (ValueError, sys.get_int_max_str_digits) or nesting deeper than its recursion limit
+    (RecursionError). Neither is a JSONDecodeError, so without this they escaped the loader."""
+    if isinstance(e, RecursionError):
+        return "JSON nested too deep to read"
+    return f"a JSON number Python will not read ({str(e).split(';')[0]})"
+
+
 def _jsonl_rows(path: str):
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rb") as f:
@@ -90,6 +100,9 @@ def _jsonl_rows(path: str):
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 yield i, None, f"not valid JSON ({e.msg})"
+                continue
+            except (ValueError, RecursionError) as e:  # valid JSON Python will not hold (see _json_limit)
+                yield i, None, _json_limit(e)
                 continue
             yield i, (row if isinstance(row, dict) else None), _object(row)
 
@@ -110,6 +123,8 @@ def _json_rows(path: str):
         items = json.loads(text)
     except json.JSONDecodeError as e:
         raise DatasetError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+    except (ValueError, RecursionError) as e:
+        raise DatasetError(f"{path}: {_json_limit(e)}") from None
     if not isinstance(items, list):
         raise DatasetError(
             f"{path}: expected a JSON array of objects (or a .jsonl file, one object per line), "
@@ -136,7 +151,11 @@ def _rows(path: str):
             import pyarrow.parquet as pq  # optional dependency, only for parquet files
         except ImportError as e:
             raise DatasetError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from e
-        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+        try:
+            table = pq.read_table(path)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid (not a parquet file) is a ValueError
+            raise DatasetError(f"{path}: not a readable parquet file ({e})") from None
+        for i, row in enumerate(table.to_pylist(), start=1):
             yield i, row, None
         return
     if not path.endswith(FILE_TYPES):
@@ -145,6 +164,8 @@ def _rows(path: str):
         yield from (_jsonl_rows if path.endswith((".jsonl", ".jsonl.gz")) else _json_rows)(path)
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # a .gz name on a file that is not one, or cut short
         raise DatasetError(f"{path}: not a readable gzip file ({e})") from None
+    except OSError as e:  # a directory named like a data file, no permission to read it
+        raise DatasetError(f"{path}: cannot read the file ({e.strerror or e})") from None
 
 
 STRICT_SHOWN = 3  # skipped rows a strict error names
@@ -164,6 +185,35 @@ def refuse_skipped(skipped: list[str], what: str) -> None:
 ROLES = ("system", "user", "assistant")
 
 
+def lone_surrogate(*texts: str) -> bool:
+    """Whether a text holds a lone UTF-16 surrogate (JSON's "\\ud800" escape decodes to one): not
+    Unicode text, so the tokenizer raises a TypeError on it, far from the row, and it cannot be
+    written back as UTF-8."""
+    for t in texts:
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+    return False
+
+
+SURROGATE = "the text holds a lone surrogate (a \\udXXX escape that is no character)"
+
+
+def _answer_problem(answer, key: str) -> str | None:
+    """Why an answer column's value cannot be the reference answer, or None. A bool would be read
+    as "True" (not the file's "true"), and NaN / Infinity (or a number too large for a float) as
+    "nan" / "inf", which no exact match of the file's text gives and which math-verify equates
+    with an answer of 0/0 or \\infty."""
+    if answer is None or isinstance(answer, str):
+        return None
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        return f"{key!r} must be a string or number, got {type(answer).__name__}"
+    if isinstance(answer, float) and not math.isfinite(answer):
+        return f"{key!r} is {answer} (NaN, Infinity, or a number too large): not a usable answer"
+    return None
+
+
 def parse_messages(messages) -> tuple[list[dict] | None, str]:
     """Check a chat row's ``messages``; returns (turns before the answer, answer) or (None, reason)."""
     if not isinstance(messages, list) or len(messages) < 2:
@@ -173,6 +223,8 @@ def parse_messages(messages) -> tuple[list[dict] | None, str]:
             return None, f"messages[{j}] must be {{role: system|user|assistant, content: str}}"
     if messages[-1]["role"] != "assistant" or messages[-2]["role"] != "user":
         return None, "'messages' must end with a user turn followed by the assistant's answer"
+    if lone_surrogate(*(m["content"] for m in messages)):
+        return None, f"'messages': {SURROGATE}"
     return [dict(role=m["role"], content=m["content"]) for m in messages[:-1]], messages[-1]["content"]
 
 
@@ -199,8 +251,10 @@ def load_dataset(
             prompt, answer = row.get(prompt_key), row.get(answer_key)
             if not isinstance(prompt, str) or not prompt:
                 err = f"missing or non-string {prompt_key!r}"
-            elif answer is not None and not isinstance(answer, (str, int, float)):
-                err = f"{answer_key!r} must be a string or number"
+            else:
+                err = _answer_problem(answer, answer_key)
+            if err is None and lone_surrogate(prompt, answer if isinstance(answer, str) else ""):
+                err = SURROGATE
         if err is not None:
             skipped.append(f"{path}:{line_no}: {err}")
             continue
@@ -235,6 +289,8 @@ def load_preferences(spec: str, strict: bool = False) -> tuple[list[PreferencePa
                 err = f"missing or non-string {', '.join(repr(k) for k in bad)}"
             elif row["chosen"] == row["rejected"]:
                 err = "'chosen' and 'rejected' are the same text"
+            elif lone_surrogate(row["prompt"], row["chosen"], row["rejected"]):
+                err = SURROGATE
         if err is not None:
             skipped.append(f"{path}:{line_no}: {err}")
             continue

@@ -8,6 +8,11 @@ import json
 
 from fastcrit.data.problems import ProblemError
 
+# What ast.parse raises on a dataset's source besides SyntaxError: ValueError (a NUL byte, before
+# Python 3.12), MemoryError ("parser stack overflow" on deep nesting: 200 kB of "-" in one test)
+# and RecursionError. load_problems catches none of them, so they crashed `fastcrit data convert`.
+_UNPARSABLE = (SyntaxError, ValueError, MemoryError, RecursionError)
+
 
 def _check_row(row) -> dict:
     if not isinstance(row, dict):

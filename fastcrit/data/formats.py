@@ -71,6 +71,7 @@ import zlib
 from collections import Counter
 
 from fastcrit.data.format_fields import (
+    _UNPARSABLE,
     _check_row,
     _check_sets,
     _identifier,
@@ -169,7 +170,7 @@ def _top_level_names(source: str) -> set[str]:
     """Names a piece of Python binds at top level (defs, classes, imports, assignments)."""
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except _UNPARSABLE:
         return set()
     names = set()
     for node in tree.body:
@@ -196,6 +197,8 @@ def _called_function(asserts: list[str], code: str, helpers: str = "") -> str:
             tree = ast.parse(src)
         except SyntaxError as e:
             raise ProblemError(f"test {i} is not valid Python ({e.msg}, line {e.lineno})") from None
+        except _UNPARSABLE as e:  # MemoryError: "parser stack overflow", with no message
+            raise ProblemError(f"test {i} cannot be parsed ({type(e).__name__}: {str(e) or 'too deep'})") from None
         bound = _top_level_names(src)
         called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
         counts.update(called - exclude - bound)

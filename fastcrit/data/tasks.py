@@ -68,8 +68,10 @@ TASK_ANSWER_FORMATS = {"reverse": "line", "math": "boxed"}
 def answer_format(meta: dict) -> str | None:
     """The final-answer format a row declares: its ``answer_format`` column, else its ``task``'s
     (``TASK_ANSWER_FORMATS``); None when it declares neither. Not checked against ANSWER_FORMATS."""
-    task = meta.get("task")
-    return meta.get("answer_format") or (TASK_ANSWER_FORMATS.get(task) if isinstance(task, str) else None)
+    task, declared = meta.get("task"), meta.get("answer_format")
+    if declared and not isinstance(declared, str):  # a list or number: unhashable in a caller's lookup
+        return repr(declared)  # named as an unknown format, not a TypeError far from the row
+    return declared or (TASK_ANSWER_FORMATS.get(task) if isinstance(task, str) else None)
 
 
 def final_answer(text: str, fmt: str) -> str | None:

@@ -53,8 +53,20 @@ from fastcrit.sandbox import ERROR, Job, JobError, Result, ResultCache, SandboxC
 
 SCORES = ("pass_rate", "all_pass")
 _PY_LANGS = {"", "python", "py", "python3", "py3"}
-# An opening fence: indentation, 3+ backticks, an info string without backticks.
-_OPEN = re.compile(r"^( *)(`{3,})[ \t]*([^`\s]*)[^`]*$")
+# An opening fence: indentation, 3+ backticks, then the info string (checked in _opening: no
+# backticks; its first word is the language). The old single pattern let two adjacent runs share
+# the info string's characters, so a long line of "```aaa...a`" (a model output) backtracked
+# quadratically: 100 kB of one line took minutes. This one matches each line in linear time.
+_OPEN = re.compile(r"( *)(`{3,})(.*)")
+
+
+def _opening(line: str) -> tuple[str, int, str] | None:
+    """(language, indentation, fence) of an opening fence line (newline stripped), else None."""
+    m = _OPEN.fullmatch(line)
+    if m is None or "`" in m.group(3):
+        return None
+    words = m.group(3).split()
+    return (words[0].lower() if words else ""), len(m.group(1)), m.group(2)
 
 
 def _unindent(lines: list[str], n: int) -> str:
@@ -74,9 +86,9 @@ def extract_program(text: str) -> tuple[str, str]:
     cur = None  # (lang, indent, fence, lines) of the block being read
     for line in text.splitlines(keepends=True):
         if cur is None:
-            m = _OPEN.match(line.rstrip("\r\n"))
-            if m:
-                cur = (m.group(3).lower(), len(m.group(1)), m.group(2), [])
+            opening = _opening(line.rstrip("\r\n"))
+            if opening:
+                cur = (*opening, [])
         else:
             s = line.strip()
             if s.startswith(cur[2]) and not s.strip("`"):  # a closing fence: backticks only, as many
