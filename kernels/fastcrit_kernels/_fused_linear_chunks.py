@@ -24,10 +24,9 @@ _IGNORE = -100
 # chunks (512 MiB; close to three plain GEMMs' time).
 # GPU, bf16 / fp16: 2 GiB of fp32 logits plus 16-bit d_logits, about 2350 tokens at that vocabulary.
 # Each chunk reads and writes the whole fp32 d_W (V x H x 8 bytes), so thin chunks pay that pass many
-# times. The 2 GiB default was measured when each chunk also wrote and re-read a separate fp32 GEMM
-# result (block by block): 512 MiB was much slower then, 2 GiB faster than the recompute path at a few
-# GB of peak. From torch 2.10 the add is the GEMM's own epilogue (``_add_mm_fp32``); the block loop
-# remains for older torch. Reproduce with benchmarks/bench_ppo.py (``--lm-chunks``;
+# times: large chunks keep it rare at a few GB of peak. From torch 2.10 the add is the GEMM's own
+# epilogue (``_add_mm_fp32``); older torch adds a separate fp32 product, block by block, which makes
+# thin chunks dearer still. Reproduce with benchmarks/bench_ppo.py (``--lm-chunks``;
 # on a GPU through benchmarks/gpu_check.sh); the latest figures: benchmarks/README.md, "On a GPU"
 # (the 512 MiB bf16 run: docs/LOG.md).
 CPU_CHUNK_BYTES = 512 * 1024 * 1024
