@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from fastcrit.config import ConfigError, load_config
@@ -124,9 +125,56 @@ def cmd_train(args) -> int:
     cfg = _load(args)
     if args.resume:
         cfg = _resuming(cfg, args.resume)
+    _check_data(cfg, "train")
+    if _finished(cfg):
+        return 0
     if cfg.trainer.device == "cuda" and not cfg.trainer.skip_plan:
         _check_plan(cfg, args.config)
     return _run(args, cfg, _train_entry, cfg.trainer.nproc)
+
+
+def _check_data(cfg, command: str) -> None:
+    """Each data source the command will read names a file or a shipped task, checked before any
+    model loads: a missing file found after the SFT warm start cost its minutes, and the error
+    named the file but not the key."""
+    from fastcrit.data.datasets import resolve_source
+
+    keys = {"data.train": cfg.data.train, "data.val": cfg.data.val}
+    if command == "sft" or (command == "train" and cfg.sft.steps > 0):
+        keys["sft.data"] = cfg.sft.data  # "" for CTRL and RARO: their pre-stage writes it
+    if command == "rm" and not cfg.rm.label_reward:
+        keys["rm.data"] = cfg.rm.data
+    for key, spec in keys.items():
+        if not spec:
+            continue
+        try:
+            resolve_source(spec, "test" if key == "data.val" else "train")
+        except DatasetError as e:
+            raise ConfigError(f"{key}: {e}") from None
+
+
+def _finished(cfg) -> bool:
+    """A run continued into an output directory whose checkpoints say it is finished: say so and
+    train nothing (its config.yaml and summary.json stay as the run left them). Other settings
+    than the saved run's, or fewer steps than it has, stop with a ConfigError
+    (fastcrit.train.resume_check)."""
+    from fastcrit.train.resume_check import check_resume
+
+    try:
+        done = check_resume(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if done is None:
+        return False
+    out = cfg.trainer.output_dir
+    print(
+        f"fastcrit: {out} holds this run finished at step {done[1]} (trainer.total_steps): nothing to "
+        f"train; its results are in {os.path.join(out, 'summary.json')}. Raise trainer.total_steps to "
+        "train further, or set trainer.output_dir to a new directory for a new run.",
+        file=sys.stderr,
+        flush=True,
+    )
+    return True
 
 
 def _rank_entry(ctx, cfg, entry):
@@ -244,6 +292,7 @@ def _launch_steps(args, section: str, entry) -> int:
     cfg = _load(args)
     if getattr(cfg, section).steps <= 0:
         raise ConfigError(f"{args.config}: {section}.steps must be > 0 for `fastcrit {args.command}`")
+    _check_data(cfg, args.command)
     return _run(args, cfg, entry, cfg.trainer.nproc)
 
 

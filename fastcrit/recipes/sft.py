@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 
 import torch
@@ -41,6 +42,13 @@ def run_sft(ctx: DistContext, cfg: Config, model_path: str | None = None) -> str
     out_dir = sft_output_dir(cfg)
     done = finished(out_dir)
     if done:
+        if ctx.is_main:  # said, not silent: the settings given (data, steps) are not used
+            print(
+                f"sft: {done} is complete already: reused, nothing trained (delete it, or set sft.output_dir, "
+                "to train again)",
+                file=sys.stderr,
+                flush=True,
+            )
         return done
     if cfg.sft.steps <= 0:
         raise ValueError("sft.steps: must be > 0 to run SFT")

@@ -83,6 +83,8 @@ def test_the_cli_reports_a_data_error_in_one_line(tmp_path, capsys):
                 "sft.steps=1",
                 "--set",
                 f"trainer.output_dir={tmp_path / 'out'}",
+                "--set",  # configs/cpu/sft.yaml's own runs/cpu-sft may hold a finished model (reused)
+                f"sft.output_dir={tmp_path / 'sft'}",
             ]
         )
         == 2
@@ -186,6 +188,8 @@ def test_data_strict_reaches_the_recipes(tmp_path, capsys):
                 "data.strict=true",
                 "--set",
                 f"trainer.output_dir={tmp_path / 'out'}",
+                "--set",  # configs/cpu/sft.yaml's own runs/cpu-sft may hold a finished model (reused)
+                f"sft.output_dir={tmp_path / 'sft'}",
             ]
         )
         == 2
