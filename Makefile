@@ -47,7 +47,8 @@ test: lint
 	$(BIN)/python -m pytest -q -ra tests
 
 # Every benchmark, one after another (each also runs alone: python benchmarks/bench_<thing>.py, or
-# fastcrit bench PART [--quick]); rows to benchmarks/results/*.csv, report.md, PNGs, the README table.
+# fastcrit bench PART [--quick]); rows to benchmarks/results/*.csv, report.md, PNGs, the README table
+# (a --quick run writes under benchmarks/results/quick/ instead and leaves those alone).
 bench: install trl-venv
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/fastcrit bench all

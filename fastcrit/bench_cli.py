@@ -4,8 +4,10 @@ Each part names scripts that also run alone (``python benchmarks/bench_<thing>.p
 runs them as subprocesses (benchmarks/ is not an installed package: it needs a source checkout),
 counts the CSV rows each one appended, then writes a Markdown report with one table per CSV (the
 rows of its latest run) and a PNG per CSV (matplotlib, the ``bench`` extra; without it the report
-says there are no plots). The last line printed to stdout is one JSON object: parts, scripts, rows
-written, report path, wall time, failures. Torch-free: the scripts import torch, not this.
+says there are no plots). A ``--quick`` run writes all that under results/quick/ (git ignores it),
+labelled quick, and leaves the published CSVs, report and README tables alone. The last line
+printed to stdout is one JSON object: parts, scripts, rows written, report path, wall time, failures.
+Torch-free: the scripts import torch, not this.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ PARTS: dict[str, tuple[Script, ...]] = {
 CHOICES = (*PARTS, "all")
 TABLE_COLUMNS = ("bench", "variant", "settings", "metric", "median", "spread", "repeats", "device", "commit", "machine")
 README_START, README_END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
+QUICK_DIR = "quick"  # under the results directory: where a --quick run writes by default
 
 
 class BenchError(RuntimeError):
@@ -177,9 +180,17 @@ def plot(rows: list[dict], title: str, path: Path) -> bool:
     return True
 
 
-def build_report(results: Path, out: Path, plots: bool = True, label: str | None = None) -> tuple[str, list[str]]:
+QUICK_NOTE = (
+    "**Quick run** (`--quick`: small shapes, few repeats): a smoke test of the scripts, not figures to "
+    "quote; the published tables (benchmarks/README.md, results/report.md) come from full runs.\n"
+)
+
+
+def build_report(
+    results: Path, out: Path, plots: bool = True, label: str | None = None, quick: bool = False
+) -> tuple[str, list[str]]:
     """Markdown with, per part and CSV, the latest run's rows as a table (and its PNG, drawn into
-    ``out``); returns (markdown, PNG paths)."""
+    ``out``); returns (markdown, PNG paths). ``quick``: the report says so at the top."""
     sections, pngs, have_mpl = [], [], True
     seen = set()
     for part, scripts in PARTS.items():
@@ -210,6 +221,8 @@ def build_report(results: Path, out: Path, plots: bool = True, label: str | None
         f"`{label or results}` by `fastcrit bench`. median / spread: the median and q80 - q20 of `metric` over "
         f"`repeats`; see benchmarks/README.md.\n",
     ]
+    if quick:
+        head.append(QUICK_NOTE)
     if plots and not have_mpl:
         head.append("No plots: matplotlib is not installed (`pip install -e '.[bench]'`).\n")
     return "\n".join(head + sections), pngs
@@ -267,7 +280,15 @@ def cmd_bench(args) -> int:
         print(f"fastcrit bench: {e}", file=sys.stderr)
         return 2
     default_results = bdir / "results"
-    results = Path(args.out).resolve() if args.out else default_results
+    # A quick run (small shapes, few repeats) must not stand in for the published figures: its
+    # rows would become the "latest run" of the tracked CSVs, so report.md and the README tables
+    # would show them (and a later --report-only too). So by default it writes its CSVs, report and
+    # PNGs under results/quick/ (git ignores it), its report labelled quick, and never touches
+    # benchmarks/README.md: after a smoke run `git status` stays clean and the figures stay full-run ones.
+    if args.out:
+        results = Path(args.out).resolve()
+    else:
+        results = default_results / QUICK_DIR if args.quick else default_results
     results.mkdir(parents=True, exist_ok=True)
     env = dict(
         os.environ,
@@ -279,19 +300,23 @@ def cmd_bench(args) -> int:
     from tqdm import tqdm
 
     done = []
-    bar = tqdm(scripts, desc="bench", unit="script", file=sys.stderr, disable=not scripts)
+    # disable=None: no bar when stderr is not a terminal (as every fastcrit bar)
+    bar = tqdm(scripts, desc="bench", unit="script", file=sys.stderr, disable=None if scripts else True)
     for s in bar:
         bar.set_postfix_str(s.name)
         done.append(run_script(s, bdir, results, args.quick, args.threads, env))
     bar.close()
-    label = os.path.relpath(results, bdir.parent) if results == default_results else str(results)
-    md, pngs = build_report(results, results, label=label)
+    inside = results.is_relative_to(bdir.parent)
+    label = os.path.relpath(results, bdir.parent) if inside else str(results)
+    md, pngs = build_report(results, results, label=label, quick=args.quick)
     report = results / "report.md"
     report.write_text(md)
     readme = None
     # the README sits one level above results/: its image links get the folder
-    if results == default_results and update_readme(
-        bdir / "README.md", md.split("\n", 1)[1].replace("](", "](results/")
+    if (
+        not args.quick
+        and results == default_results
+        and update_readme(bdir / "README.md", md.split("\n", 1)[1].replace("](", "](results/"))
     ):
         readme = str(bdir / "README.md")
     failures = [{k: d[k] for k in ("name", "rc", "error")} for d in done if d["rc"] != 0]
@@ -321,7 +346,12 @@ def register(subparsers) -> argparse.ArgumentParser:
         choices=CHOICES,
         help="which part: " + ", ".join(f"{k} ({', '.join(s.name for s in v)})" for k, v in PARTS.items()) + ", or all",
     )
-    p.add_argument("--quick", action="store_true", help="small settings, few repeats (all: minutes on 2 cores)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small settings, few repeats (all: minutes on 2 cores); writes under benchmarks/results/quick/ "
+        "(report labelled quick), never the published CSVs, report or README tables",
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -331,8 +361,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--out",
         default=None,
-        help="results directory for the CSVs, report.md and PNGs (default: benchmarks/results; "
-        "only then is the table in benchmarks/README.md updated)",
+        help="results directory for the CSVs, report.md and PNGs (default: benchmarks/results, "
+        "benchmarks/results/quick with --quick; only a full run into benchmarks/results updates the "
+        "tables in benchmarks/README.md)",
     )
     p.add_argument("--only", default=None, help="comma list of script names within the part, e.g. kl,ppo")
     p.add_argument("--report-only", action="store_true", help="run nothing; rewrite the report from the CSVs")

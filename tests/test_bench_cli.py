@@ -214,3 +214,52 @@ def test_bench_ppo_checks_every_case_against_naive(dtype):
     assert {"fused_recompute", "fused_gif", "fused_gif_entropy", "fused_gif_1MiB"} <= set(errs)
     assert all(e < tol / 3 for k, e in errs.items() if k != "broken"), errs
     assert errs["broken"] > tol
+
+
+def _fake_checkout(tmp_path, monkeypatch):
+    """A benchmarks/ with a README holding a table, a published CSV and report; running a script
+    appends one row (run id from the environment, as the real scripts do) to its CSV."""
+    import fastcrit.bench_cli as bench_cli
+
+    bdir = tmp_path / "benchmarks"
+    (bdir / "results").mkdir(parents=True)
+    (bdir / "README.md").write_text("intro\n<!-- bench-table:start -->\npublished\n<!-- bench-table:end -->\n")
+    (bdir / "results" / "bench_kl.csv").write_text(CSV_TEXT)
+    (bdir / "results" / "report.md").write_text("published report\n")
+
+    def fake_run(s, bdir_, results, quick, threads, env):
+        new = not (results / s.csv).exists()
+        with open(results / s.csv, "a", newline="") as f:
+            f.write(CSV_TEXT.splitlines(keepends=True)[0] if new else "")
+            f.write(f"kl,eager_torch,1.0,ccc,B=8 quick,ms,7.5,7,8,1,3,m,cpu,{env['FASTCRIT_BENCH_RUN']}\n")
+        return {"name": s.name, "cmd": s.file, "rc": 0, "seconds": 0.0, "rows": 1}
+
+    monkeypatch.setattr(bench_cli, "bench_dir", lambda: bdir)
+    monkeypatch.setattr(bench_cli, "run_script", fake_run)
+    monkeypatch.setattr(bench_cli, "plot", lambda rows, title, path: False)
+    return bdir
+
+
+def test_a_quick_run_leaves_the_published_tables_alone(tmp_path, monkeypatch, capsys):
+    """`fastcrit bench kernels --quick` writes under results/quick/, its report labelled quick;
+    benchmarks/README.md, results/report.md and the published CSVs keep their full-run figures."""
+    bdir = _fake_checkout(tmp_path, monkeypatch)
+    tracked = {
+        p: p.read_text() for p in (bdir / "README.md", bdir / "results/report.md", bdir / "results/bench_kl.csv")
+    }
+    args = build_parser().parse_args(["bench", "kernels", "--quick", "--only", "kl"])
+    assert args.func(args) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {p: p.read_text() for p in tracked} == tracked
+    quick = bdir / "results" / "quick"
+    assert summary["readme"] is None and summary["report"] == str(quick / "report.md")
+    report = (quick / "report.md").read_text()
+    assert "**Quick run**" in report and "| kl | eager_torch | B=8 quick | ms | 7.5 |" in report
+    assert "`benchmarks/results/quick`" in report
+
+    # a full run still publishes: the README table and report.md get its rows, with no quick label
+    args = build_parser().parse_args(["bench", "kernels", "--only", "kl"])
+    assert args.func(args) == 0
+    readme = (bdir / "README.md").read_text()
+    assert "published" not in readme.split("bench-table:start")[1] and "| B=8 quick |" in readme
+    assert "Quick run" not in (bdir / "results/report.md").read_text()

@@ -65,7 +65,16 @@ class RunLog:
         if self.settings is not None and not self.trackers:
             self.trackers = open_trackers(self.settings, self.output_dir, step)
         if self.progress and self.bar is None:
-            self.bar = tqdm(total=self.total, initial=step, desc=self.desc, dynamic_ncols=True)
+            # disable=None: no bar when stderr is not a terminal (a log file gets no `\r` updates),
+            # the rule of every other fastcrit bar (critique, sandbox run, data ...)
+            self.bar = tqdm(
+                total=self.total,
+                initial=step,
+                desc=self.desc,
+                dynamic_ncols=True,
+                file=sys.stderr,
+                disable=None,
+            )
 
     def _truncate_after(self, step: int) -> None:
         """On resume, drop lines of steps after the checkpoint (written before a crash) and a line

@@ -514,10 +514,16 @@ def render(plan: Plan) -> str:
     )
     peak = plan.peak()
     lines.append("")
-    lines.append(
-        f"peak: {peak.total / GIB:.2f} GiB in {peak.name}; fits when every phase leaves "
-        f"{FIT_MARGIN:.0%} of the device free ({plan.capacity_gib * FIT_MARGIN:.1f} GiB)"
-    )
+    limit = plan.capacity_gib * (1 - FIT_MARGIN)  # what a phase may use: the device less the margin
+    rule = f"{plan.capacity_gib:g} GiB less the {FIT_MARGIN:.0%} kept free"
+    if plan.fits():
+        verdict = f"fits: {limit - peak.total / GIB:.2f} GiB under the {limit:.1f} GiB a phase may use ({rule})"
+    else:
+        verdict = (
+            f"DOES NOT FIT: {peak.total / GIB - limit:.2f} GiB over the {limit:.1f} GiB a phase may use "
+            f"({rule}); over: {', '.join(p.name for p in plan.over())}"
+        )
+    lines.append(f"peak: {peak.total / GIB:.2f} GiB in {peak.name}; {verdict}")
     lines.append(
         f"host memory while the models load: {plan.host_load_gib:.1f} GiB (rank 0 reads each model "
         f"once, the largest the fp32 policy; the other ranks get their shards from it)"

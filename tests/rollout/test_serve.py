@@ -145,6 +145,17 @@ def test_models_list_and_retrieve(client):
     assert e.value.body["code"] == "model_not_found"
 
 
+def test_without_a_served_name_the_id_is_the_model_path_as_given(tiny_model_path):
+    """README, "Serving a model": the id is MODEL_DIR exactly as given; another `model` is a 404."""
+    with serve(tiny_model_path, "127.0.0.1", 0) as srv:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        assert [m.id for m in c.models.list().data] == [str(tiny_model_path)]
+        r = c.completions.create(model=str(tiny_model_path), prompt="The sea", max_tokens=2, temperature=0)
+        assert r.model == str(tiny_model_path)
+        with pytest.raises(openai.NotFoundError):
+            c.completions.create(model="final", prompt="The sea", max_tokens=2)
+
+
 def test_seed_makes_sampling_reproducible(client):
     def chat(seed):
         r = client.chat.completions.create(model=NAME, messages=HI, max_tokens=10, temperature=1.0, seed=seed, n=2)

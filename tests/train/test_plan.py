@@ -5,6 +5,7 @@ with the keys that would make it fit, and `fastcrit train` runs the same check."
 import glob
 import json
 import os
+import re
 
 import pytest
 
@@ -82,6 +83,7 @@ def test_every_gpu_config_plans_to_fit_on_80_gib(path, capsys):
     assert main(["plan", path, "--gpu-memory-gib", "80"]) == 0
     out = capsys.readouterr().out
     assert "peak:" in out and "headroom" in out and "update" in out
+    assert re.search(r"^peak: [\d.]+ GiB in \w+; fits: [\d.]+ GiB under the 76\.0 GiB a phase may use", out, re.M)
 
 
 def test_a_config_that_cannot_fit_is_refused_naming_keys(tmp_path, capsys):
@@ -104,6 +106,14 @@ def test_a_config_that_cannot_fit_is_refused_naming_keys(tmp_path, capsys):
     captured = capsys.readouterr()
     assert rc == 1
     assert "update does not fit" in captured.out and "trainer.gradient_checkpointing=true" in captured.out
+    # the peak line says plainly that it does not fit, and by how much
+    peak = next(ln for ln in captured.out.splitlines() if ln.startswith("peak: "))
+    assert re.fullmatch(
+        r"peak: [\d.]+ GiB in update; DOES NOT FIT: [\d.]+ GiB over the 76\.0 GiB a phase may use "
+        r"\(80 GiB less the 5% kept free\); over: .*update.*",
+        peak,
+    ), peak
+    assert "fits:" not in peak and "fits when" not in peak
     assert "trainer.max_tokens_per_micro_batch=" in captured.out
     assert "does not fit on 80 GiB per GPU" in captured.err and "Traceback" not in captured.err
     saved = json.load(open(js))
