@@ -43,3 +43,23 @@ def prompts(tok):
         tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, return_dict=False)
         for t in texts
     ]
+
+
+SERVED_NAME = "tiny"  # the model id test_serve*.py's server answers to
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path):
+    """``fastcrit serve`` on the tiny model, for test_serve*.py (test_chat.py has its own)."""
+    from fastcrit.rollout.serve import serve
+
+    srv = serve(tiny_model_path, "127.0.0.1", 0, max_batch=16, served_model_name=SERVED_NAME)
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The openai client on ``server``."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)

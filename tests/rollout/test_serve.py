@@ -15,18 +15,6 @@ NAME = "tiny"
 HI = [{"role": "user", "content": "Write a short poem about the sea."}]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_path):
-    srv = serve(tiny_model_path, "127.0.0.1", 0, max_batch=16, served_model_name=NAME)
-    yield srv
-    srv.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
 def greedy(client, **kw):
     return client.chat.completions.create(model=NAME, messages=kw.pop("messages", HI), temperature=0, **kw)
 
