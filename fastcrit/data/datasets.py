@@ -23,6 +23,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from fastcrit.data.tasks import shipped_tasks, task_path
+from fastcrit.data.text_checks import SURROGATE_WHY, lone_surrogate
 
 
 class DatasetError(ValueError):
@@ -185,19 +186,7 @@ def refuse_skipped(skipped: list[str], what: str) -> None:
 ROLES = ("system", "user", "assistant")
 
 
-def lone_surrogate(*texts: str) -> bool:
-    """Whether a text holds a lone UTF-16 surrogate (JSON's "\\ud800" escape decodes to one): not
-    Unicode text, so the tokenizer raises a TypeError on it, far from the row, and it cannot be
-    written back as UTF-8."""
-    for t in texts:
-        try:
-            t.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-    return False
-
-
-SURROGATE = "the text holds a lone surrogate (a \\udXXX escape that is no character)"
+SURROGATE = f"the text {SURROGATE_WHY}"
 
 
 def _answer_problem(answer, key: str) -> str | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from fastcrit.data.text_checks import SURROGATE_WHY, lone_surrogate
 from fastcrit.sandbox import Job, JobError
 from fastcrit.sandbox.types import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
 
@@ -25,28 +26,6 @@ TEST_KINDS = ("assert", "stdio", "call")
 
 class ProblemError(ValueError):
     """A problem record that cannot be used; the message names the field."""
-
-
-_SURROGATE = "holds a lone surrogate (a \\udXXX escape that is no character)"
-
-
-def _lone_surrogate(value) -> bool:
-    """Whether a string, or any string in nested lists and dicts, holds a lone surrogate: JSON's
-    "\\ud800" escape decodes to one, which is no text; the tokenizer raises on it and
-    ``save_problems`` cannot write it as UTF-8 (both crashed far from the row)."""
-    todo = [value]
-    while todo:  # a loop, not recursion: tests may nest deep (the sandbox bounds them later)
-        v = todo.pop()
-        if isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
-        elif isinstance(v, dict):
-            todo += [*v.keys(), *v.values()]
-        elif isinstance(v, list):
-            todo += v
-    return False
 
 
 @dataclass
@@ -77,12 +56,12 @@ class Problem:
             raise ProblemError(f"{self.id}: 'starter_code' and 'prelude' must be strings")
         if not isinstance(self.meta, dict):  # `data prepare` and the recipes call meta.get
             raise ProblemError(f"{self.id}: 'meta' must be an object, got {type(self.meta).__name__}")
-        if _lone_surrogate(self.id):
-            raise ProblemError(f"'id' {self.id!a}: {_SURROGATE}")
+        if lone_surrogate(self.id):
+            raise ProblemError(f"'id' {self.id!a}: {SURROGATE_WHY}")
         texts = {"question": self.question, "starter_code": self.starter_code, "prelude": self.prelude}
         for name, value in {**texts, "solutions": self.solutions, "tests": self.tests}.items():
-            if _lone_surrogate(value):
-                raise ProblemError(f"{self.id}: '{name}': {_SURROGATE}")
+            if lone_surrogate(value):
+                raise ProblemError(f"{self.id}: '{name}': {SURROGATE_WHY}")
         try:  # the sandbox's own validation normalises the tests (and names a bad one)
             self.tests = self.job("").tests
         except JobError as e:
