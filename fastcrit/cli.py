@@ -126,6 +126,7 @@ def cmd_train(args) -> int:
     if args.resume:
         cfg = _resuming(cfg, args.resume)
     _check_data(cfg, "train")
+    _check_logits(cfg)
     if _finished(cfg):
         return 0
     if cfg.trainer.device == "cuda" and not cfg.trainer.skip_plan:
@@ -151,6 +152,22 @@ def _check_data(cfg, command: str) -> None:
             resolve_source(spec, "test" if key == "data.val" else "train")
         except DatasetError as e:
             raise ConfigError(f"{key}: {e}") from None
+
+
+def _check_logits(cfg) -> None:
+    """The policy's logits must be its hidden states times lm_head up to a constant factor (what
+    the trainer's fused log-probs compute; fastcrit.models.logit_head), checked on the
+    architecture alone (the meta device, nothing read) before any rank starts."""
+    from fastcrit.models.hf import load_model, model_spec
+    from fastcrit.models.logit_head import logit_scale
+
+    spec = model_spec(cfg.model)
+    if spec.startswith("tiny"):  # the built-in Qwen2: plain logits
+        return
+    try:
+        logit_scale(load_model(spec, meta=True))
+    except (ValueError, OSError) as e:  # UnsupportedLogits; a missing or unreadable directory
+        raise ConfigError(f"model.path: {e}") from None
 
 
 def _finished(cfg) -> bool:
@@ -293,6 +310,8 @@ def _launch_steps(args, section: str, entry) -> int:
     if getattr(cfg, section).steps <= 0:
         raise ConfigError(f"{args.config}: {section}.steps must be > 0 for `fastcrit {args.command}`")
     _check_data(cfg, args.command)
+    if section == "sft":
+        _check_logits(cfg)
     return _run(args, cfg, entry, cfg.trainer.nproc)
 
 

@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 
+from fastcrit.models.logit_head import logit_scale
 from fastcrit_kernels import fused_logprobs
 
 IGNORE = -100
@@ -42,11 +43,17 @@ def graph_attention(module: nn.Module):
 
 
 class CausalLMLogprobs(nn.Module):
-    """Wraps a Hugging Face causal LM; ``forward`` returns fp32 log-probs of response tokens."""
+    """Wraps a Hugging Face causal LM; ``forward`` returns fp32 log-probs of response tokens.
+
+    A model whose logits are ``lm_head``'s output times a constant (Granite, Cohere, ...) has the
+    constant folded into the temperature (``logit_scale``); one that transforms it otherwise (a
+    ``tanh`` cap) is refused here with UnsupportedLogits naming the setting, since the fused
+    kernel computes the log-probs from the hidden states and ``lm_head`` alone."""
 
     def __init__(self, lm: nn.Module):
         super().__init__()
         self.lm = lm
+        self.logit_scale = logit_scale(lm)
         self.checkpointing = False  # set by checkpoint_layers
 
     @property
@@ -133,7 +140,7 @@ class CausalLMLogprobs(nn.Module):
             hidden,
             head.weight,
             labels,
-            temperature=temperature,
+            temperature=temperature if self.logit_scale == 1.0 else temperature / self.logit_scale,
             bias=getattr(head, "bias", None),
             return_entropy=return_entropy,
             ignore_index=IGNORE,
