@@ -126,7 +126,7 @@ def cmd_train(args) -> int:
     if args.resume:
         cfg = _resuming(cfg, args.resume)
     _check_data(cfg, "train")
-    _check_logits(cfg)
+    _check_model(cfg)
     if _finished(cfg):
         return 0
     if cfg.trainer.device == "cuda" and not cfg.trainer.skip_plan:
@@ -154,20 +154,29 @@ def _check_data(cfg, command: str) -> None:
             raise ConfigError(f"{key}: {e}") from None
 
 
-def _check_logits(cfg) -> None:
-    """The policy's logits must be its hidden states times lm_head up to a constant factor (what
-    the trainer's fused log-probs compute; fastcrit.models.logit_head), checked on the
-    architecture alone (the meta device, nothing read) before any rank starts."""
+def _check_model(cfg) -> None:
+    """What the trainer needs of the policy's architecture, checked on the meta device (nothing
+    read) before any rank starts: logits that are its hidden states times lm_head up to a constant
+    factor (the fused log-probs; fastcrit.models.logit_head), and its decoder layers at
+    ``<base model>.layers`` (FSDP2's units and the checkpointed blocks)."""
     from fastcrit.models.hf import load_model, model_spec
     from fastcrit.models.logit_head import logit_scale
 
     spec = model_spec(cfg.model)
-    if spec.startswith("tiny"):  # the built-in Qwen2: plain logits
+    if spec.startswith("tiny"):  # the built-in Qwen2
         return
     try:
-        logit_scale(load_model(spec, meta=True))
+        lm = load_model(spec, meta=True)
+        logit_scale(lm)
     except (ValueError, OSError) as e:  # UnsupportedLogits; a missing or unreadable directory
         raise ConfigError(f"model.path: {e}") from None
+    prefix = getattr(lm, "base_model_prefix", "")
+    if not hasattr(getattr(lm, prefix, None), "layers"):
+        raise ConfigError(
+            f"model.path: {type(lm).__name__} keeps its decoder layers elsewhere than "
+            f"{prefix or 'its base model'}.layers, where fastcrit finds the blocks it shards and "
+            "checkpoints (Llama, Qwen, Mistral, Gemma, Phi-3 and most current families have them there)"
+        )
 
 
 def _finished(cfg) -> bool:
@@ -311,7 +320,7 @@ def _launch_steps(args, section: str, entry) -> int:
         raise ConfigError(f"{args.config}: {section}.steps must be > 0 for `fastcrit {args.command}`")
     _check_data(cfg, args.command)
     if section == "sft":
-        _check_logits(cfg)
+        _check_model(cfg)
     return _run(args, cfg, entry, cfg.trainer.nproc)
 
 

@@ -10,7 +10,7 @@ temperature (``log_softmax(c z / T) = log_softmax(z / (T / c))``); a cap is not 
 trainer that left it out would follow another distribution than the one the model samples from.
 
 ``logit_scale(lm)`` finds the factor by running the model's own forward with its decoder
-answering a fixed probe and ``lm_head`` taken out (an identity), so the factor comes from the
+answering a fixed probe and ``lm_head`` taken out (its input passed through), so the factor comes from the
 model's code whatever its family calls it; no weight is read (a model on the meta device works).
 """
 
@@ -26,6 +26,7 @@ import torch.nn as nn
 TRANSFORM_KEYS = (
     "final_logit_softcapping",
     "logit_softcapping",
+    "logits_soft_cap",
     "logits_scaling",
     "logit_scale",
     "lm_head_multiplier",
@@ -34,6 +35,38 @@ TRANSFORM_KEYS = (
 # cap large enough not to (over about 1e5) changes no log-prob measurably either.
 _PROBE = torch.linspace(-48.0, 48.0, 4 * 12).reshape(1, 4, 12)
 _RTOL = 1e-5
+
+
+class _Answer(dict):
+    """The decoder's output as a family's head reads it: ``last_hidden_state`` (or ``[0]``), and
+    None for whatever else it asks (GPT-2's ``cross_attentions``, a MoE's ``router_logits``)."""
+
+    def __init__(self, hidden: torch.Tensor):
+        super().__init__(last_hidden_state=hidden)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self.get(name)
+
+    def __getitem__(self, key):
+        return self["last_hidden_state"] if key == 0 else super().__getitem__(key)
+
+    def to_tuple(self) -> tuple:
+        return (self["last_hidden_state"],)
+
+
+class _PassThrough(nn.Module):
+    """``lm_head`` taken out: its input comes back as it is. A ``weight`` (fp32, empty) stays for
+    the families that read its dtype first (Mamba casts the hidden states to it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+        self.bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
 
 
 class UnsupportedLogits(ValueError):
@@ -55,17 +88,15 @@ def _head_slot(lm: nn.Module) -> str | None:
 @contextlib.contextmanager
 def _probing(lm: nn.Module, base: nn.Module, slot: str, hidden: torch.Tensor):
     """The decoder answers ``hidden`` (its ``forward`` replaced on the instance, so attributes the
-    head reads from it, such as Falcon-H1's multiplier, stay), ``lm_head`` is an identity."""
-    from transformers.modeling_outputs import BaseModelOutputWithPast
-
+    head reads from it, such as Falcon-H1's multiplier, stay), ``lm_head`` passes its input through."""
     head = lm._modules[slot]
     own = base.__dict__.get("forward")  # a forward already set on the instance (a hook library's)
 
     def answer(*args, **kwargs):
-        return BaseModelOutputWithPast(last_hidden_state=hidden)
+        return _Answer(hidden)
 
     base.forward = answer
-    lm._modules[slot] = nn.Identity()
+    lm._modules[slot] = _PassThrough()
     try:
         yield
     finally:

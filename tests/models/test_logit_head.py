@@ -37,14 +37,16 @@ def _meta(config):
         (tf.Gemma2Config(**SMALL, head_dim=8, final_logit_softcapping=None), 1.0),
         (tf.GraniteConfig(**SMALL, logits_scaling=4.0), 0.25),
         (tf.CohereConfig(**SMALL, logit_scale=0.5), 0.5),
+        # its head casts the hidden states to lm_head.weight's dtype first
+        (tf.MambaConfig(vocab_size=96, hidden_size=32, num_hidden_layers=1, state_size=4), 1.0),
     ],
-    ids=["qwen2", "llama", "gemma2-uncapped", "granite", "cohere"],
+    ids=["qwen2", "llama", "gemma2-uncapped", "granite", "cohere", "mamba"],
 )
 def test_the_factor_comes_from_the_models_own_forward(config, scale):
     lm = _meta(config)
     head = lm.get_output_embeddings()
     assert logit_scale(lm) == pytest.approx(scale, rel=1e-6)
-    assert lm.get_output_embeddings() is head and "forward" not in vars(lm.model)  # put back
+    assert lm.get_output_embeddings() is head and "forward" not in vars(lm.base_model)  # put back
 
 
 def test_a_tanh_cap_is_refused_naming_its_setting():
@@ -91,3 +93,21 @@ def test_train_refuses_a_capped_model_before_any_rank_starts(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "config error: model.path: gemma2 transforms" in err and "final_logit_softcapping: null" in err, err
     assert not out.exists()
+
+
+def test_train_refuses_a_model_without_decoder_layers_where_they_are_sharded(tmp_path, capsys):
+    model = tmp_path / "gpt2"
+    model.mkdir()
+    cfg = tf.GPT2Config(vocab_size=96, n_embd=32, n_layer=1, n_head=4, n_positions=64)
+    cfg.architectures = ["GPT2LMHeadModel"]
+    (model / "config.json").write_text(json.dumps(cfg.to_dict()))
+    argv = [
+        "train",
+        "configs/cpu/grpo.yaml",
+        "--set",
+        f"model.path={model}",
+        "--set",
+        f"trainer.output_dir={tmp_path}/r",
+    ]
+    assert main(argv) == 2
+    assert "GPT2LMHeadModel keeps its decoder layers elsewhere than transformer.layers" in capsys.readouterr().err
