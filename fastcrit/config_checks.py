@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from fastcrit.config_ranges import check_ranges
 from fastcrit.config_values import recompute_old_logprobs
 from fastcrit.errors import ConfigError
 from fastcrit.registry import recipe
@@ -22,6 +23,7 @@ def validate(cfg) -> None:
             raise ConfigError(msg)
 
     spec = recipe(cfg.algorithm.name)  # what the recipe needs (fastcrit.registry): ConfigError if none
+    check_ranges(cfg)
     need(cfg.rollout.n >= 1, f"rollout.n: must be >= 1, got {cfg.rollout.n}")
     need(cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens: must be >= 1")
     need(cfg.rollout.temperature >= 0, "rollout.temperature: must be >= 0")

@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 
-from fastcrit.models.tokenizer import corpus_hash, default_corpus, train_tokenizer
+from fastcrit.models.tokenizer import SPECIAL_TOKENS, corpus_hash, default_corpus, train_tokenizer
 
 # Bump when the build recipe changes in a way that changes the files it writes.
 _FORMAT_VERSION = 1
@@ -45,6 +45,13 @@ class TinySettings:
         for name in ("hidden", "layers", "heads", "kv_heads", "intermediate", "max_positions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"tiny model: {name}={getattr(self, name)} must be >= 1")
+        if self.vocab_size < 256 + len(SPECIAL_TOKENS):
+            raise ValueError(
+                f"tiny model: vocab_size={self.vocab_size} must be >= {256 + len(SPECIAL_TOKENS)} "
+                f"(256 bytes + {len(SPECIAL_TOKENS)} special tokens)"
+            )
+        if self.seed < 0:
+            raise ValueError(f"tiny model: seed={self.seed} must be >= 0")
         if self.hidden % self.heads:
             raise ValueError(f"tiny model: hidden={self.hidden} is not a multiple of heads={self.heads}")
         if self.heads % self.kv_heads:

@@ -344,6 +344,11 @@ class SandboxConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"sandbox.{name} must be a non-negative integer, got {v!r}")
+        # the bounds validate_job puts on a job's own: the defaults a job falls back to must pass them
+        for name, lo, hi in (("timeout_s", 0.01, 3600), ("memory_mb", 16, 1 << 20), ("remote_timeout_s", 0.01, 86400)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and lo <= v <= hi):
+                raise ValueError(f"sandbox.{name} must be a number in [{lo}, {hi}], got {v!r}")
         self.preimport = tuple(self.preimport)
         if not isinstance(self.packages, (list, tuple)) or not all(
             isinstance(n, str) and n.isidentifier() for n in self.packages
