@@ -158,11 +158,19 @@ def _check_model(cfg) -> None:
     """What the trainer needs of the policy's architecture, checked on the meta device (nothing
     read) before any rank starts: logits that are its hidden states times lm_head up to a constant
     factor (the fused log-probs; fastcrit.models.logit_head), and its decoder layers at
-    ``<base model>.layers`` (FSDP2's units and the checkpointed blocks)."""
-    from fastcrit.models.hf import load_model, model_spec
+    ``<base model>.layers`` (FSDP2's units and the checkpointed blocks); a value critic
+    (``ppo.critic_path``) that its family can build."""
+    from fastcrit.models.hf import load_model, load_value_model, model_spec
     from fastcrit.models.logit_head import logit_scale
+    from fastcrit.registry import recipe
 
     spec = model_spec(cfg.model)
+    critic = cfg.ppo.critic_path or spec
+    if recipe(cfg.algorithm.name).value_critic and not critic.startswith("tiny"):
+        try:
+            load_value_model(critic, meta=True)
+        except (ValueError, OSError) as e:
+            raise ConfigError(f"ppo.critic_path: {e}") from None
     if spec.startswith("tiny"):  # the built-in Qwen2
         return
     try:

@@ -164,6 +164,36 @@ def flash_attn_2_problem() -> str | None:
 VALUE_HEAD_KINDS = ("ForTokenClassification", "ForSequenceClassification")
 
 
+def _value_class(path: str, config, head: str | None):
+    """The Auto class a value model of ``config`` loads as: the kind its directory was saved as,
+    else (a causal LM) token classification, else sequence classification where the family has
+    only that (Gemma 3, OLMo 2, MiniCPM3). Both are the backbone plus a ``score`` linear, which
+    fastcrit.train.value runs on every position itself. ValueError for a family with neither."""
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    if head == "ForSequenceClassification":
+        return AutoModelForSequenceClassification
+    if head == "ForTokenClassification":
+        return AutoModelForTokenClassification
+    for cls in (AutoModelForTokenClassification, AutoModelForSequenceClassification):
+        if type(config) in cls._model_mapping:
+            return cls
+    raise ValueError(
+        f"{path!r}: Transformers has no token- or sequence-classification model for model_type "
+        f"{config.model_type!r}, the backbone-plus-score form a value model (PPO's critic, a reward "
+        "model) takes; use a critic of another family (ppo.critic_path)"
+    )
+
+
+def _check_score(model, path: str) -> None:
+    score = getattr(model, "score", None)
+    if not isinstance(score, torch.nn.Linear) or score.out_features != 1:
+        raise ValueError(
+            f"{path!r}: {type(model).__name__} has no `score` linear to one output, the head a value "
+            "model's values come from; use a critic of another family (ppo.critic_path)"
+        )
+
+
 def load_value_model(
     spec: str | os.PathLike,
     dtype: str | torch.dtype = "float32",
@@ -179,7 +209,7 @@ def load_value_model(
     ``transformers`` as the same kind of model. ``meta``: the architecture alone, as in
     ``load_model`` (its head's values then come from another rank).
     """
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
+    from transformers import AutoConfig
 
     path = resolve_model_path(spec)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
@@ -191,10 +221,11 @@ def load_value_model(
             "(one scalar per token is needed)"
         )
     config.num_labels, config.classifier_dropout = 1, 0.0
-    cls = AutoModelForSequenceClassification if head == "ForSequenceClassification" else AutoModelForTokenClassification
+    cls = _value_class(path, config, head)
     if meta:
         with torch.device("meta"):
             model = cls.from_config(config, dtype=parse_dtype(dtype))
+        _check_score(model, path)
         model.config.architectures = [type(model).__name__]
         model._fresh_value_head = head is None
         return model.eval()
@@ -209,6 +240,7 @@ def load_value_model(
         raise RuntimeError(f"could not load a value model from {path!r}: {exc}") from exc
     finally:
         hf_logging.set_verbosity(level)
+    _check_score(model, path)
     if head is None:  # a fresh head: small random weights, zero bias (values start near 0)
         with torch.no_grad():
             model.score.weight.normal_(0.0, 1.0 / (model.score.in_features + 1) ** 0.5)

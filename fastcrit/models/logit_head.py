@@ -5,9 +5,10 @@ The trainer never materialises logits: it computes log-probs from the last hidde
 only where ``logits == hidden @ lm_head.T (+ bias)``. Several Hugging Face families change the
 product first: Granite and MiniCPM3 divide it by ``logits_scaling``, HyperCLOVA X multiplies by
 it, Cohere by ``logit_scale``, Falcon-H1 by ``lm_head_multiplier``; Gemma 2, nanochat (and Gemma 3
-where its config sets it) cap it with ``tanh`` (``final_logit_softcapping``). A constant factor is exact to fold into the
-temperature (``log_softmax(c z / T) = log_softmax(z / (T / c))``); a cap is not linear, and a
-trainer that left it out would follow another distribution than the one the model samples from.
+where its config sets it) cap it with ``tanh`` (``final_logit_softcapping``). A constant factor is
+exact to fold into the temperature (``log_softmax(c z / T) = log_softmax(z / (T / c))``); a cap is
+not linear, and a trainer that left it out would follow another distribution than the one the
+model samples from.
 
 ``logit_scale(lm)`` finds the factor by running the model's own forward with its decoder
 answering a fixed probe and ``lm_head`` taken out (its input passed through), so the factor comes
