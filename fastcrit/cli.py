@@ -402,7 +402,7 @@ def cmd_recipes(args) -> int:
 
 def cmd_gen(args) -> int:
     """Generate from a model directory (or `tiny`) with the native engine, for a quick look."""
-    from fastcrit.data.prompts import render_chat
+    from fastcrit.data.prompts import encode_chat
     from fastcrit.models.hf import load_tokenizer, resolve_model_path
     from fastcrit.rollout.native import NativeEngine
     from fastcrit.types import SamplingParams
@@ -410,7 +410,7 @@ def cmd_gen(args) -> int:
     path = resolve_model_path(args.model)
     tok = load_tokenizer(path)
     engine = NativeEngine(path, dtype="float32", device="cpu")
-    ids = [tok.encode(render_chat(tok, p), add_special_tokens=False) for p in args.prompt]
+    ids = [encode_chat(tok, p) for p in args.prompt]
     params = SamplingParams(n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     for r in engine.generate(ids, params):
         print(

@@ -36,7 +36,7 @@ from fastcrit.algos.raro import TIE, RaroObjective, kept_group_advantages
 from fastcrit.config import ConfigError
 from fastcrit.config_values import loss_scale
 from fastcrit.data.datasets import load_dataset
-from fastcrit.data.prompts import render_chat
+from fastcrit.data.prompts import encode_chat
 from fastcrit.data.replay import ReplayBuffer
 from fastcrit.data.tasks import ANSWER_FORMATS, TASK_ANSWER_FORMATS, answer_format, final_answer
 from fastcrit.recipes.scaffold import Run, reward_items
@@ -128,7 +128,7 @@ class RARO:
 
     def critic_ids(self, j: Judged) -> list[int]:
         tok = self.run.tok
-        return tok.encode(render_chat(tok, critic_text(j), self.r.critic_system), add_special_tokens=False)
+        return encode_chat(tok, critic_text(j), self.r.critic_system)
 
     def judge(self, pairs: list[Judged], params: SamplingParams):
         """Critic rollouts for the pairs whose prompt fits, their verdicts scored by the `raro`

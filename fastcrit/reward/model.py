@@ -17,18 +17,14 @@ import torch
 
 from fastcrit.algos.advantages import last_valid_index
 from fastcrit.config import ConfigError
-from fastcrit.data.prompts import render_chat
+from fastcrit.data.prompts import encode_chat
 from fastcrit.models.hf import load_tokenizer, load_value_model
 from fastcrit.reward.base import RewardItem, RewardResult, register
 
 
 def rm_ids(tok, prompt: str, response: str) -> list[int]:
     """The token ids a reward model reads for one (prompt, response); training uses the same."""
-    return (
-        tok.encode(render_chat(tok, prompt), add_special_tokens=False)
-        + tok.encode(response, add_special_tokens=False)
-        + [tok.eos_token_id]
-    )
+    return encode_chat(tok, prompt) + tok.encode(response, add_special_tokens=False) + [tok.eos_token_id]
 
 
 def pad_left(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

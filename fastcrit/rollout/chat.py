@@ -149,10 +149,16 @@ def message_text(content) -> str:
 def render_conversation(tokenizer, messages: list[dict]) -> list[int]:
     """Prompt token ids of a conversation: the chat template with the generation prompt, encoded
     without adding special tokens (the template already holds them), as fastcrit.data.prompts does.
-    A template that refuses the conversation (e.g. a system message out of place) raises
-    ConversationError on ``messages``."""
+    A template that refuses the conversation (e.g. a system message out of place), or a tokenizer
+    without one (a base model), raises ConversationError on ``messages``."""
     from jinja2 import TemplateError
 
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConversationError(
+            "messages",
+            "this model's tokenizer has no chat template (a base model), so a conversation has no "
+            "prompt form; send the text to /v1/completions",
+        )
     try:
         text = tokenizer.apply_chat_template(
             [

@@ -494,8 +494,13 @@ def serve(
         raise ValueError(f"serve: batch_window_s={batch_window_s!r} must be >= 0")
     path = resolve_model_path(model)
     tokenizer = load_tokenizer(path)
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"serve: the tokenizer at {path!r} has no chat template; a chat server needs one")
+    if not getattr(tokenizer, "chat_template", None):  # a base model: completions only (lm-eval's use)
+        print(
+            f"fastcrit serve: the tokenizer at {path!r} has no chat template: /v1/completions serves, "
+            "/v1/chat/completions answers 400",
+            file=sys.stderr,
+            flush=True,
+        )
     if not api_key and not _is_loopback(host):
         print(
             f"fastcrit serve: WARNING: listening on {host} without an API key: anyone who can reach this "

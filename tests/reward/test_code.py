@@ -183,7 +183,7 @@ def test_manager_by_name_and_bad_arguments():
     assert "code" in known_reward_managers()
     with pytest.raises(ValueError, match="reward.score"):
         get_reward_manager("code", score="mean")
-    with pytest.raises(ValueError, match="sandbox: 'timeout_s' must be in"):
+    with pytest.raises(ValueError, match=r"sandbox.timeout_s must be a number in \[0.01, 3600\]"):
         get_reward_manager("code", sandbox=SandboxConfig(timeout_s=0.001))
     with pytest.raises(TypeError, match="SandboxConfig"):
         get_reward_manager("code", sandbox={"workers": 2})

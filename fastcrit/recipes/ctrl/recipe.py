@@ -25,7 +25,7 @@ from tqdm import tqdm
 from fastcrit.algos.advantages import outcome_advantages
 from fastcrit.data.critique import review_agrees
 from fastcrit.data.ctrl_prompts import critique_messages
-from fastcrit.data.prompts import render_chat
+from fastcrit.data.prompts import encode_chat
 from fastcrit.recipes.ctrl.evaluate import baseline_round, figures, greedy_pass_at_1
 from fastcrit.recipes.ctrl.rounds import (
     Attempt,
@@ -99,10 +99,7 @@ class CTRL:
     def _encode(self, attempts: list[Attempt]) -> list[tuple[list[int], Attempt]]:
         tok, limit, out, skipped = self.run.tok, self.run.cfg.data.max_prompt_len, [], 0
         for a in attempts:
-            ids = tok.encode(
-                render_chat(tok, critique_messages(a.problem, a.solution, self.run.cfg.ctrl.prompts)),
-                add_special_tokens=False,
-            )
+            ids = encode_chat(tok, critique_messages(a.problem, a.solution, self.run.cfg.ctrl.prompts))
             if len(ids) > limit:
                 skipped += 1
                 continue
