@@ -193,6 +193,8 @@ class StaticDecoder:
         self.fused = fused if fused is not None else fuse_weights(model)
         # the fused gate/up weight's halves (contiguous rows, views), each layer's two MLP GEMMs
         self.gate_up = [(f[2][: f[2].shape[0] // 2], f[2][f[2].shape[0] // 2 :]) for f in self.fused]
+        # their biases (Llama's mlp_bias), which folding the norm into the weights leaves as they are
+        self.gate_up_bias = [(layer.mlp.gate_proj.bias, layer.mlp.up_proj.bias) for layer in model.model.layers]
         # the projections pre-packed for MKL at one row count (made at a decode step, see _pack)
         self.packing = mkl_packing(model) and not graph and model.config.hidden_size >= _PACK_MIN_HIDDEN
         self._packs: dict | None = None
@@ -344,9 +346,9 @@ class StaticDecoder:
             # gate and up as two GEMMs on the fused weight's halves (contiguous rows), not one: the
             # one [rows, 2 I] result outgrows the cache at a decode step's row counts, and its
             # halves are strided views the activation then reads (docs/LOG.md has the A/B)
-            w_gate, w_up = self.gate_up[i]
-            act = self.acts[i](self._linear(h, ("gate", i), w_gate))
-            x = x + self._proj(m.down_proj, act.mul_(self._linear(h, ("up", i), w_up)), ("down", i))
+            (w_gate, w_up), (b_gate, b_up) = self.gate_up[i], self.gate_up_bias[i]
+            act = self.acts[i](self._linear(h, ("gate", i), w_gate, b_gate))
+            x = x + self._proj(m.down_proj, act.mul_(self._linear(h, ("up", i), w_up, b_up)), ("down", i))
         return self._proj(self.model.lm_head, self.final_norm(x[:, -1]), "head").float()
 
     def _linear(self, x, key, w, b=None):

@@ -92,6 +92,42 @@ def test_static_decode_matches_hugging_face_on_qwen3(model_dir, prompts):
     assert gaps and max(gaps) < 1e-4
 
 
+@pytest.mark.parametrize("hidden", [64, 256])  # 256: the MKL-packed projections (decode._PACK_MIN_HIDDEN)
+def test_static_decode_matches_hugging_face_on_llama_with_biases(model_dir, prompts, hidden):
+    """Llama's mlp_bias and attention_bias: the gate/up biases (outside the fused weights) and the
+    q/k/v/o ones reach the step, packed or not."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    base = NativeEngine(model_dir).model.config
+    cfg = LlamaConfig(
+        vocab_size=base.vocab_size,
+        hidden_size=hidden,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=base.eos_token_id,
+        pad_token_id=base.pad_token_id,
+        mlp_bias=True,
+        attention_bias=True,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).float()
+    with torch.no_grad():  # biases start at zero, which would hide a dropped one
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.5)
+    fast = NativeEngine(model, tokenizer=None)
+    assert fast.static_decode_off is None
+    slow = NativeEngine(model, tokenizer=None, static_decode=False)
+    params = SamplingParams(n=2, max_new_tokens=10, temperature=1.0, seed=5)
+    a, b = fast.generate(prompts, params), slow.generate(prompts, params)
+    assert [r.output_ids for r in a] == [r.output_ids for r in b]
+    gaps = [abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra.logprobs, rb.logprobs)]
+    assert gaps and max(gaps) < 1e-4
+
+
 def test_fixed_shape_decode_steps_match_the_sliced_ones(model_dir, prompts):
     """The fixed-shape step (whole cache width under the key mask, column and positions in buffers:
     what a CUDA graph captures) gives the sliced step's logits at every step, eagerly on CPU."""
