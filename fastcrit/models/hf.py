@@ -312,6 +312,28 @@ def _full(name: str, t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu").contiguous()
 
 
+def _checkpoint_layout(config, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` (the model's own names and shapes) in the layout the family's checkpoints use.
+    Transformers 5 converts some families' weights as it loads them (a MoE's per-expert
+    ``experts.<i>.gate_proj`` / ``up_proj`` / ``down_proj`` into fused ``experts.gate_up_proj`` /
+    ``down_proj``) and its ``save_pretrained`` converts them back; a directory written in the
+    loaded layout loads in Transformers 5 only, not in 4.x, SGLang or vLLM. Transformers 4.x has
+    no conversions: its layout is the checkpoint's."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:
+        return tensors
+    import transformers
+
+    archs = getattr(config, "architectures", None) or []
+    cls = getattr(transformers, archs[0], None) if archs else None
+    if cls is None:
+        cls = transformers.AutoModelForCausalLM
+    with torch.device("meta"):  # the mapping depends on the model's classes, not its weights
+        model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
+    return dict(revert_weight_conversion(model, dict(tensors)))
+
+
 def save_pretrained_safetensors(
     model_or_state_dict, tokenizer, directory: str, config=None, generation_config=None
 ) -> str:
@@ -334,14 +356,17 @@ def save_pretrained_safetensors(
         config = model_or_state_dict.config
         generation_config = generation_config or getattr(model_or_state_dict, "generation_config", None)
         state = model_or_state_dict.state_dict()
-    tensors = {}
-    seen: dict[int, str] = {}
+    full_state = {}
     for name, t in state.items():
         if name.endswith("rotary_emb.inv_freq"):
             continue
         if getattr(config, "tie_word_embeddings", False) and name == "lm_head.weight":
             continue
-        full = _full(name, t)
+        full_state[name] = _full(name, t)
+    tensors = {}
+    seen: dict[int, str] = {}
+    for name, full in _checkpoint_layout(config, full_state).items():
+        full = full.contiguous()
         # safetensors refuses tensors that share storage; clone any alias.
         ptr = full.untyped_storage().data_ptr()
         if ptr in seen:

@@ -100,6 +100,40 @@ def _save_with_a_dtensor(ctx, tiny, directory):
     assert not os.path.exists(directory)  # refused before anything was written
 
 
+@pytest.mark.parametrize("form", ["model", "state_dict"])
+def test_a_moe_is_saved_in_its_checkpoints_layout(tmp_path, form):
+    """Transformers 5 fuses a MoE's experts as it loads them; a save writes them per expert, as the
+    family's checkpoints (and so Transformers 4.x, SGLang, vLLM) have them, and loads back equal."""
+    from safetensors import safe_open
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(cfg).eval()
+    if form == "model":
+        save_pretrained_safetensors(model, None, str(tmp_path))
+    else:
+        save_pretrained_safetensors(model.state_dict(), None, str(tmp_path), config=model.config)
+    with safe_open(os.path.join(tmp_path, "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "model.layers.0.mlp.experts.3.gate_proj.weight" in names
+    assert not any(n.endswith("experts.gate_up_proj") for n in names)
+    back = load_model(str(tmp_path))
+    for (name, a), b in zip(model.state_dict().items(), back.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
 def test_save_refuses_a_dtensor(tiny, tmp_path):
     """Gathering is a collective, which stays in train/ (fastcrit.train.checkpoint gathers first)."""
     from fastcrit.train.dist import launch
