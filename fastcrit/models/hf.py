@@ -312,26 +312,46 @@ def _full(name: str, t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu").contiguous()
 
 
-def _checkpoint_layout(config, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``tensors`` (the model's own names and shapes) in the layout the family's checkpoints use.
-    Transformers 5 converts some families' weights as it loads them (a MoE's per-expert
-    ``experts.<i>.gate_proj`` / ``up_proj`` / ``down_proj`` into fused ``experts.gate_up_proj`` /
-    ``down_proj``) and its ``save_pretrained`` converts them back; a directory written in the
-    loaded layout loads in Transformers 5 only, not in 4.x, SGLang or vLLM. Transformers 4.x has
-    no conversions: its layout is the checkpoint's."""
-    try:
-        from transformers.core_model_loading import revert_weight_conversion
-    except ImportError:
-        return tensors
+def _meta_copy(config):
+    """The model class of ``config`` (its ``architectures``, else a causal LM) on the meta device:
+    what Transformers' weight conversions are looked up by, nothing allocated."""
     import transformers
 
     archs = getattr(config, "architectures", None) or []
     cls = getattr(transformers, archs[0], None) if archs else None
     if cls is None:
         cls = transformers.AutoModelForCausalLM
-    with torch.device("meta"):  # the mapping depends on the model's classes, not its weights
-        model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
-    return dict(revert_weight_conversion(model, dict(tensors)))
+    with torch.device("meta"):
+        return cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
+
+
+def weight_conversions(config) -> list[str]:
+    """The conversions Transformers applies to this family's weights as it loads them (e.g. a
+    MoE's per-expert weights fused into one tensor per layer; ``[]`` for most dense families and
+    for Transformers 4.x): a model loaded here names and shapes those weights unlike its
+    checkpoints do."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import PrefixChange
+    except ImportError:
+        return []
+    found = get_model_conversion_mapping(_meta_copy(config), add_legacy=False)
+    # a prefix change only says where a checkpoint's names may start; the names stay the same
+    return [type(c).__name__ for c in found if not isinstance(c, PrefixChange)]
+
+
+def _checkpoint_layout(config, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` (the model's own names and shapes) in the layout the family's checkpoints use.
+    Transformers 5 converts some families' weights as it loads them (``weight_conversions``: a
+    MoE's per-expert ``experts.<i>.gate_proj`` / ``up_proj`` / ``down_proj`` into fused
+    ``experts.gate_up_proj`` / ``down_proj``) and its ``save_pretrained`` converts them back; a
+    directory written in the loaded layout is not what the family's other loaders (4.x, SGLang,
+    vLLM) read. Transformers 4.x has no conversions: its layout is the checkpoint's."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:
+        return tensors
+    return dict(revert_weight_conversion(_meta_copy(config), dict(tensors)))
 
 
 def save_pretrained_safetensors(

@@ -328,3 +328,25 @@ def test_export_writes_the_model_alone(tiny, tmp_path, capsys):
     assert load_model(str(tmp_path / "fp32")).config.dtype == torch.float32
     assert main(["export", step, out]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_a_moe_on_the_sglang_engine_is_refused_before_launch(tmp_path):
+    """The weight sync sends the trainer's names: for a family whose weights Transformers converts
+    as it loads them (a MoE's fused experts), SGLang's loader reads the checkpoint layout and skips
+    the fused names without an error, so the engine would keep its first weights."""
+    import json
+
+    from transformers import LlamaConfig, Qwen3MoeConfig
+
+    from fastcrit.cli import _check_model
+    from fastcrit.config import ConfigError, load_config
+    from fastcrit.models.hf import weight_conversions
+
+    small = dict(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    moe = Qwen3MoeConfig(**small, intermediate_size=64, moe_intermediate_size=16, num_experts=4, head_dim=8)
+    assert weight_conversions(moe) and weight_conversions(LlamaConfig(**small, intermediate_size=64)) == []
+    moe.architectures = ["Qwen3MoeForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(moe.to_dict()))
+    _check_model(load_config("configs/cpu/grpo.yaml", [f"model.path={tmp_path}"]))  # native: fine
+    with pytest.raises(ConfigError, match="rollout.engine=sglang: Transformers converts qwen3_moe's weights"):
+        _check_model(load_config("configs/cpu/grpo.yaml", [f"model.path={tmp_path}", "rollout.engine=sglang"]))
