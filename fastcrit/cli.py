@@ -159,8 +159,9 @@ def _check_model(cfg) -> None:
     read) before any rank starts: logits that are its hidden states times lm_head up to a constant
     factor (the fused log-probs; fastcrit.models.logit_head), and its decoder layers at
     ``<base model>.layers`` (FSDP2's units and the checkpointed blocks); a value critic
-    (``ppo.critic_path``) that its family can build."""
-    from fastcrit.models.hf import load_model, load_value_model, model_spec
+    (``ppo.critic_path``) that its family can build; with the SGLang engine, weights that load
+    under the names SGLang reads (``weight_conversions``)."""
+    from fastcrit.models.hf import load_model, load_value_model, model_spec, weight_conversions
     from fastcrit.models.logit_head import logit_scale
     from fastcrit.registry import recipe
 
@@ -184,6 +185,15 @@ def _check_model(cfg) -> None:
             f"model.path: {type(lm).__name__} keeps its decoder layers elsewhere than "
             f"{prefix or 'its base model'}.layers, where fastcrit finds the blocks it shards and "
             "checkpoints (Llama, Qwen, Mistral, Gemma, Phi-3 and most current families have them there)"
+        )
+    converted = weight_conversions(lm.config) if cfg.rollout.engine == "sglang" else []
+    if converted:
+        raise ConfigError(
+            f"rollout.engine=sglang: Transformers converts {lm.config.model_type}'s weights as it loads "
+            f"them ({', '.join(converted)}; a MoE's experts fused into one tensor per layer), so the "
+            "trainer's weight sync would send names that SGLang's loader, which reads the checkpoint "
+            "layout, skips without an error (0.5.23 models/qwen3_moe.py load_weights): the engine "
+            "would keep sampling from the first weights. Use rollout.engine=native for this model"
         )
 
 
