@@ -3,8 +3,9 @@ another room's private names; read from the same parse of the source as test_arc
 import counted: lazy ones, those under ``if TYPE_CHECKING:``, ``importlib.import_module("...")``).
 
 A room is a package under ``fastcrit/`` (``fastcrit.data``), a top-level module or a group of them
-(``config``: config.py, config_checks.py, config_values.py), ``fastcrit_kernels``, or the faces (the
-commands: cli.py, bench_cli.py, the scripts in benchmarks/). Each room stands on one floor; rooms on
+(``config``: config.py, config_checks.py, config_input.py, config_ranges.py, config_values.py),
+``fastcrit_kernels``, or the faces (the commands: cli.py with launch_checks.py, bench_cli.py, the
+scripts in benchmarks/). Each room stands on one floor; rooms on
 the same floor may import each other as far as test_no_import_cycles allows. A module that belongs to
 no room fails ``test_every_module_has_a_floor``, so a new room must be given a floor here and in the
 docs. The same limits as the walls apply (see test_architecture.py's docstring): a module name
@@ -28,13 +29,20 @@ ROOMS = {
     "sandbox": ("fastcrit.sandbox",),
     "data": ("fastcrit.data",),
     "models": ("fastcrit.models",),
-    "config": ("fastcrit.config", "fastcrit.config_checks", "fastcrit.config_values", "fastcrit.registry"),
+    "config": (
+        "fastcrit.config",
+        "fastcrit.config_checks",
+        "fastcrit.config_input",
+        "fastcrit.config_ranges",
+        "fastcrit.config_values",
+        "fastcrit.registry",
+    ),
     "algos": ("fastcrit.algos",),
     "rollout": ("fastcrit.rollout",),
     "reward": ("fastcrit.reward",),
     "train": ("fastcrit.train",),
     "recipes": ("fastcrit.recipes",),
-    "cli": ("fastcrit.cli",),
+    "cli": ("fastcrit.cli", "fastcrit.launch_checks"),
     "bench_cli": ("fastcrit.bench_cli",),
     "benchmarks": ("benchmarks",),
 }
