@@ -8,6 +8,7 @@ import sys
 
 from fastcrit.config import ConfigError, load_config
 from fastcrit.data.datasets import DatasetError
+from fastcrit.launch_checks import check_data, check_model, check_output_dir, check_weights
 
 
 def _with_reward_model(ctx, cfg):
@@ -125,76 +126,15 @@ def cmd_train(args) -> int:
     cfg = _load(args)
     if args.resume:
         cfg = _resuming(cfg, args.resume)
-    _check_data(cfg, "train")
-    _check_model(cfg)
+    check_data(cfg, "train")
+    check_model(cfg)
+    check_weights(cfg.model.path, "model.path")
+    check_output_dir(cfg.trainer.output_dir, "trainer.output_dir")
     if _finished(cfg):
         return 0
     if cfg.trainer.device == "cuda" and not cfg.trainer.skip_plan:
         _check_plan(cfg, args.config)
     return _run(args, cfg, _train_entry, cfg.trainer.nproc)
-
-
-def _check_data(cfg, command: str) -> None:
-    """Each data source the command will read names a file or a shipped task, checked before any
-    model loads: a missing file found after the SFT warm start cost its minutes, and the error
-    named the file but not the key."""
-    from fastcrit.data.datasets import resolve_source
-
-    keys = {"data.train": cfg.data.train, "data.val": cfg.data.val}
-    if command == "sft" or (command == "train" and cfg.sft.steps > 0):
-        keys["sft.data"] = cfg.sft.data  # "" for CTRL and RARO: their pre-stage writes it
-    if command == "rm" and not cfg.rm.label_reward:
-        keys["rm.data"] = cfg.rm.data
-    for key, spec in keys.items():
-        if not spec:
-            continue
-        try:
-            resolve_source(spec, "test" if key == "data.val" else "train")
-        except DatasetError as e:
-            raise ConfigError(f"{key}: {e}") from None
-
-
-def _check_model(cfg) -> None:
-    """What the trainer needs of the policy's architecture, checked on the meta device (nothing
-    read) before any rank starts: logits that are its hidden states times lm_head up to a constant
-    factor (the fused log-probs; fastcrit.models.logit_head), and its decoder layers at
-    ``<base model>.layers`` (FSDP2's units and the checkpointed blocks); a value critic
-    (``ppo.critic_path``) that its family can build; with the SGLang engine, weights that load
-    under the names SGLang reads (``weight_conversions``)."""
-    from fastcrit.models.hf import load_model, load_value_model, model_spec, weight_conversions
-    from fastcrit.models.logit_head import logit_scale
-    from fastcrit.registry import recipe
-
-    spec = model_spec(cfg.model)
-    critic = cfg.ppo.critic_path or spec
-    if recipe(cfg.algorithm.name).value_critic and not critic.startswith("tiny"):
-        try:
-            load_value_model(critic, meta=True)
-        except (ValueError, OSError) as e:
-            raise ConfigError(f"ppo.critic_path: {e}") from None
-    if spec.startswith("tiny"):  # the built-in Qwen2
-        return
-    try:
-        lm = load_model(spec, meta=True)
-        logit_scale(lm)
-    except (ValueError, OSError) as e:  # UnsupportedLogits; a missing or unreadable directory
-        raise ConfigError(f"model.path: {e}") from None
-    prefix = getattr(lm, "base_model_prefix", "")
-    if not hasattr(getattr(lm, prefix, None), "layers"):
-        raise ConfigError(
-            f"model.path: {type(lm).__name__} keeps its decoder layers elsewhere than "
-            f"{prefix or 'its base model'}.layers, where fastcrit finds the blocks it shards and "
-            "checkpoints (Llama, Qwen, Mistral, Gemma, Phi-3 and most current families have them there)"
-        )
-    converted = weight_conversions(lm.config) if cfg.rollout.engine == "sglang" else []
-    if converted:
-        raise ConfigError(
-            f"rollout.engine=sglang: Transformers converts {lm.config.model_type}'s weights as it loads "
-            f"them ({', '.join(converted)}; a MoE's experts fused into one tensor per layer), so the "
-            "trainer's weight sync would send names that SGLang's loader, which reads the checkpoint "
-            "layout, skips without an error (0.5.23 models/qwen3_moe.py load_weights): the engine "
-            "would keep sampling from the first weights. Use rollout.engine=native for this model"
-        )
 
 
 def _finished(cfg) -> bool:
@@ -336,9 +276,11 @@ def _launch_steps(args, section: str, entry) -> int:
     cfg = _load(args)
     if getattr(cfg, section).steps <= 0:
         raise ConfigError(f"{args.config}: {section}.steps must be > 0 for `fastcrit {args.command}`")
-    _check_data(cfg, args.command)
+    check_data(cfg, args.command)
     if section == "sft":
-        _check_model(cfg)
+        check_model(cfg)
+        check_weights(cfg.model.path, "model.path")
+    check_output_dir(cfg.trainer.output_dir, "trainer.output_dir")
     return _run(args, cfg, entry, cfg.trainer.nproc)
 
 
@@ -351,11 +293,14 @@ def cmd_rm(args) -> int:
 
 
 def cmd_ctrl_synth(args) -> int:
-    return _run(args, _load(args), _synth_entry, 1)
+    cfg = _load(args)
+    check_output_dir(cfg.trainer.output_dir, "trainer.output_dir")
+    return _run(args, cfg, _synth_entry, 1)
 
 
 def cmd_critique(args) -> int:
     cfg = _load(args)
+    check_output_dir(cfg.trainer.output_dir, "trainer.output_dir")
     from fastcrit.recipes.ctrl.evaluate import run_critique
 
     run_critique(cfg)
@@ -367,7 +312,7 @@ def cmd_plan(args) -> int:
     cfg = load_config(args.config, args.set)
     from fastcrit.train.plan import GIB, device_capacity_gib, make_plan, render
 
-    capacity = args.gpu_memory_gib or device_capacity_gib()
+    capacity = device_capacity_gib() if args.gpu_memory_gib is None else args.gpu_memory_gib
     try:
         plan = make_plan(cfg, capacity)
     except ValueError as e:
@@ -376,8 +321,11 @@ def cmd_plan(args) -> int:
     if args.json:
         import json
 
-        with open(args.json, "w") as f:
-            json.dump(plan.to_dict(), f, indent=1)
+        try:
+            with open(args.json, "w") as f:
+                json.dump(plan.to_dict(), f, indent=1)
+        except OSError as e:
+            raise ConfigError(f"--json {args.json}: cannot write it ({e.strerror or e})") from None
     if not plan.fits():
         over = ", ".join(f"{p.name} ({p.total / GIB:.1f} GiB)" for p in plan.over())
         print(f"fastcrit: {args.config} does not fit on {capacity:g} GiB per GPU: {over}", file=sys.stderr)
@@ -417,11 +365,16 @@ def cmd_gen(args) -> int:
     from fastcrit.rollout.native import NativeEngine
     from fastcrit.types import SamplingParams
 
-    path = resolve_model_path(args.model)
-    tok = load_tokenizer(path)
-    engine = NativeEngine(path, dtype="float32", device="cpu")
-    ids = [encode_chat(tok, p) for p in args.prompt]
     params = SamplingParams(n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    path = resolve_model_path(args.model)
+    check_weights(args.model, "MODEL")
+    try:
+        tok = load_tokenizer(path)
+        engine = NativeEngine(path, dtype="float32", device="cpu")
+    except (OSError, ValueError, RuntimeError) as e:  # not a loadable model (its loaders' RuntimeError)
+        print(f"fastcrit gen: {e}", file=sys.stderr)
+        return 2
+    ids = [encode_chat(tok, p) for p in args.prompt]
     for r in engine.generate(ids, params):
         print(
             f"[{r.prompt_index}] {tok.decode(r.output_ids, skip_special_tokens=True)!r} "
@@ -440,13 +393,40 @@ def cmd_export(args) -> int:
     src = args.checkpoint
     if not os.path.isfile(os.path.join(src, "config.json")) and latest_checkpoint(src):
         src = latest_checkpoint(src)  # a run's output directory: its newest complete checkpoint
+    check_weights(src, "CHECKPOINT")
+    check_output_dir(args.out, "OUT")
     try:
         out = export_model(src, args.out, args.dtype)
-    except ValueError as e:
+    except (ValueError, OSError, RuntimeError) as e:  # not a loadable model (its loaders' RuntimeError)
         print(f"fastcrit export: {e}", file=sys.stderr)
         return 2
     print(f"exported {src} to {out}")
     return 0
+
+
+def _at_least(least, kind):
+    """An argparse type: ``kind`` of the text, refused (a usage error, exit 2) below ``least``."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
+        if not value >= least:  # `not >=` also refuses nan
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {text}")
+        return value
+
+    return parse
+
+
+def _above_zero(text: str) -> float:
+    """An argparse type: a finite float > 0 (0 or nan read as the default before, silently)."""
+    import math
+
+    value = _at_least(0.0, float)(text)
+    if value == 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -491,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument(
         "--gpu-memory-gib",
-        type=float,
+        type=_above_zero,
         default=None,
         metavar="N",
         help="memory of one GPU (default: this machine's GPU 0, else 80)",
@@ -505,9 +485,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("gen", help="generate with the native engine from a local model directory")
     g.add_argument("model", help="a Hugging Face model directory, or 'tiny'")
     g.add_argument("--prompt", action="append", required=True, help="user message (repeatable)")
-    g.add_argument("--n", type=int, default=1)
-    g.add_argument("--max-new-tokens", type=int, default=32)
-    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--n", type=_at_least(1, int), default=1)
+    g.add_argument("--max-new-tokens", type=_at_least(1, int), default=32)
+    g.add_argument("--temperature", type=_at_least(0.0, float), default=0.0)
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(func=cmd_gen)
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 
 from fastcrit.config_checks import validate  # the cross-field rules, apart from the tree
+from fastcrit.config_input import read_yaml, show, suggest
 from fastcrit.errors import ConfigError
 from fastcrit.models.tiny import TinySettings  # torch-free at import; the tiny model's own defaults
 from fastcrit.sandbox.types import SandboxConfig  # torch-free; the sandbox's own defaults
@@ -455,7 +456,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
-            raise ConfigError(f"{where}: expected one of {list(choices)}, got {value!r}")
+            raise ConfigError(f"{where}: expected one of {list(choices)}, got {show(value)}")
         return value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -469,31 +470,31 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, a, where)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {show(value)}")
     if tp is tuple or origin is tuple:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {show(value)}")
         return tuple(value)
     if tp is dict or origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__} {show(value)}")
         key_tp, val_tp = typing.get_args(tp) or (Any, Any)
         return {_coerce(k, key_tp, where): _coerce(v, val_tp, f"{where}.{k}") for k, v in value.items()}
     if origin is list:
         (item_tp,) = typing.get_args(tp) or (Any,)
         if not isinstance(value, list):
-            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {show(value)}")
         return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
     if tp is Any:
         return value
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: expected bool, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{where}: expected bool, got {type(value).__name__} {show(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: expected int, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{where}: expected int, got {type(value).__name__} {show(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -502,11 +503,14 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{where}: expected float, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{where}: expected float, got {type(value).__name__} {show(value)}")
     if tp is str:
         if isinstance(value, str):
+            if "\0" in value:  # no path or name can hold one; os calls would raise mid-run
+                raise ConfigError(f"{where}: contains a NUL character: {show(value)}")
             return value
-        raise ConfigError(f"{where}: expected str, got {type(value).__name__} {value!r}")
+        hint = " (YAML reads yes/no/on/off/true/false as booleans: quote the value)" if isinstance(value, bool) else ""
+        raise ConfigError(f"{where}: expected str, got {type(value).__name__} {show(value)}{hint}")
     raise ConfigError(f"{where}: unsupported type {_type_name(tp)}")
 
 
@@ -515,13 +519,12 @@ def _apply(node: Any, overrides: dict, prefix: str, source: str) -> None:
     for key, value in overrides.items():
         path = f"{prefix}{key}"
         if not isinstance(key, str) or key not in hints:
-            known = ", ".join(sorted(hints))
-            raise ConfigError(f"{source}: {path}: unknown key (known here: {known})")
+            raise ConfigError(f"{source}: {path}: unknown key{suggest(key, node, prefix, Config())}")
         tp = hints[key]
         current = getattr(node, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
-                raise ConfigError(f"{source}: {path}: expected a mapping, got {value!r}")
+                raise ConfigError(f"{source}: {path}: expected a mapping (the section's keys), got {show(value)}")
             _apply(current, value, f"{path}.", source)
         else:
             try:
@@ -535,10 +538,7 @@ def parse_set(item: str) -> dict:
     if "=" not in item:
         raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set rollout.n=8")
     key, raw = item.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--set {item!r}: value is not valid YAML: {e}") from None
+    value = read_yaml(raw, f"--set {show(item)}") if raw != "" else ""
     out: dict = {}
     node = out
     parts = key.strip().split(".")
@@ -556,15 +556,16 @@ def load_config(path: str | None = None, sets: list[str] | None = None, world_si
     from rank 0 when the two differ."""
     cfg = Config()
     if path is not None:
+        if os.path.isdir(path):
+            raise ConfigError(f"{path}: is a directory, not a config file")
         if not os.path.isfile(path):
             raise ConfigError(f"{path}: config file not found")
-        with open(path) as f:
-            try:
-                data = yaml.safe_load(f)
-            except yaml.YAMLError as e:
-                raise ConfigError(f"{path}: not valid YAML: {e}") from None
-        if data is None:
-            data = {}
+        try:
+            with open(path, "rb") as f:  # bytes: PyYAML then names the byte that is not UTF-8
+                data = read_yaml(f, path)
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from None
+        data = {} if data is None else data
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
         _apply(cfg, data, "", path)

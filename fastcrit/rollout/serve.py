@@ -540,19 +540,28 @@ def _is_loopback(host: str) -> bool:
 
 
 def cmd_serve(args) -> int:
-    server = serve(
-        args.model,
-        args.host,
-        args.port,
-        max_batch=args.max_batch,
-        dtype=args.dtype,
-        device=args.device,
-        max_prompt_len=args.max_prompt_len,
-        default_max_tokens=args.default_max_tokens,
-        served_model_name=args.served_model_name,
-        log_requests=True,
-        api_key=args.api_key or os.environ.get("FASTCRIT_API_KEY") or None,
-    )
+    if not 0 <= args.port <= 65535:  # checked before the model loads, not by bind() after
+        print(f"fastcrit serve: --port {args.port}: must be in 0..65535", file=sys.stderr)
+        return 2
+    try:
+        server = serve(
+            args.model,
+            args.host,
+            args.port,
+            max_batch=args.max_batch,
+            dtype=args.dtype,
+            device=args.device,
+            max_prompt_len=args.max_prompt_len,
+            default_max_tokens=args.default_max_tokens,
+            served_model_name=args.served_model_name,
+            log_requests=True,
+            api_key=args.api_key or os.environ.get("FASTCRIT_API_KEY") or None,
+        )
+    except (ValueError, OSError, RuntimeError) as e:
+        # a bad option, a directory that is not a loadable model (the loaders raise RuntimeError),
+        # a port in use: the message names it, a traceback would bury it
+        print(f"fastcrit serve: {e}", file=sys.stderr)
+        return 2
     print(f"fastcrit serve: {server.model_name!r} at {server.url}/v1 (Ctrl-C stops)", file=sys.stderr, flush=True)
     server.wait()
     return 0

@@ -171,7 +171,11 @@ def cmd_run(args) -> int:
         errors += [f"{args.jobs}:{lineno}: skipped: {msg}" for lineno, msg in found]
         for msg in errors:
             print(msg, file=sys.stderr)
-    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    try:
+        out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    except OSError as e:  # a directory, a missing parent, no permission: say so, not a traceback
+        print(f"fastcrit sandbox run: --out {args.out}: cannot write it ({e.strerror or e})", file=sys.stderr)
+        return 2
     from tqdm import tqdm  # a dependency of fastcrit; pure Python, no torch
 
     from . import make_pool

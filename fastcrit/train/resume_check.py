@@ -56,14 +56,24 @@ def _compared(d: dict) -> dict:
 
 def differences(cfg: Config, saved_path: str) -> list[str]:
     """``key: saved -> now`` for each compared setting that differs from the saved config.yaml
-    (empty when it cannot be read: nothing to compare with)."""
+    (empty when there is none: nothing to compare with). One that is there but unreadable raises
+    ValueError naming it: skipping the comparison would continue any run into that directory."""
+    if not os.path.exists(saved_path):
+        return []
     try:
-        with open(saved_path) as f:
+        with open(saved_path, "rb") as f:
             saved = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError):
-        return []
+    except (OSError, yaml.YAMLError) as e:
+        reason = " ".join(str(getattr(e, "strerror", None) or e).split())
+        saved = None
+    else:
+        reason = "it is empty" if saved is None else f"expected a mapping of settings, got {type(saved).__name__}"
     if not isinstance(saved, dict):
-        return []
+        raise ValueError(
+            f"{saved_path}: the saved run's settings cannot be read ({reason}), so continuing it cannot be "
+            "checked; restore the file (or delete it to continue without the check), or set "
+            "trainer.output_dir to a new directory for a new run"
+        )
     old, new = _compared(saved), _compared(to_dict(cfg))
     return [
         f"{k}: {old.get(k)!r} -> {new.get(k)!r}"

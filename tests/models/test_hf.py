@@ -338,7 +338,7 @@ def test_a_moe_on_the_sglang_engine_is_refused_before_launch(tmp_path):
 
     from transformers import LlamaConfig, Qwen3MoeConfig
 
-    from fastcrit.cli import _check_model
+    from fastcrit.launch_checks import check_model
     from fastcrit.config import ConfigError, load_config
     from fastcrit.models.hf import weight_conversions
 
@@ -347,6 +347,6 @@ def test_a_moe_on_the_sglang_engine_is_refused_before_launch(tmp_path):
     assert weight_conversions(moe) and weight_conversions(LlamaConfig(**small, intermediate_size=64)) == []
     moe.architectures = ["Qwen3MoeForCausalLM"]
     (tmp_path / "config.json").write_text(json.dumps(moe.to_dict()))
-    _check_model(load_config("configs/cpu/grpo.yaml", [f"model.path={tmp_path}"]))  # native: fine
+    check_model(load_config("configs/cpu/grpo.yaml", [f"model.path={tmp_path}"]))  # native: fine
     with pytest.raises(ConfigError, match="rollout.engine=sglang: Transformers converts qwen3_moe's weights"):
-        _check_model(load_config("configs/cpu/grpo.yaml", [f"model.path={tmp_path}", "rollout.engine=sglang"]))
+        check_model(load_config("configs/cpu/grpo.yaml", [f"model.path={tmp_path}", "rollout.engine=sglang"]))
