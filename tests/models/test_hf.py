@@ -338,8 +338,8 @@ def test_a_moe_on_the_sglang_engine_is_refused_before_launch(tmp_path):
 
     from transformers import LlamaConfig, Qwen3MoeConfig
 
-    from fastcrit.launch_checks import check_model
     from fastcrit.config import ConfigError, load_config
+    from fastcrit.launch_checks import check_model
     from fastcrit.models.hf import weight_conversions
 
     small = dict(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)

@@ -12,16 +12,7 @@ import transformers as tf
 from fastcrit.cli import main
 from fastcrit.models.logit_head import UnsupportedLogits, logit_scale
 from fastcrit.train.policy import CausalLMLogprobs
-
-SMALL = dict(
-    vocab_size=96,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
+from tests.models.small_configs import SMALL
 
 
 def _meta(config):
