@@ -11,6 +11,7 @@ whose newest checkpoint is already at or past ``trainer.total_steps`` is not sta
 
 from __future__ import annotations
 
+import json
 import os
 
 import yaml
@@ -107,6 +108,8 @@ def check_resume(cfg: Config) -> tuple[str, int] | None:
             f"trainer.resume would continue it with these: {shown}. To continue it, use its settings; "
             f"to train with these, {new_run}"
         )
+    if step < t.total_steps:
+        unreadable(ckpt, t.nproc)
     if step > t.total_steps:
         raise ValueError(
             f"trainer.total_steps={t.total_steps}, but {t.output_dir}'s newest checkpoint is at step {step}: "
@@ -115,3 +118,30 @@ def check_resume(cfg: Config) -> tuple[str, int] | None:
     if step == t.total_steps:
         return "finished", step
     return None
+
+
+def unreadable(ckpt: str, nproc: int) -> None:
+    """Raise ValueError when the checkpoint a run would continue from lacks what
+    fastcrit.train.checkpoint.load_checkpoint reads (its trainer_state.json, each rank's RNG
+    state, the sharded model and optimizer state) or was saved by another number of processes:
+    found once the ranks had started (after an SFT warm start where there was one) otherwise."""
+    fix = (
+        "delete that step_<N> directory to continue from the checkpoint before it, or set "
+        "trainer.output_dir to a new directory for a new run"
+    )
+    try:
+        with open(os.path.join(ckpt, "trainer_state.json"), "rb") as f:
+            state = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{ckpt}: its trainer_state.json cannot be read ({' '.join(str(e).split())}); {fix}") from None
+    saved = state.get("world_size") if isinstance(state, dict) else None
+    if saved is not None and saved != nproc:
+        raise ValueError(
+            f"{ckpt}: saved with {saved} processes, continued with trainer.nproc={nproc}; set "
+            f"trainer.nproc={saved} to continue it, or {fix.split(', or ')[1]}"
+        )
+    missing = [
+        n for n in ["dcp", *(f"rng_rank{r}.pt" for r in range(nproc))] if not os.path.exists(os.path.join(ckpt, n))
+    ]
+    if missing:
+        raise ValueError(f"{ckpt}: has no {', '.join(missing)}, which continuing it reads; {fix}")

@@ -1,7 +1,8 @@
 """A training run into an output directory that holds checkpoints: continued when it is the same
 run, refused when the settings differ or the steps went down, nothing trained when it is finished
 (fastcrit.train.resume_check and `fastcrit train`). No model is built: the checkpoints here are
-bare directories with their COMPLETE marker."""
+bare directories with the files a resume reads first (trainer_state.json, dcp/, rng_rank0.pt) and their
+COMPLETE marker."""
 
 import json
 
@@ -17,8 +18,11 @@ CONFIG = "configs/cpu/grpo.yaml"
 def _finished_run(tmp_path, step=5, sets=()):
     out = tmp_path / "run"
     sets = [f"trainer.output_dir={out}", f"trainer.total_steps={step}", *sets]
-    (out / "checkpoints" / f"step_{step}").mkdir(parents=True)
-    (out / "checkpoints" / f"step_{step}" / "COMPLETE").write_text("")
+    ckpt = out / "checkpoints" / f"step_{step}"
+    (ckpt / "dcp").mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"step": step, "world_size": 1}))
+    (ckpt / "rng_rank0.pt").write_text("")
+    (ckpt / "COMPLETE").write_text("")
     dump_yaml(load_config(CONFIG, sets), str(out / "config.yaml"))
     (out / "summary.json").write_text(json.dumps({"val_reward_end": 0.959}))
     return out, sets
@@ -72,3 +76,23 @@ def test_a_missing_data_file_stops_before_any_model_loads_naming_its_key(tmp_pat
         err = capsys.readouterr().err
         assert f"config error: {key}: " in err, err
         assert not out.exists()  # stopped before the run wrote anything
+
+
+def test_a_checkpoint_that_cannot_be_continued_is_refused_before_launch(tmp_path, capsys):
+    # a COMPLETE checkpoint without its trainer_state.json was reported once the ranks had started,
+    # after the SFT warm start; another trainer.nproc than it was saved with, the same
+    out, sets = _finished_run(tmp_path)
+    ckpt = out / "checkpoints" / "step_5"
+    more = [*sets, "trainer.total_steps=9"]
+    (out / "config.yaml").rename(out / "saved.yaml")  # without it the settings are not compared
+    with pytest.raises(ValueError, match=r"saved with 1 processes, continued with trainer.nproc=2"):
+        check_resume(load_config(CONFIG, [*more, "trainer.nproc=2"]))
+    (out / "saved.yaml").rename(out / "config.yaml")
+    (ckpt / "rng_rank0.pt").unlink()
+    with pytest.raises(ValueError, match=r"step_5: has no rng_rank0.pt, which continuing it reads; delete"):
+        check_resume(load_config(CONFIG, more))
+    (ckpt / "trainer_state.json").unlink()
+    argv = ["train", CONFIG] + [a for s in more for a in ("--set", s)]
+    assert main(argv) == 2
+    assert "trainer_state.json cannot be read" in capsys.readouterr().err
+    assert check_resume(load_config(CONFIG, sets)) == ("finished", 5)  # nothing to continue: not read
