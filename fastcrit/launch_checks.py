@@ -107,7 +107,7 @@ def check_model(cfg) -> None:
             f"{prefix or 'its base model'}.layers, where fastcrit finds the blocks it shards and "
             "checkpoints (Llama, Qwen, Mistral, Gemma, Phi-3 and most current families have them there)"
         )
-    converted = weight_conversions(lm.config) if cfg.rollout.engine == "sglang" else []
+    converted = weight_conversions(lm) if cfg.rollout.engine == "sglang" else []
     if converted:
         raise ConfigError(
             f"rollout.engine=sglang: Transformers converts {lm.config.model_type}'s weights as it loads "

@@ -325,17 +325,19 @@ def _meta_copy(config):
         return cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
 
 
-def weight_conversions(config) -> list[str]:
+def weight_conversions(config_or_model) -> list[str]:
     """The conversions Transformers applies to this family's weights as it loads them (e.g. a
     MoE's per-expert weights fused into one tensor per layer; ``[]`` for most dense families and
     for Transformers 4.x): a model loaded here names and shapes those weights unlike its
-    checkpoints do."""
+    checkpoints do. Given a model (one already built, e.g. on the meta device), it is read as it
+    is; given a config, a meta copy is built for the look-up."""
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import PrefixChange
     except ImportError:
         return []
-    found = get_model_conversion_mapping(_meta_copy(config), add_legacy=False)
+    model = config_or_model if isinstance(config_or_model, torch.nn.Module) else _meta_copy(config_or_model)
+    found = get_model_conversion_mapping(model, add_legacy=False)
     # a prefix change only says where a checkpoint's names may start; the names stay the same
     return [type(c).__name__ for c in found if not isinstance(c, PrefixChange)]
 

@@ -19,6 +19,8 @@ import yaml
 from fastcrit.config import Config, to_dict
 from fastcrit.train.checkpoint import complete_checkpoints
 
+NEW_RUN = "set trainer.output_dir to a new directory for a new run"  # the way out of every refusal here
+
 # Sections whose values decide what a step computes. Left out: trainer (but its seed and nproc),
 # sandbox, and the rollout engine's placement and speed settings below, which a resumed run may
 # change (a smaller micro-batch after an out-of-memory stop, another logger, more steps).
@@ -72,8 +74,7 @@ def differences(cfg: Config, saved_path: str) -> list[str]:
     if not isinstance(saved, dict):
         raise ValueError(
             f"{saved_path}: the saved run's settings cannot be read ({reason}), so continuing it cannot be "
-            "checked; restore the file (or delete it to continue without the check), or set "
-            "trainer.output_dir to a new directory for a new run"
+            f"checked; restore the file (or delete it to continue without the check), or {NEW_RUN}"
         )
     old, new = _compared(saved), _compared(to_dict(cfg))
     return [
@@ -99,21 +100,20 @@ def check_resume(cfg: Config) -> tuple[str, int] | None:
     if not done:
         return None
     step, ckpt = done[-1]
-    new_run = "set trainer.output_dir to a new directory for a new run"
     diff = differences(cfg, os.path.join(t.output_dir, "config.yaml"))
     if diff:
         shown = "; ".join(diff[:8]) + (f"; and {len(diff) - 8} more" if len(diff) > 8 else "")
         raise ValueError(
             f"{t.output_dir} holds a run with other settings (newest checkpoint {ckpt}), and "
             f"trainer.resume would continue it with these: {shown}. To continue it, use its settings; "
-            f"to train with these, {new_run}"
+            f"to train with these, {NEW_RUN}"
         )
     if step < t.total_steps:
         unreadable(ckpt, t.nproc)
     if step > t.total_steps:
         raise ValueError(
             f"trainer.total_steps={t.total_steps}, but {t.output_dir}'s newest checkpoint is at step {step}: "
-            f"raise trainer.total_steps to train further, or {new_run}"
+            f"raise trainer.total_steps to train further, or {NEW_RUN}"
         )
     if step == t.total_steps:
         return "finished", step
@@ -125,10 +125,7 @@ def unreadable(ckpt: str, nproc: int) -> None:
     fastcrit.train.checkpoint.load_checkpoint reads (its trainer_state.json, each rank's RNG
     state, the sharded model and optimizer state) or was saved by another number of processes:
     found once the ranks had started (after an SFT warm start where there was one) otherwise."""
-    fix = (
-        "delete that step_<N> directory to continue from the checkpoint before it, or set "
-        "trainer.output_dir to a new directory for a new run"
-    )
+    fix = f"delete that step_<N> directory to continue from the checkpoint before it, or {NEW_RUN}"
     try:
         with open(os.path.join(ckpt, "trainer_state.json"), "rb") as f:
             state = json.load(f)
@@ -138,7 +135,7 @@ def unreadable(ckpt: str, nproc: int) -> None:
     if saved is not None and saved != nproc:
         raise ValueError(
             f"{ckpt}: saved with {saved} processes, continued with trainer.nproc={nproc}; set "
-            f"trainer.nproc={saved} to continue it, or {fix.split(', or ')[1]}"
+            f"trainer.nproc={saved} to continue it, or {NEW_RUN}"
         )
     missing = [
         n for n in ["dcp", *(f"rng_rank{r}.pt" for r in range(nproc))] if not os.path.exists(os.path.join(ckpt, n))
