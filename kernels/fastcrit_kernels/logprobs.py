@@ -7,8 +7,8 @@ unfused path's ``[tokens, V]`` logits, log-softmax and gradient tensors.
 Both are computed with an online log-sum-exp over vocab chunks, and the backward recomputes the
 logits chunk by chunk, so the extra memory is O(tokens x chunk) instead of O(tokens x V); or, on the
 torch path when the logits fit in ``keep_bytes`` (4 GiB by default on a CPU, none on a GPU), the
-forward keeps them, once, and the backward reads them instead of recomputing. Guarantees and
-departures:
+forward keeps them, once (without the entropy: their exps, against a running max per block), and
+the backward reads them instead of recomputing. Guarantees and departures:
 
 - Log-probs are clamped to <= 0 and entropies to >= 0 (rounding can otherwise give +1e-7 for a
   token with probability ~1; some fused kernels in the wild return positive log-probs).
@@ -342,15 +342,15 @@ class _FusedLogprobs(torch.autograd.Function):
     def forward(
         ctx, hidden, weight, bias, labels, inv_t, ignore_index, with_ent, backend, chunk_bytes, precision, keep
     ):
-        kept = None
+        kept = shifts = None
         with torch.autocast(hidden.device.type, enabled=False):
             if backend == "triton":
                 lp, lse, ent = _triton_forward(hidden, weight, bias, labels, inv_t, ignore_index, with_ent, precision)
             else:
-                lp, lse, ent, kept = _torch_forward(
+                lp, lse, ent, kept, shifts = _torch_forward(
                     hidden, weight, bias, labels, inv_t, ignore_index, with_ent, chunk_bytes, keep
                 )
-        ctx.save_for_backward(hidden, weight, bias, labels, lse, ent, kept)
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, ent, kept, shifts)
         ctx.inv_t, ctx.ignore_index, ctx.with_ent = inv_t, ignore_index, with_ent
         ctx.backend, ctx.chunk_bytes, ctx.precision = backend, chunk_bytes, precision
         ctx.device_type = hidden.device.type
@@ -369,7 +369,7 @@ class _FusedLogprobs(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, g_lp, g_ent):
         none = (None,) * 11
-        hidden, weight, bias, labels, lse, ent, kept = ctx.saved_tensors
+        hidden, weight, bias, labels, lse, ent, kept, shifts = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         if not (need_h or need_w or need_b):
             return none
@@ -403,7 +403,20 @@ class _FusedLogprobs(torch.autograd.Function):
         else:
             safe = torch.where(valid, labels, torch.zeros_like(labels))
             d_h, d_w, d_b = _torch_backward(
-                hidden, weight, bias, safe, lse, ent, g_lp, g_ent, ctx.inv_t, need_w, need_b, ctx.chunk_bytes, kept
+                hidden,
+                weight,
+                bias,
+                safe,
+                lse,
+                ent,
+                g_lp,
+                g_ent,
+                ctx.inv_t,
+                need_w,
+                need_b,
+                ctx.chunk_bytes,
+                kept,
+                shifts,
             )
         return (
             d_h.to(hidden.dtype) if need_h else None,
