@@ -171,6 +171,10 @@ def cmd_run(args) -> int:
         errors += [f"{args.jobs}:{lineno}: skipped: {msg}" for lineno, msg in found]
         for msg in errors:
             print(msg, file=sys.stderr)
+    if not jobs:  # an empty result file and exit 0 would read as a run that checked nothing and passed
+        why = f"all {len(errors)} skipped (above)" if errors else "the file holds none"
+        print(f"fastcrit sandbox run: {args.jobs}: no job to run: {why}", file=sys.stderr)
+        return 2
     try:
         out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     except OSError as e:  # a directory, a missing parent, no permission: say so, not a traceback

@@ -80,6 +80,27 @@ def test_missing_file_is_a_clear_error(tmp_path):
     assert p.returncode == 2 and "no such file" in p.stderr
 
 
+def test_no_runnable_job_is_an_error_not_an_empty_pass(tmp_path):
+    """A file whose every line is skipped, or that holds no line, exits 2 naming why: exit 0 with
+    an empty result file read as a run that passed."""
+    for name, text, why in (
+        ("bad.jsonl", "{not json\n" + json.dumps({"id": 1, "code": "x"}) + "\n", "all 2 skipped"),
+        ("empty.jsonl", "\n\n", "the file holds none"),
+    ):
+        path = tmp_path / name
+        path.write_text(text)
+        out = tmp_path / (name + ".out")
+        p = subprocess.run(
+            [sys.executable, "-m", "fastcrit.sandbox.cli", "sandbox", "run", str(path), "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 2, p.stderr
+        assert f"{path}: no job to run: {why}" in p.stderr
+        assert not out.exists()
+
+
 def test_a_problem_file_needs_the_full_cli(tmp_path):
     """The sandbox alone reads jobs; problem formats are the full CLI's (fastcrit.data)."""
     path = tmp_path / "problems.jsonl"
