@@ -43,6 +43,38 @@ def check_data(cfg, command: str) -> None:
                 raise ConfigError(
                     f"{key}: {path}: expected a JSON array of objects (or a .jsonl file, one object per line)"
                 )
+    _check_rows(cfg, command)
+
+
+def _check_rows(cfg, command: str) -> None:
+    """The rows the command will read through the shared loaders, read once here by the same
+    loader with the same data.prompt_key / answer_key and data.strict: a file none of whose rows
+    has the prompt key (or one that data.strict refuses) stopped the run only when a rank read it,
+    after the model loaded and the SFT warm start ran. A recipe whose data are not prompt rows
+    (``Recipe.prompt_rows``: CTRL's problem files) reads them itself, first thing."""
+    from fastcrit.data.datasets import load_dataset, load_preferences
+    from fastcrit.registry import recipe
+
+    d = cfg.data
+    reads = []  # (key, spec, the split a shipped task defaults to)
+    if command == "sft" or (command == "train" and cfg.sft.steps > 0):
+        reads.append(("sft.data", cfg.sft.data, "train"))  # "" where a pre-stage writes it
+    if command == "train" and recipe(cfg.algorithm.name).prompt_rows:
+        reads += [("data.train", d.train, "train"), ("data.val", d.val, "test")]
+    if command == "rm" and cfg.rm.label_reward:
+        reads.append(("data.train", d.train, "train"))
+    for key, spec, split in reads:
+        if not spec:
+            continue
+        try:
+            load_dataset(spec, d.prompt_key, d.answer_key, split, strict=d.strict)
+        except DatasetError as e:
+            raise ConfigError(f"{key}: {e}") from None
+    if command == "rm" and not cfg.rm.label_reward and cfg.rm.data:
+        try:
+            load_preferences(cfg.rm.data, strict=d.strict)
+        except DatasetError as e:
+            raise ConfigError(f"rm.data: {e}") from None
 
 
 def check_weights(spec: str, key: str) -> None:

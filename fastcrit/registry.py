@@ -61,6 +61,11 @@ class Recipe:
     # the policy's own answers one prompt may carry (RARO's critic reads two): the planned prompt
     # length grows by this many rollout.max_new_tokens
     answers_in_prompt: int = 0
+    # data.train / data.val are prompt rows, read by the shared loader (fastcrit.data.datasets
+    # .load_dataset): the CLI reads them once before launch, so a file whose rows it would refuse
+    # stops the run before any model loads or SFT warm start runs. False for other formats (CTRL's
+    # problem files, read by its pre-stage).
+    prompt_rows: bool = True
     module: str = ""  # set by the registry: the module that declares it
     file: str = ""  # set by the registry: that module's file
 

@@ -200,6 +200,36 @@ def test_a_bad_data_file_is_refused_before_the_warm_start(tmp_path, capsys, no_l
     assert err.startswith(f"fastcrit: config error: data.train: {p}") and expected in err
 
 
+@pytest.mark.parametrize(
+    "sets, rows, expected",
+    [
+        # rows keyed "question" where data.prompt_key is "prompt": every row skipped
+        ([], [{"question": "a", "answer": "b"}] * 3, "no usable examples (first problem: "),
+        (["data.strict=true"], [{"prompt": "a", "answer": "b"}, {"prompt": ""}], "1 row skipped and data.strict"),
+    ],
+)
+@pytest.mark.parametrize("key", ["data.train", "data.val", "sft.data"])
+def test_rows_the_loader_would_refuse_stop_the_run_before_launch(
+    tmp_path, capsys, no_launch, sets, rows, expected, key
+):
+    # each stopped a rank after the model loaded and the SFT warm start ran (78 steps here)
+    p = tmp_path / "rows.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["train", CONFIG, "--set", f"{key}={p}", "--set", f"trainer.output_dir={tmp_path}/o"]
+    for s in sets:
+        argv += ["--set", s]
+    err = _error(capsys, argv)
+    assert err.startswith(f"fastcrit: config error: {key}: {p}") and expected in err, err
+
+
+def test_preference_rows_are_read_before_the_reward_model_launches(tmp_path, capsys, no_launch):
+    p = tmp_path / "prefs.jsonl"
+    p.write_text(json.dumps({"prompt": "a", "chosen": "b"}) + "\n")  # no "rejected"
+    argv = ["rm", CONFIG, "--set", "rm.steps=2", "--set", f"rm.data={p}", "--set", f"trainer.output_dir={tmp_path}/o"]
+    err = _error(capsys, argv)
+    assert err.startswith(f"fastcrit: config error: rm.data: {p}") and "no usable preference pairs" in err, err
+
+
 def test_a_model_directory_without_weights_is_refused(tmp_path, capsys, no_launch):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     err = _error(capsys, ["gen", str(tmp_path), "--prompt", "hi"])  # a RuntimeError traceback before
@@ -255,6 +285,6 @@ def test_export_under_a_file_and_serve_on_a_bad_port_are_refused(tmp_path, capsy
 
 def test_sandbox_run_onto_a_directory_is_one_line(tmp_path, capsys):
     jobs = tmp_path / "jobs.jsonl"
-    jobs.write_text("")
+    jobs.write_text(json.dumps({"id": 1, "code": "print(1)", "kind": "stdio", "tests": []}) + "\n")
     err = _error(capsys, ["sandbox", "run", str(jobs), "--out", str(tmp_path)])  # IsADirectoryError before
     assert err.startswith(f"fastcrit sandbox run: --out {tmp_path}: cannot write it")

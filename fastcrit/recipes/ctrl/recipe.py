@@ -52,6 +52,7 @@ RECIPE = Recipe(
     step="CTRL",
     prepare="prepare",
     reward_names=("code",),  # the sandbox scores the revisions
+    prompt_rows=False,  # data.train / data.val are problem files (data.format), read by its pre-stage
     proxy=True,
 )
 
