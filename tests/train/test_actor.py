@@ -2,11 +2,15 @@
 change nothing but the schedule."""
 
 import dataclasses
+import json
+import os
 
 import pytest
 import torch
+from conftest import TINY_TEST_SPEC
 
 from fastcrit.config import AlgorithmConfig, OptimConfig
+from fastcrit.models.hf import resolve_model_path
 from fastcrit.rollout.batch import collate
 from fastcrit.train.actor import balance_ranks, build_actor, compute_logprobs, lr_factor, update_policy
 from fastcrit.train.dist import all_reduce_mean, launch
@@ -154,6 +158,9 @@ def _uneven_ranks(ctx, path, out_file, balance=False):
     if balance:
         b, moved = balance_ranks(b, whole_groups=False)
     stats = all_reduce_mean({**moved, **update_policy(actor, b, ALGO, micro_batch_size=8, max_tokens=12, **UPDATE)})
+    lm = actor.module.lm
+    if lm.config.tie_word_embeddings:  # also on rank 1, whose module was built on the meta device
+        assert lm.get_output_embeddings().weight is lm.get_input_embeddings().weight
     _save_grads(ctx, actor, stats, out_file)
 
 
@@ -168,10 +175,15 @@ def test_token_budget_ranks_agree_on_micro_batches_and_match_one_process(tiny_mo
     assert p2["stats"]["batch/imbalance"] > 1.0  # the long rows sit on rank 0
 
 
-def test_rows_moved_between_ranks_by_work_give_the_same_update_and_even_ranks(tiny_model_path, tmp_path):
+def test_rows_moved_between_ranks_by_work_give_the_same_update_and_even_ranks(tmp_path):
+    """Also with tied embeddings (Qwen2.5-0.5B's and 1.5B's): the lm_head stays the embedding on a
+    rank that built its module on the meta device and took its shards from rank 0, and the tied
+    weight's gradient (both uses) is one process's."""
+    tied = resolve_model_path(TINY_TEST_SPEC + ",tie_word_embeddings=true")
+    assert json.load(open(os.path.join(tied, "config.json")))["tie_word_embeddings"] is True
     one, two = str(tmp_path / "one.pt"), str(tmp_path / "two.pt")
-    launch(_uneven_ranks, (tiny_model_path, one), 1, "cpu")
-    launch(_uneven_ranks, (tiny_model_path, two, True), 2, "cpu")
+    launch(_uneven_ranks, (tied, one), 1, "cpu")
+    launch(_uneven_ranks, (tied, two, True), 2, "cpu")
     p1, p2 = torch.load(one), torch.load(two)
     assert p2["stats"]["loss/policy"] == pytest.approx(p1["stats"]["loss/policy"], rel=1e-5, abs=1e-7)
     for n in p1["params"]:
