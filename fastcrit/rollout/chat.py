@@ -146,9 +146,10 @@ def message_text(content) -> str:
     return content if isinstance(content, str) else "\n".join(part["text"] for part in content)
 
 
-def render_conversation(tokenizer, messages: list[dict]) -> list[int]:
+def render_conversation(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
     """Prompt token ids of a conversation: the chat template with the generation prompt, encoded
     without adding special tokens (the template already holds them), as fastcrit.data.prompts does.
+    ``template_kwargs``: more variables for the template (e.g. Qwen3's ``enable_thinking``).
     A template that refuses the conversation (e.g. a system message out of place), or a tokenizer
     without one (a base model), raises ConversationError on ``messages``."""
     from jinja2 import TemplateError
@@ -167,6 +168,7 @@ def render_conversation(tokenizer, messages: list[dict]) -> list[int]:
             ],
             tokenize=False,
             add_generation_prompt=True,
+            **(template_kwargs or {}),
         )
     except TemplateError as e:
         raise ConversationError("messages", f"the chat template refused this conversation: {e}") from None

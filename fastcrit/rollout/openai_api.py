@@ -23,7 +23,9 @@ after it; the tokens listed are those that begin before the cut.
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -64,6 +66,7 @@ class ApiRequest:
     max_tokens: int | None  # as asked; None when the request gave none
     max_tokens_field: str  # the field that named it, for errors
     messages: list[dict] | None = None
+    template_kwargs: dict = field(default_factory=dict)  # chat: vLLM's chat_template_kwargs
     prompts: list | None = None  # completions: list of str or list[int], one per prompt
     stream: bool = False
     include_usage: bool = False
@@ -90,7 +93,45 @@ _REFUSED = {
     "guided_regex": (None,),
     "guided_choice": (None,),
     "guided_grammar": (None,),
+    # vLLM's and SGLang's extensions that change what is generated or how the prompt is built
+    "ignore_eos": (None, False),
+    "min_tokens": (None, 0),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "prompt_logprobs": (None,),
+    "use_beam_search": (None, False),
+    "typical_p": (None, 1, 1.0),
+    "bad_words": (None, []),
+    "allowed_token_ids": (None,),
+    "continue_final_message": (None, False),
+    "add_generation_prompt": (None, True),
+    "chat_template": (None,),
+    "structured_outputs": (None,),
+    "regex": (None,),
+    "json_schema": (None,),
+    "ebnf": (None,),
+    "truncate_prompt_tokens": (None,),
 }
+# apply_chat_template's own arguments and the template's fixed variables: not settable per request
+_TEMPLATE_OWN = frozenset(
+    (
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    )
+)
 _REASON = {
     "tools": "tool / function calling is not supported",
     "functions": "function calling is not supported",
@@ -98,6 +139,7 @@ _REASON = {
     "tool_choice": "tool calling is not supported",
     "response_format": "only response_format {'type': 'text'} is supported (no JSON mode or json_schema)",
     "suffix": "suffix (insertion) is not supported",
+    "prompt_logprobs": "is not supported; /v1/completions with echo=true and logprobs scores the prompt",
 }
 
 
@@ -134,6 +176,15 @@ def _stops(body: dict) -> list[str]:
     if len(stop) > MAX_STOPS:
         raise RequestError(400, f"stop holds {len(stop)} strings, more than {MAX_STOPS}", "stop")
     return [s for s in stop if s]
+
+
+def _stop_token_ids(body: dict) -> list[int]:
+    ids = body.get("stop_token_ids")  # vLLM's and SGLang's extension
+    if ids is None:
+        return []
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise RequestError(400, "stop_token_ids must be a list of token ids", "stop_token_ids")
+    return ids
 
 
 def _logit_bias(body: dict) -> dict[int, float]:
@@ -176,7 +227,7 @@ def parse_request(body, kind: str) -> ApiRequest:
         include_usage = options.get("include_usage", False)
     n = _integer(body, "n", 1, 1, MAX_N)
     best_of = body.get("best_of")
-    if kind == "text" and best_of is not None and best_of != n:
+    if best_of is not None and best_of != n:
         raise RequestError(400, f"best_of={best_of!r} is not supported (only best_of equal to n)", "best_of")
 
     echo = body.get("echo", False)
@@ -200,10 +251,18 @@ def parse_request(body, kind: str) -> ApiRequest:
             raise RequestError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         logprobs = (top or 0) if lp else None
         prompts = None
+        template_kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(template_kwargs, dict) or set(template_kwargs) & _TEMPLATE_OWN:
+            raise RequestError(
+                400,
+                f"chat_template_kwargs must be an object of template variables other than {sorted(_TEMPLATE_OWN)}",
+                "chat_template_kwargs",
+            )
     else:
         if "prompt" not in body:
             raise RequestError(400, "prompt is missing", "prompt")
         prompts = _prompts(body["prompt"])
+        template_kwargs = {}
         logprobs = _integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
 
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -228,6 +287,7 @@ def parse_request(body, kind: str) -> ApiRequest:
         top_k=top_k,
         seed=seed,
         stop=_stops(body),
+        stop_token_ids=_stop_token_ids(body),
         presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 2.0, lo_open=True),
@@ -243,6 +303,7 @@ def parse_request(body, kind: str) -> ApiRequest:
         max_tokens=max_tokens,
         max_tokens_field=name,
         messages=body.get("messages") if kind == "chat" else None,
+        template_kwargs=template_kwargs,
         prompts=prompts,
         stream=stream,
         include_usage=include_usage,
@@ -350,10 +411,36 @@ def _token_text(tokenizer, t: int) -> str:
     return tokenizer.decode([t], skip_special_tokens=False)
 
 
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet (Qwen, Llama 3, GPT-2 tokenizers) read back: char -> byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    extra = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + k): b for k, b in enumerate(extra)}
+
+
+def _token_bytes(tokenizer, t: int, text: str) -> list[int]:
+    """The UTF-8 bytes token ``t`` stands for. A token holding part of a character decodes alone to
+    "\ufffd", whose bytes would not join with its neighbours' into the character (what ``bytes`` is
+    for): its own bytes come from the vocabulary entry (byte-level BPE or a ``<0xNN>`` byte token)."""
+    if "\ufffd" in text:
+        piece = tokenizer.convert_ids_to_tokens(t)
+        m = _BYTE_TOKEN.fullmatch(piece) if isinstance(piece, str) else None
+        if m:
+            return [int(m.group(1), 16)]
+        dec = _byte_decoder()
+        if isinstance(piece, str) and piece and all(ch in dec for ch in piece):
+            return [dec[ch] for ch in piece]
+    return list(text.encode("utf-8"))
+
+
 def _chat_logprobs(tokenizer, tokens) -> dict:
     def entry(t, lp):
         s = _token_text(tokenizer, t)
-        return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+        return {"token": s, "logprob": lp, "bytes": _token_bytes(tokenizer, t, s)}
 
     return {
         "content": [{**entry(t, lp), "top_logprobs": [entry(i, v) for i, v in top]} for t, _, lp, top in tokens],

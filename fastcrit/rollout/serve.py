@@ -16,9 +16,10 @@ the string (special tokens added as the tokenizer adds them), or the token ids g
 
 Departures from the OpenAI API, each refused with a 400 naming the field rather than ignored: no
 tools / function calling, response_format other than text, echo on chat, suffix, best_of other
-than n, images or audio. Completions' ``echo`` sends the prompt back before each choice, with
-``logprobs`` its tokens' log-probs from one forward pass of the engine's model (what lm-eval's
-loglikelihood tasks read; ``max_tokens=0`` then scores the prompt alone).
+than n, images or audio, vLLM's and SGLang's extensions that change the answer (openai_api._REFUSED).
+Completions' ``echo`` sends the prompt back before each choice, with ``logprobs`` its tokens'
+log-probs from one forward pass of the engine's model (what lm-eval's loglikelihood tasks read;
+``max_tokens=0`` then scores the prompt alone).
 
 A stream is live: NativeEngine.generate's ``on_step`` hands each drawn token to the request's
 thread, which sends the text as it grows (a stop string's length - 1 characters held back, so no
@@ -197,17 +198,17 @@ class ChatServer:
         try:
             with self._tok_lock:
                 if kind == "chat":
-                    prompts = [render_conversation(self.tokenizer, req.messages)]
+                    prompts = [render_conversation(self.tokenizer, req.messages, req.template_kwargs)]
                 else:
                     prompts = [p if isinstance(p, list) else self.tokenizer.encode(p) for p in req.prompts]
         except ConversationError as e:
             raise RequestError(400, str(e), e.param) from None
         vocab = getattr(self.engine, "vocab_size", None)
-        for t in req.params.logit_bias:  # the engine would refuse the whole call: a 500, not a 400
-            if vocab and not 0 <= t < vocab:
-                raise RequestError(
-                    400, f"logit_bias: token id {t} is outside the vocabulary [0, {vocab})", "logit_bias"
-                )
+        # the engine would refuse the whole call: a 500, not a 400
+        for name, ids in (("logit_bias", req.params.logit_bias), ("stop_token_ids", req.params.stop_token_ids)):
+            bad = next((t for t in ids if vocab and not 0 <= t < vocab), None)
+            if bad is not None:
+                raise RequestError(400, f"{name}: token id {bad} is outside the vocabulary [0, {vocab})", name)
         score = req.logprobs if req.echo and req.logprobs is not None else None
         if score is not None and getattr(self.engine, "model", None) is None:
             raise RequestError(400, "echo with logprobs needs the native engine's model to score prompts", "echo")

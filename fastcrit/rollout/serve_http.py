@@ -142,7 +142,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path != "/health" and app.api_key is not None:
             auth = self.headers.get("Authorization", "")
             if not (
-                auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip().encode(), app.api_key.encode())
+                # the scheme is case-insensitive (RFC 7235): some clients send "bearer"
+                auth[:7].lower() == "bearer " and hmac.compare_digest(auth[7:].strip().encode(), app.api_key.encode())
             ):
                 return self._error(
                     RequestError(

@@ -63,7 +63,9 @@ def test_chat_logprobs_and_top_logprobs(client):
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens == 8
     for e in content:
-        assert e.logprob <= 0 and e.bytes == list(e.token.encode("utf-8"))
+        assert e.logprob <= 0
+        # a token holding part of a character shows "\ufffd" but lists its own bytes
+        assert e.bytes == list(e.token.encode("utf-8")) or (e.token == "\ufffd" and len(e.bytes) < 4)
         assert len(e.top_logprobs) == 3
         lps = [t.logprob for t in e.top_logprobs]
         assert lps == sorted(lps, reverse=True)
@@ -264,6 +266,8 @@ def test_api_key_guards_every_route_but_health(tiny_model_path, capsys):
             assert e.value.status_code == 401 and e.value.body["code"] == "invalid_api_key"
         resp, _ = _raw(srv, "GET", "/v1/models")
         assert resp.status == 401
+        resp, _ = _raw(srv, "GET", "/v1/models", headers={"Authorization": "bearer sesame"})
+        assert resp.status == 200
         resp, _ = _raw(srv, "GET", "/health")
         assert resp.status == 200
     assert "WARNING" not in capsys.readouterr().err

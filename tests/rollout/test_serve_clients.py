@@ -1,6 +1,7 @@
 """``fastcrit serve`` against requests real clients send that test_serve.py does not cover: lm-eval's
 loglikelihood payload (completions with echo + logprobs, token-id prompts, max_tokens 1 or 0),
-out-of-range values that must be a 400 and not a 500, and a streaming client that leaves early."""
+out-of-range values that must be a 400 and not a 500, a streaming client that leaves early, the
+bytes of split characters in logprobs, and vLLM's / SGLang's extra parameters."""
 
 import http.client
 import json
@@ -119,3 +120,75 @@ def test_an_abandoned_seeded_stream_leaves_the_rest_of_its_group_answered(server
     assert left.output[0].output_ids == []
     want = server.engine.generate([ids], params)[0]
     assert stays.output[0].output_ids == want.output_ids and len(want.output_ids) > 0
+
+
+def test_chat_logprob_bytes_join_to_the_text(client, server):
+    # A token holding part of a character decodes alone to "\ufffd"; its `bytes` were that
+    # character's, so a client joining them (what the field is for) never got the text back.
+    e_bytes = server.tokenizer.encode("é")  # byte-level BPE: one token per byte
+    assert len(e_bytes) == 2
+    r = client.chat.completions.create(
+        model=NAME,
+        messages=HI,
+        max_tokens=12,
+        temperature=1,
+        seed=3,
+        logit_bias={str(t): 100 for t in e_bytes},
+        logprobs=True,
+    )
+    content = r.choices[0].logprobs.content
+    assert {bytes(e.bytes) for e in content} <= {b"\xc3", b"\xa9"}
+    assert b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace") == r.choices[0].message.content
+    assert "é" in r.choices[0].message.content
+
+
+def test_stop_token_ids_stop_and_other_vllm_extras_are_refused_not_ignored(client, server):
+    from fastcrit.types import SamplingParams
+
+    ids = server.tokenizer.encode("The sea")
+    out = server.engine.generate([ids], SamplingParams(max_new_tokens=10, temperature=0.0)).pop().output_ids
+    k = next(k for k in range(1, len(out)) if out[k] not in out[:k])
+    r = client.completions.create(
+        model=NAME, prompt=ids, max_tokens=10, temperature=0, extra_body={"stop_token_ids": [out[k]]}
+    )
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == k + 1
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=NAME, prompt="x", max_tokens=2, extra_body={"stop_token_ids": [10**9]})
+    assert e.value.body["param"] == "stop_token_ids"
+    # each would change what is generated; answering as if it were absent returned the wrong thing
+    for field, value in [
+        ("ignore_eos", True),
+        ("min_tokens", 4),
+        ("include_stop_str_in_output", True),
+        ("skip_special_tokens", False),
+        ("continue_final_message", True),
+        ("add_generation_prompt", False),
+        ("prompt_logprobs", 1),
+        ("best_of", 3),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=NAME, messages=HI, max_tokens=2, extra_body={field: value})
+        assert e.value.body["param"] == field
+    extras = {"ignore_eos": False, "min_tokens": 0, "skip_special_tokens": True, "best_of": 1}
+    assert client.chat.completions.create(model=NAME, messages=HI, max_tokens=2, extra_body=extras).choices
+
+
+def test_chat_template_kwargs_reach_the_template(client, server):
+    # vLLM's chat_template_kwargs (e.g. Qwen3's enable_thinking) were dropped: the prompt ignored them
+    saved = server.tokenizer.chat_template
+    server.tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if shout %}!!!!{% endif %}"
+    )
+    try:
+
+        def prompt_tokens(**kw):
+            return client.chat.completions.create(model=NAME, messages=HI, max_tokens=1, **kw).usage.prompt_tokens
+
+        plain = prompt_tokens()
+        assert prompt_tokens(extra_body={"chat_template_kwargs": {"shout": True}}) > plain
+        assert prompt_tokens(extra_body={"chat_template_kwargs": {"shout": False}}) == plain
+        with pytest.raises(openai.BadRequestError) as e:
+            prompt_tokens(extra_body={"chat_template_kwargs": {"tokenize": True}})
+        assert e.value.body["param"] == "chat_template_kwargs"
+    finally:
+        server.tokenizer.chat_template = saved
