@@ -27,7 +27,6 @@ fresh execution for the rest) and ``end``.
 from __future__ import annotations
 
 import builtins
-import importlib
 import json
 import os
 import resource
@@ -37,12 +36,11 @@ import time
 from . import wire
 from .harness import Reporter
 from .judge_messages import _assert_message, _describe
+from .judge_names import Withheld, import_or_withhold, module_names, own_modules
 
 _BUILTINS = dict(builtins.__dict__)  # the worker never runs program code: these are the originals
 _BUILTIN_NAMES = frozenset(_BUILTINS)
 _EXCEPTIONS = {k: v for k, v in _BUILTINS.items() if isinstance(v, type) and issubclass(v, Exception)}
-# Standard-library modules the judge would rather not import on a program's word (side effects).
-_NO_IMPORT = frozenset({"antigravity", "this", "tkinter", "turtle", "turtledemo", "idlelib", "webbrowser"})
 _COMPILED: dict = {}  # test source -> (code, names); tests repeat across the samples of a problem
 _MAX_COMPILED = 1024
 
@@ -152,14 +150,11 @@ class Channel:
 
     def _module(self, name, h):
         # Only for the names the test reads from the program ("get"): elsewhere a module the
-        # program returns stays a handle, so a program cannot make the judge import things.
-        top = name.partition(".")[0]
-        if self.names_phase and (name in sys.modules or (top in sys.stdlib_module_names and top not in _NO_IMPORT)):
-            try:
-                return importlib.import_module(name)
-            except Exception:  # not importable here: the program's own
-                pass
-        return Remote(self, h, "module")
+        # program returns stays a handle, so a program cannot make the judge import things. One
+        # the test reads is the judge's own import, never the program's copy (judge_names.py).
+        if not self.names_phase:
+            return Remote(self, h, "module")
+        return import_or_withhold(self, name)
 
     def refuse(self, why: str):
         if self.refusal is None:
@@ -221,6 +216,11 @@ class Channel:
         cls = _EXCEPTIONS.get(name) if type(name) is str else None
         if cls is None:
             raise ProgramError(f"{name}: {msg}")
+        if issubclass(cls, (StopIteration, StopAsyncIteration)):
+            # Raised from a call inside map() or filter() it would end the test's loop as if every
+            # value had been checked (``all(map(check, cases))`` true); a generator makes it a
+            # RuntimeError for the same reason (PEP 479). An iterator of the program ends by "next".
+            raise RuntimeError(f"the program raised {name}: {msg}")
         raise cls(msg)
 
     def _write_back(self, args, changed):
@@ -387,7 +387,8 @@ class Remote:
 
 
 def _compiled(source: str):
-    """(code or None, names it reads, its plan, why it did not compile), cached by source."""
+    """(code or None, names it reads, its plan, why it did not compile, the standard-library
+    module names it reads as modules only), cached by source."""
     hit = _COMPILED.get(source)
     if hit is None:
         import ast  # here, not at the worker's start: only the judge needs them
@@ -398,11 +399,11 @@ def _compiled(source: str):
             tree = ast.parse(source, "<test >")  # parsed once, for the code and for the plan
             if tree.body:
                 code = compile(tree, "<test >", "exec", dont_inherit=True)
-                hit = (code, _names(code), callplan.plan_tree(tree), "")
+                hit = (code, _names(code), callplan.plan_tree(tree), "", module_names(tree, ast))
             else:  # blank or comments only: it would pass every program that loads, so it is an error
-                hit = (None, set(), [], "the test is empty (no statement): it checks nothing")
+                hit = (None, set(), [], "the test is empty (no statement): it checks nothing", set())
         except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as exc:
-            hit = (None, set(), [], f"the test does not compile: {_describe(exc)}")
+            hit = (None, set(), [], f"the test does not compile: {_describe(exc)}", set())
         if len(_COMPILED) >= _MAX_COMPILED:
             _COMPILED.clear()
         _COMPILED[source] = hit
@@ -447,6 +448,8 @@ def run_segment(
             chan.names_phase = False
         if type(found) is not list or not all(type(x) is list and len(x) == 2 and type(x[0]) is str for x in found):
             chan.refuse("malformed")
+        modules = set().union(*(c[4] for c in compiled[start:]))
+        found = own_modules(chan, found, modules, (Remote, Withheld))
     except ProgramLost as exc:
         rep.send({"k": "stop", "m": str(exc)})
         return

@@ -2,6 +2,7 @@
 verdict, or stalled a worker. Each runs with the jail where the machine allows it, else without
 (isolation "none"): none of them needs the jail to show its defect."""
 
+import importlib.util
 import os
 import time
 import warnings
@@ -252,3 +253,61 @@ def test_stdio_job_stdout_is_bounded_over_its_tests(jail_probe):
             # within the budget, every test is compared as before
             ok = p.run(Job(code=big, kind="stdio", tests=tests[:3]))
             assert [t.status for t in ok.tests] == ["passed"] * 3
+
+
+# A test that uses a module it did not import (``math.isclose`` where the program imported math)
+# used to get the program's object under that name: a fake ``math`` or a patched numpy decided
+# the check. And a program's StopIteration, raised inside map(), ended the test's loop as if every
+# case had been checked.
+CHECKER_ATTACKS = {
+    "fake_math_object": (
+        "class M:\n    isclose = staticmethod(lambda *a, **k: True)\nmath = M()\ndef f(): return 0\n",
+        "assert math.isclose(f(), 42)",
+    ),
+    "fake_math_module": (
+        "import types\nmath = types.ModuleType('mymath')\nmath.isclose = lambda *a, **k: True\ndef f(): return 0\n",
+        "assert math.isclose(f(), 42)",
+    ),
+    "other_module_as_math": (
+        "import types\nmath = types.ModuleType('fastcrit.sandbox.judge')\ndef f(): return 0\n",
+        "assert math.Refused",
+    ),
+    "patched_numpy": (
+        "import numpy as np\nnp.allclose = lambda *a, **k: True\ndef f(): return [0, 0]\n",
+        "assert np.allclose(f(), [1, 2])",
+    ),
+    "stop_iteration_in_all_map": (
+        "def f(x):\n    raise StopIteration\n",
+        "assert all(map(lambda x: f(x) == 2 * x, [1, 2, 3]))",
+    ),
+    "stop_iteration_in_for_map": (
+        "class S(StopIteration):\n    pass\ndef f(x):\n    raise S\n",
+        "for a, b in zip(map(f, [1, 2]), [2, 4]):\n    assert a == b",
+    ),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(CHECKER_ATTACKS))
+def test_program_cannot_supply_the_tests_checker(pool, attack):
+    code, test = CHECKER_ATTACKS[attack]
+    if "numpy" in code:
+        pytest.importorskip("numpy")
+    r = pool.run(Job(code=code, kind="assert", tests=[test], entry_point="f", timeout_s=5))
+    assert r.passed == 0 and r.tests[0].status in ("failed", "error"), r.tests
+
+
+def test_modules_and_iterators_of_honest_programs_still_work(pool):
+    jobs = [
+        ("import math\ndef f(): return math.pi\n", "assert math.isclose(f(), 3.14159265, rel_tol=1e-6)"),
+        ("def random(n): return n * 2\ndef f(): return 0\n", "assert random(3) == 6"),  # a stdlib name, called
+        ("def f():\n    yield 1\n    yield 2\n", "it = iter(f())\nassert list(it) == [1, 2]\nassert next(it, 7) == 7"),
+        (
+            "class It:\n    n = 0\n    def __iter__(s): return s\n    def __next__(s):\n        s.n += 1\n"
+            "        if s.n > 2: raise StopIteration\n        return s.n\ndef f(): return It()\n",
+            "assert list(f()) == [1, 2]",
+        ),
+    ]
+    if importlib.util.find_spec("numpy") is not None:
+        jobs.append(("import numpy as np\ndef f(): return [1.0, 2.0]\n", "assert np.allclose(f(), [1, 2])"))
+    rs = pool.run_many([Job(code=c, kind="assert", tests=[t], entry_point="f", timeout_s=5) for c, t in jobs])
+    assert all(r.all_passed for r in rs), [r.tests for r in rs]
