@@ -40,6 +40,14 @@ def tiny_model_path():
     return resolve_model_path(TINY_TEST_SPEC)
 
 
+@pytest.fixture(scope="session")
+def tied_tiny_model_path():
+    """The same model with its lm_head tied to the embedding (as Qwen2.5-0.5B's and 1.5B's)."""
+    from fastcrit.models.hf import resolve_model_path
+
+    return resolve_model_path(TINY_TEST_SPEC + ",tie_word_embeddings=true")
+
+
 class FakeSite:
     """A directory first on sys.path where a test installs fake distributions of the ``flash_attn``
     module (a dist-info with METADATA and top_level.txt, and the module's files), as pip leaves

@@ -7,10 +7,8 @@ import os
 
 import pytest
 import torch
-from conftest import TINY_TEST_SPEC
 
 from fastcrit.config import AlgorithmConfig, OptimConfig
-from fastcrit.models.hf import resolve_model_path
 from fastcrit.rollout.batch import collate
 from fastcrit.train.actor import balance_ranks, build_actor, compute_logprobs, lr_factor, update_policy
 from fastcrit.train.dist import all_reduce_mean, launch
@@ -175,11 +173,11 @@ def test_token_budget_ranks_agree_on_micro_batches_and_match_one_process(tiny_mo
     assert p2["stats"]["batch/imbalance"] > 1.0  # the long rows sit on rank 0
 
 
-def test_rows_moved_between_ranks_by_work_give_the_same_update_and_even_ranks(tmp_path):
+def test_rows_moved_between_ranks_by_work_give_the_same_update_and_even_ranks(tied_tiny_model_path, tmp_path):
     """Also with tied embeddings (Qwen2.5-0.5B's and 1.5B's): the lm_head stays the embedding on a
     rank that built its module on the meta device and took its shards from rank 0, and the tied
     weight's gradient (both uses) is one process's."""
-    tied = resolve_model_path(TINY_TEST_SPEC + ",tie_word_embeddings=true")
+    tied = tied_tiny_model_path
     assert json.load(open(os.path.join(tied, "config.json")))["tie_word_embeddings"] is True
     one, two = str(tmp_path / "one.pt"), str(tmp_path / "two.pt")
     launch(_uneven_ranks, (tied, one), 1, "cpu")
