@@ -63,18 +63,13 @@ def _check_rows(cfg, command: str) -> None:
         reads += [("data.train", d.train, "train"), ("data.val", d.val, "test")]
     if command == "rm" and cfg.rm.label_reward:
         reads.append(("data.train", d.train, "train"))
-    for key, spec, split in reads:
-        if not spec:
-            continue
-        try:
+    # a DatasetError goes out as the ranks' would ("fastcrit: data error: <file>:<line>: ..."),
+    # only sooner
+    for _key, spec, split in reads:
+        if spec:
             load_dataset(spec, d.prompt_key, d.answer_key, split, strict=d.strict)
-        except DatasetError as e:
-            raise ConfigError(f"{key}: {e}") from None
     if command == "rm" and not cfg.rm.label_reward and cfg.rm.data:
-        try:
-            load_preferences(cfg.rm.data, strict=d.strict)
-        except DatasetError as e:
-            raise ConfigError(f"rm.data: {e}") from None
+        load_preferences(cfg.rm.data, strict=d.strict)
 
 
 def check_weights(spec: str, key: str) -> None:

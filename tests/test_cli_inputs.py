@@ -219,7 +219,7 @@ def test_rows_the_loader_would_refuse_stop_the_run_before_launch(
     for s in sets:
         argv += ["--set", s]
     err = _error(capsys, argv)
-    assert err.startswith(f"fastcrit: config error: {key}: {p}") and expected in err, err
+    assert err.startswith(f"fastcrit: data error: {p}") and expected in err, err
 
 
 def test_preference_rows_are_read_before_the_reward_model_launches(tmp_path, capsys, no_launch):
@@ -227,7 +227,7 @@ def test_preference_rows_are_read_before_the_reward_model_launches(tmp_path, cap
     p.write_text(json.dumps({"prompt": "a", "chosen": "b"}) + "\n")  # no "rejected"
     argv = ["rm", CONFIG, "--set", "rm.steps=2", "--set", f"rm.data={p}", "--set", f"trainer.output_dir={tmp_path}/o"]
     err = _error(capsys, argv)
-    assert err.startswith(f"fastcrit: config error: rm.data: {p}") and "no usable preference pairs" in err, err
+    assert err.startswith(f"fastcrit: data error: {p}") and "no usable preference pairs" in err, err
 
 
 def test_a_model_directory_without_weights_is_refused(tmp_path, capsys, no_launch):
