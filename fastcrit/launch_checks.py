@@ -56,16 +56,16 @@ def _check_rows(cfg, command: str) -> None:
     from fastcrit.registry import recipe
 
     d = cfg.data
-    reads = []  # (key, spec, the split a shipped task defaults to)
+    reads = []  # (spec, the split a shipped task defaults to)
     if command == "sft" or (command == "train" and cfg.sft.steps > 0):
-        reads.append(("sft.data", cfg.sft.data, "train"))  # "" where a pre-stage writes it
+        reads.append((cfg.sft.data, "train"))  # "" where a pre-stage writes it
     if command == "train" and recipe(cfg.algorithm.name).prompt_rows:
-        reads += [("data.train", d.train, "train"), ("data.val", d.val, "test")]
+        reads += [(d.train, "train"), (d.val, "test")]
     if command == "rm" and cfg.rm.label_reward:
-        reads.append(("data.train", d.train, "train"))
+        reads.append((d.train, "train"))
     # a DatasetError goes out as the ranks' would ("fastcrit: data error: <file>:<line>: ..."),
     # only sooner
-    for _key, spec, split in reads:
+    for spec, split in reads:
         if spec:
             load_dataset(spec, d.prompt_key, d.answer_key, split, strict=d.strict)
     if command == "rm" and not cfg.rm.label_reward and cfg.rm.data:

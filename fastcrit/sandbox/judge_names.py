@@ -48,7 +48,7 @@ def import_or_withhold(chan, name: str):
     if parts[0] not in NO_IMPORT and "__main__" not in parts:  # a __main__ module runs on import
         try:
             return importlib.import_module(name)
-        except Exception:
+        except Exception:  # not importable here (a module the program made): withheld below
             pass
     return Withheld(chan, f"the test used {name!r}, a module of the program that the judge does not import")
 
